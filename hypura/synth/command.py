@@ -1,0 +1,64 @@
+"""`hypura synth SHAPE OUT.gguf`: write a random-weight GGUF with a real model's shapes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from hypura.synth.quant_mix import FTYPES
+from hypura.synth.shapes import SHAPES
+from hypura.synth.writer import write_synth
+
+
+HELP = f"""Write a random-weight GGUF with a real model's shapes and quant mix.
+
+SHAPE is one of: {", ".join(SHAPES)}. The tiny-* shapes are for tests.
+"""
+
+
+@click.command("synth", help=HELP)
+@click.argument("shape", metavar="SHAPE")
+@click.argument("out", metavar="OUT.gguf", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--layers", type=int, default=None, metavar="N",
+              help="Keep only the first N blocks (same per-layer shapes, smaller file).")
+@click.option("--ftype", default="q4_k_m", show_default=True, metavar="|".join(FTYPES),
+              help="File type: tensor types as llama.cpp's quantizer picks them for it.")
+@click.option("--sparse", is_flag=True,
+              help="Header only: the data region is a hole of the right size. Instant, for planner "
+                   "tests; all weights read as zero, so the file is not meant to be run.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed for the weights.")
+def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, seed: int) -> None:
+    show = sys.stderr.isatty() and not sparse
+    progress = _Progress() if show else None
+    r = write_synth(shape, out, layers=layers, ftype=ftype, sparse=sparse, seed=seed, progress=progress)
+    if progress:
+        progress.done()
+    s = r.shape
+    what = f"{s.name} {r.ftype.name}, {s.n_layer} layers, {len(r.tensors)} tensors"
+    size = _size(r.file_bytes)
+    if r.sparse:
+        click.echo(f"wrote {r.path}: {what}, {size} (sparse: header only, not runnable)")
+    else:
+        click.echo(f"wrote {r.path}: {what}, {size} in {r.seconds:.1f} s ({r.mb_per_s:.0f} MB/s)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+class _Progress:
+    """A percentage on stderr, redrawn at most once per percent."""
+
+    def __init__(self) -> None:
+        self.last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        pct = done * 100 // max(total, 1)
+        if pct != self.last:
+            self.last = pct
+            click.echo(f"\rwriting {pct:3d}%", nl=False, err=True)
+
+    def done(self) -> None:
+        click.echo("\r" + " " * 12 + "\r", nl=False, err=True)

@@ -1,0 +1,259 @@
+"""Streaming GGUF writer for synthetic models.
+
+The header (KV metadata, tensor infos) is built in memory (gguf_kv.py); the data region is then
+written one tensor at a time, in chunks of at most a block pool's size (blocks.py), so a
+40 GB model writes with bounded memory. Each tensor's bytes come from the producer for its
+kind (PRODUCERS), which is the place to change what a tensor holds (e.g. router weights that
+shape expert popularity). With `sparse` the data region is left as a hole.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from hypura.errors import HypuraError
+from hypura.synth import layout
+from hypura.synth.blocks import POOL_BYTES, TARGET_STD, BlockPool
+from hypura.synth.gguf_kv import KV, TensorInfo, header_bytes
+from hypura.synth.layout import TensorSpec
+from hypura.synth.quant_mix import FileType, get_ftype, tensor_types
+from hypura.synth.shapes import ModelShape, get_shape
+from hypura.synth.tokenizer import tokenizer_kv
+
+ROUTER_STD = TARGET_STD  # router logits ~ N(0, sqrt(n_embd) * std) for RMS-normed inputs
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    spec: TensorSpec
+    type: Q
+
+    @property
+    def nbytes(self) -> int:
+        block, size = gguf.GGML_QUANT_SIZES[self.type]
+        return self.spec.n_elements // block * size
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    path: Path
+    shape: ModelShape
+    ftype: FileType
+    tensors: tuple[PlannedTensor, ...]
+    data_offset: int  # absolute offset of the data region
+    file_bytes: int
+    seconds: float
+    sparse: bool
+
+    @property
+    def data_bytes(self) -> int:
+        return self.file_bytes - self.data_offset
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.file_bytes / 1e6 / max(self.seconds, 1e-9)
+
+
+def plan(shape: ModelShape, ftype: FileType) -> list[PlannedTensor]:
+    specs = layout.tensor_specs(shape)
+    return [PlannedTensor(s, t) for s, t in zip(specs, tensor_types(specs, shape, ftype))]
+
+
+# --- producers: what each kind of tensor holds -------------------------------------------
+
+@dataclass
+class SynthContext:
+    """What producers share: the shape, the seed, and one block pool per ggml type."""
+
+    shape: ModelShape
+    seed: int
+    largest: dict[Q, int]  # bytes of the largest tensor of each type: no pool needs more
+    pools: dict[Q, BlockPool] = field(default_factory=dict)
+
+    def rng(self, *key: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *key])
+
+    def pool(self, t: Q) -> BlockPool:
+        if t not in self.pools:
+            self.pools[t] = BlockPool(t, self.rng(1, int(t)), min(POOL_BYTES, self.largest[t]))
+        return self.pools[t]
+
+
+Buffer = memoryview | bytes | np.ndarray
+Producer = Callable[[PlannedTensor, SynthContext, np.random.Generator], Iterable[Buffer]]
+
+
+def _weights(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
+    return ctx.pool(t.type).chunks(t.nbytes, rng)
+
+
+def _norm(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
+    return [np.ones(t.spec.shape, np.float32)]
+
+
+def _bias(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
+    return [rng.normal(0.0, TARGET_STD, t.spec.shape).astype(np.float32)]
+
+
+def _router(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
+    # [n_expert, n_embd]: row e scores expert e. Random: experts are roughly equally popular.
+    return [rng.normal(0.0, ROUTER_STD, t.spec.shape).astype(np.float32)]
+
+
+def _rope_freqs(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
+    return [llama3_rope_factors(ctx.shape)]
+
+
+PRODUCERS: dict[str, Producer] = {
+    layout.WEIGHT: _weights,
+    layout.NORM: _norm,
+    layout.BIAS: _bias,
+    layout.ROUTER: _router,
+    layout.ROPE_FREQS: _rope_freqs,
+}
+
+
+def llama3_rope_factors(shape: ModelShape) -> np.ndarray:
+    """Per-frequency divisors of Llama 3.1's rope scaling: high frequencies (wavelength under
+    ctx/high_freq_factor) unscaled, low ones (over ctx/low_freq_factor) divided by `factor`,
+    a smooth blend in between. llama.cpp divides theta by these (ggml_rope_ext freq_factors)."""
+    r = shape.llama3_rope
+    assert r is not None
+    dim = shape.n_embd_head
+    freqs = 1.0 / shape.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = (r.original_context / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    factors = 1.0 / ((1 - smooth) / r.factor + smooth)
+    factors = np.where(wavelen < r.original_context / r.high_freq_factor, 1.0, factors)
+    factors = np.where(wavelen > r.original_context / r.low_freq_factor, r.factor, factors)
+    return factors.astype(np.float32)
+
+
+# --- the file ----------------------------------------------------------------------------
+
+ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT  # 32: every tensor's data offset is a multiple of it
+U32, F32, STR, BOOL = (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32,
+                       gguf.GGUFValueType.STRING, gguf.GGUFValueType.BOOL)
+
+
+def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool) -> list[KV]:
+    """general.*, {arch}.* as llama_model_base::load_hparams and each arch's
+    load_arch_hparams read them (src/llama-model.cpp, src/models/*.cpp), then tokenizer.*."""
+    K, a = gguf.Keys, shape.arch
+    kvs = [
+        KV(K.General.ARCHITECTURE, a, STR),
+        KV(K.General.TYPE, gguf.GGUFType.MODEL, STR),
+        KV(K.General.NAME, f"Hypura synthetic {shape.name}", STR),
+        KV(K.General.SIZE_LABEL, shape.size_label, STR),
+        KV(K.General.FILE_TYPE, int(ftype.ftype), U32),
+        KV(K.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION, U32),
+        KV("hypura.synth.shape", shape.name, STR),
+        KV("hypura.synth.seed", seed, U32),
+        KV("hypura.synth.n_layer_full", shape.n_layer_full or shape.n_layer, U32),
+        KV("hypura.synth.sparse", sparse, BOOL),
+        KV(K.LLM.CONTEXT_LENGTH.format(arch=a), shape.n_ctx, U32),
+        KV(K.LLM.EMBEDDING_LENGTH.format(arch=a), shape.n_embd, U32),
+        KV(K.LLM.BLOCK_COUNT.format(arch=a), shape.n_layer, U32),
+        KV(K.LLM.FEED_FORWARD_LENGTH.format(arch=a), shape.n_ff, U32),
+        KV(K.Attention.HEAD_COUNT.format(arch=a), shape.n_head, U32),
+        KV(K.Attention.HEAD_COUNT_KV.format(arch=a), shape.n_head_kv, U32),
+        KV(K.Attention.LAYERNORM_RMS_EPS.format(arch=a), shape.norm_eps, F32),
+        KV(K.Rope.FREQ_BASE.format(arch=a), shape.rope_theta, F32),
+    ]
+    if a == "llama":  # convert_hf_to_gguf writes these for llama; llama.cpp checks n_rot == head dim
+        kvs += [KV(K.LLM.VOCAB_SIZE.format(arch=a), shape.n_vocab, U32),
+                KV(K.Rope.DIMENSION_COUNT.format(arch=a), shape.n_embd_head, U32)]
+    if shape.head_dim:  # head dim != n_embd / n_head (qwen3)
+        kvs += [KV(K.Attention.KEY_LENGTH.format(arch=a), shape.head_dim, U32),
+                KV(K.Attention.VALUE_LENGTH.format(arch=a), shape.head_dim, U32)]
+    if shape.n_expert:
+        kvs += [KV(K.LLM.EXPERT_COUNT.format(arch=a), shape.n_expert, U32),
+                KV(K.LLM.EXPERT_USED_COUNT.format(arch=a), shape.n_expert_used, U32)]
+    if shape.n_ff_exp:
+        kvs.append(KV(K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=a), shape.n_ff_exp, U32))
+    return kvs + tokenizer_kv(shape.n_vocab)
+
+
+def write_synth(
+    shape: str | ModelShape,
+    out: str | os.PathLike[str],
+    *,
+    layers: int | None = None,
+    ftype: str | FileType = "q4_k_m",
+    sparse: bool = False,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> SynthResult:
+    """Write a random-weight GGUF of `shape` to `out` (via a `.part` file renamed at the end).
+    `sparse`: header and tensor infos only, the data region a hole of the right size (reads
+    as zeros: a header for planners and tests, not a model to run)."""
+    t0 = time.perf_counter()
+    shape = get_shape(shape) if isinstance(shape, str) else shape
+    shape = shape.truncated(layers)
+    ftype = get_ftype(ftype) if isinstance(ftype, str) else ftype
+    if not 0 <= seed < 2**32:
+        raise HypuraError(f"--seed must be in [0, 2^32), got {seed}")
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise HypuraError(f"cannot write {out}: directory {out.parent} does not exist")
+
+    tensors = plan(shape, ftype)
+    infos, offset = [], 0
+    for t in tensors:
+        infos.append(TensorInfo(t.spec.name, t.spec.shape, t.type, offset))
+        offset += _pad(t.nbytes, ALIGNMENT)
+    head = header_bytes(metadata(shape, ftype, seed, sparse), infos, ALIGNMENT)
+    total = len(head) + offset
+
+    tmp = out.with_name(f".{out.name}.part")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            if sparse:
+                f.truncate(total)
+            else:
+                largest: dict[Q, int] = {}
+                for t in tensors:
+                    largest[t.type] = max(largest.get(t.type, 0), t.nbytes)
+                _write_data(f, tensors, SynthContext(shape, seed, largest), total, progress)
+            if f.seek(0, os.SEEK_END) != total:
+                raise AssertionError(f"wrote {f.tell()} bytes, expected {total}")
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise HypuraError(f"cannot write {out}: {e.strerror or e}") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return SynthResult(out, shape, ftype, tuple(tensors), len(head), total, time.perf_counter() - t0, sparse)
+
+
+def _write_data(f: BinaryIO, tensors: list[PlannedTensor], ctx: SynthContext, total: int,
+                progress: Callable[[int, int], None] | None) -> None:
+    for t in tensors:
+        rng = ctx.rng(2, zlib.crc32(t.spec.name.encode()))
+        written = 0
+        for buf in PRODUCERS[t.spec.kind](t, ctx, rng):
+            if isinstance(buf, np.ndarray):
+                buf = memoryview(np.ascontiguousarray(buf)).cast("B")
+            written += f.write(buf)
+            if progress:
+                progress(f.tell(), total)
+        if written != t.nbytes:
+            raise AssertionError(f"{t.spec.name}: produced {written} bytes, expected {t.nbytes}")
+        f.write(bytes(_pad(written, ALIGNMENT) - written))
+
+
+def _pad(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
