@@ -27,7 +27,28 @@ from hypura.runtime.placement import (  # noqa: E402
 )
 
 
+def _params_with_overrides(name: str) -> property:
+    """A params struct attribute whose fields in `self._param_overrides[name]` are re-applied on
+    every read: llama_cpp.Llama.__init__ fills the struct with its own defaults and reads it back
+    when it creates the model and the context, so those reads see the overrides."""
+    slot = "_" + name
+
+    def get(self):
+        params = self.__dict__[slot]
+        for key, value in self.__dict__.get("_param_overrides", {}).get(name, {}).items():
+            setattr(params, key, value)
+        return params
+
+    def set_(self, value):
+        self.__dict__[slot] = value
+
+    return property(get, set_)
+
+
 class Llama(llama_cpp.Llama):
+    model_params = _params_with_overrides("model_params")
+    context_params = _params_with_overrides("context_params")
+
     def __init__(
         self,
         model_path: str,
@@ -37,6 +58,7 @@ class Llama(llama_cpp.Llama):
         gpu_mem: Union[int, str, None] = None,
         ram: Union[int, str, None] = None,
         plan=None,
+        param_overrides: Optional[dict] = None,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
@@ -46,10 +68,14 @@ class Llama(llama_cpp.Llama):
             (default: llama.cpp's own placement, with `override_tensor` applied).
         gpu_mem, ram, plan: budgets and an explicit plan for the planner and tier runtime
             (recorded; they take effect with those components).
+        param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
+            params structs that llama-cpp-python does not expose (e.g. load_mode,
+            flash_attn_type), set over its defaults.
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
         """
+        self._param_overrides = param_overrides or {}
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
         self.gpu_mem, self.ram, self.plan = gpu_mem, ram, plan
@@ -62,6 +88,11 @@ class Llama(llama_cpp.Llama):
                 hooks.raise_pending()
                 raise
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
+
+    def __del__(self):
+        # raising before llama_cpp.Llama.__init__ ran (bad file, bad -ot) leaves nothing to free
+        if "_stack" in self.__dict__:
+            super().__del__()
 
     def tensor_buffer(self, name: str) -> Optional[str]:
         """Name of the buffer type holding tensor `name` (e.g. "CPU", "CUDA0"), None if absent."""

@@ -1,6 +1,7 @@
 """Placement hooks on a CUDA build: tiers land where asked, defaults equal llama.cpp's own."""
 
 import ctypes
+import os
 import subprocess
 import sys
 
@@ -18,6 +19,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def moe_model(tmp_path_factory):
+    if os.environ.get("HYPURA_GPU_TEST_MODEL"):  # a GPU machine without the default model's tokenizer
+        return os.environ["HYPURA_GPU_TEST_MODEL"]
     path = tmp_path_factory.mktemp("gpu") / "tiny-qwen3moe.gguf"
     subprocess.run([sys.executable, "-m", "hypura.cli.main", "synth", "tiny-qwen3moe", str(path)], check=True)
     return path
@@ -36,12 +39,13 @@ def _logits(llm, tokens):
 
 
 def test_default_policy_places_exactly_as_llama_cpp(moe_model):
-    kwargs = dict(n_gpu_layers=3, n_ctx=256, logits_all=True, verbose=False)
+    kwargs = dict(n_gpu_layers=2, n_ctx=256, logits_all=True, verbose=False)  # output + last block
     vanilla = llama_cpp.Llama(str(moe_model), **kwargs)
     ours = hypura.Llama(str(moe_model), **kwargs)
     names = [t.name for t in ours.header.tensors]
     assert _buffers(ours.model, names) == _buffers(vanilla.model, names)
-    assert any(b.startswith("CUDA") for b in _buffers(ours.model, names).values())
+    placed = set(_buffers(ours.model, names).values())
+    assert any(b.startswith("CUDA") for b in placed) and any(b.startswith("CPU") for b in placed)
     tokens = vanilla.tokenize(b"The quick brown fox jumps over the lazy dog. " * 8)
     assert np.array_equal(_logits(ours, tokens), _logits(vanilla, tokens))
 
@@ -51,7 +55,7 @@ def test_override_experts_to_cpu(moe_model):
     names = [t.name for t in llm.header.tensors]
     for name, buft in _buffers(llm.model, names).items():
         if "_exps" in name:
-            assert buft == "CPU", name
+            assert buft in ("CPU", "CPU_Mapped"), name  # mmap on: mapped from the file
         elif name.startswith("blk."):
             assert buft.startswith("CUDA") and "Host" not in buft, name
 

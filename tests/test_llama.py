@@ -15,7 +15,7 @@ TEXT = (
     "live with others as a herd. Their wool is soft and contains only a small amount of "
     "lanolin. Llamas can learn simple tasks after a few repetitions. When using a pack, "
     "they can carry about 25 to 30% of their body weight for 8 to 13 km. "
-) * 3
+) * 2
 
 
 def _logits(llm, tokens):
@@ -35,10 +35,18 @@ def model_path(request):
 
 
 @pytest.fixture(scope="module")
-def vanilla(model_path, n_threads):
-    llm = llama_cpp.Llama(str(model_path), n_ctx=1024, logits_all=True, n_threads=n_threads, verbose=False)
-    yield llm
+def reference(model_path, n_threads):
+    """llama_cpp.Llama's logits over TEXT and greedy continuation: the oracle, computed once."""
+    llm = llama_cpp.Llama(str(model_path), n_ctx=512, logits_all=True, n_threads=n_threads, verbose=False)
+    tokens = llm.tokenize(TEXT.encode())
+    assert len(tokens) >= 190
+    ref = {"tokens": tokens, "logits": _logits(llm, tokens), "greedy": _greedy(llm, "Once upon a time")}
     llm.close()
+    return ref
+
+
+def _load(model_path, n_threads, **kwargs):
+    return hypura.Llama(str(model_path), n_ctx=512, logits_all=True, n_threads=n_threads, verbose=False, **kwargs)
 
 
 def test_same_library_for_both():
@@ -47,16 +55,14 @@ def test_same_library_for_both():
     assert llama_cpp.llama_cpp._lib._name == str(lib_path())
 
 
-def test_hooks_see_every_tensor_and_logits_are_bitwise_equal(model_path, vanilla, n_threads):
+def test_hooks_see_every_tensor_and_logits_are_bitwise_equal(model_path, reference, n_threads):
     seen = []
 
     def record(info):
         seen.append(info)
         return Placement()
 
-    llm = hypura.Llama(
-        str(model_path), n_ctx=1024, logits_all=True, n_threads=n_threads, verbose=False, placement_policy=record
-    )
+    llm = _load(model_path, n_threads, placement_policy=record)
     try:
         n_tensors = len(llm.header.tensors)
         assert len({i.name for i in seen}) == n_tensors
@@ -66,15 +72,13 @@ def test_hooks_see_every_tensor_and_logits_are_bitwise_equal(model_path, vanilla
             assert (info.file_offset, info.nbytes, info.shape) == (t.offset, t.nbytes, t.shape)
             assert info.default_tier == Tier.HOST  # CPU build: llama.cpp keeps all on the host
 
-        tokens = vanilla.tokenize(TEXT.encode())
-        assert len(tokens) >= 200
-        assert np.array_equal(_logits(llm, tokens), _logits(vanilla, tokens))
-        assert _greedy(llm, "Once upon a time") == _greedy(vanilla, "Once upon a time")
+        assert np.array_equal(_logits(llm, reference["tokens"]), reference["logits"])
+        assert _greedy(llm, "Once upon a time") == reference["greedy"]
     finally:
         llm.close()
 
 
-def test_deferred_tensors_filled_by_python_give_the_same_logits(model_path, vanilla, n_threads):
+def test_deferred_tensors_filled_by_python_give_the_same_logits(model_path, reference, n_threads):
     """Half the tensors skip llama.cpp's reader and come through the Python fill hook."""
     deferred = []
 
@@ -84,14 +88,10 @@ def test_deferred_tensors_filled_by_python_give_the_same_logits(model_path, vani
             return Placement(defer=True)
         return Placement()
 
-    llm = hypura.Llama(
-        str(model_path), n_ctx=1024, logits_all=True, n_threads=n_threads, verbose=False,
-        placement_policy=defer_odd_layers,
-    )
+    llm = _load(model_path, n_threads, placement_policy=defer_odd_layers)
     try:
         assert len(deferred) > 10
-        tokens = vanilla.tokenize(TEXT.encode())
-        assert np.array_equal(_logits(llm, tokens), _logits(vanilla, tokens))
+        assert np.array_equal(_logits(llm, reference["tokens"]), reference["logits"])
     finally:
         llm.close()
 
@@ -101,7 +101,7 @@ def test_tensor_override_places_as_llama_cpp_does(smollm2_path, n_threads):
     try:
         assert llm.placement["blk.0.ffn_up.weight"].tier == Tier.HOST
         assert llm.placement["blk.0.attn_q.weight"].tier == Tier.DEFAULT
-        assert llm.tensor_buffer("blk.0.ffn_up.weight") in ("CPU", "CPU_REPACK")
+        assert llm.tensor_buffer("blk.0.ffn_up.weight").startswith("CPU")  # CPU, CPU_Mapped or CPU_REPACK
         assert llm.tensor_buffer("no.such.tensor") is None
     finally:
         llm.close()

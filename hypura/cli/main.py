@@ -12,9 +12,12 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from hypura.cli.inspect_cmd import inspect
+    from hypura.cli.profile_cmd import profile
     from hypura.synth.command import synth
 
-    cli.add_command(synth)
+    for command in (synth, profile, inspect):
+        cli.add_command(command)
 
 
 _register()

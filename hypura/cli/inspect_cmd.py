@@ -1,0 +1,84 @@
+"""`hypura inspect MODEL`: the placement plan for a model on a machine, from the GGUF header only."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from hypura.errors import HypuraError
+from hypura.model_file import read_header
+from hypura.plan import SOLVERS, PlanSettings, RateOverrides, plan_model
+from hypura.plan.report import describe_plan, describe_tensors
+from hypura.profile.store import load_cached, machine_profile
+
+# llama.cpp's -ctk/-ctv cache types: bytes per element (block size / block bytes for quantized)
+KV_TYPES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+            "q4_1": 20 / 32, "q4_0": 18 / 32}
+
+
+def _routing(path: str | None) -> dict[int, list[float]] | None:
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+        return {int(layer): [float(f) for f in freqs] for layer, freqs in data.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        raise HypuraError(f"--routing {path}: expected JSON {{layer: [frequency per expert]}} ({e})") from None
+
+
+@click.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--gpu-mem", metavar="SIZE", help="GPU memory budget, e.g. 8GiB (default: free minus 1 GiB).")
+@click.option("--ram", metavar="SIZE", help="RAM budget, e.g. 32GiB (default: available minus 2 GiB).")
+@click.option("-c", "--ctx-size", type=click.IntRange(1), default=4096, show_default=True, help="Context length.")
+@click.option("-ub", "--ubatch-size", type=click.IntRange(1), default=512, show_default=True,
+              help="Prefill micro-batch.")
+@click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default="f16", show_default=True,
+              help="KV cache element type (llama.cpp -ctk/-ctv).")
+@click.option("--profile", "profile_spec", metavar="FILE|NAME",
+              help="Machine profile file or bundled example (m1-max-32gb, h200-design); default: this machine's.")
+@click.option("--gpu-bw", type=float, metavar="GB/s", help="Override: GPU decode weight-read rate.")
+@click.option("--cpu-bw", type=float, metavar="GB/s", help="Override: CPU decode weight-read rate.")
+@click.option("--link-bw", type=float, metavar="GB/s", help="Override: host->GPU copy rate.")
+@click.option("--disk-bw", type=float, metavar="GB/s", help="Override: disk read rate.")
+@click.option("--no-gpu", is_flag=True, help="Plan as if there were no GPU.")
+@click.option("--no-disk", is_flag=True, help="Never stream from disk (fail if RAM + GPU are too small).")
+@click.option("--prefetch-depth", type=click.IntRange(0), default=None, help="Layers prefetched ahead (default 2).")
+@click.option("--routing", type=click.Path(dir_okay=False), help="JSON {layer: [expert frequencies]} to use for k/E.")
+@click.option("--solver", type=click.Choice(sorted(SOLVERS)), default="optimizer", show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the plan as JSON here.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Draw placement by layer and tier as a PNG.")
+@click.option("--tensors", is_flag=True, help="List every tensor's tier.")
+def inspect(model, gpu_mem, ram, ctx_size, ubatch_size, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
+            no_gpu, no_disk, prefetch_depth, routing, solver, json_out, plot, tensors) -> None:
+    """Show where every tensor of MODEL would live and the predicted speed, reading only its header."""
+    header = read_header(model)
+    profile = machine_profile(profile_spec)
+    settings = PlanSettings(n_ctx=ctx_size, n_ubatch=ubatch_size, kv_bytes_per_element=KV_TYPES[kv_type],
+                            **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
+    overrides = RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw, no_gpu=no_gpu)
+    t0 = time.perf_counter()
+    plan = plan_model(header, profile, gpu_mem=gpu_mem, ram=ram, disk=not no_disk, settings=settings,
+                      overrides=overrides, solver=solver, expert_probs=_routing(routing))
+    solve_ms = (time.perf_counter() - t0) * 1e3
+
+    if not profile_spec and load_cached() is None:
+        click.echo("note     no measured profile of this machine: rates are defaults (run `hypura profile`)")
+    for line in describe_plan(plan, header, None if no_gpu else profile):
+        click.echo(line)
+    click.echo(f"planned in {solve_ms:.0f} ms")
+    if tensors:
+        click.echo("")
+        for line in describe_tensors(plan):
+            click.echo(line)
+    if json_out:
+        plan.save(json_out)
+        click.echo(f"plan written to {json_out}")
+    if plot:
+        from hypura.plan.plot import plot_plan
+
+        plot_plan(plan, plot)
+        click.echo(f"plot written to {plot}")

@@ -1,0 +1,27 @@
+"""`hypura profile`: measure this machine (or show the cached measurement)."""
+
+from __future__ import annotations
+
+import click
+
+from hypura.plan.report import describe_profile
+from hypura.profile.measure import get_profile
+
+
+@click.command("profile")
+@click.option("--force", is_flag=True, help="Measure again even when a fresh cached profile exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON instead of a table.")
+@click.option("--path", type=click.Path(file_okay=False, exists=True),
+              help="Measure the filesystem holding this folder (default: $HYPURA_MODELS, else the current one).")
+@click.option("--model", type=click.Path(dir_okay=False, exists=True),
+              help="GGUF for the llama.cpp compute run (default: SmolLM2-135M; a bigger one is more exact).")
+def profile(force, as_json, path, model) -> None:
+    """Measure RAM, GPU links, disk (O_DIRECT) and llama.cpp's CPU rate; cached per machine."""
+    prof, cache_file, measured = get_profile(force=force, path=path, model=model)
+    if as_json:
+        click.echo(prof.to_json(), nl=False)
+        return
+    for line in describe_profile(prof):
+        click.echo(line)
+    click.echo(f"{'saved to' if measured else 'cached at'} {cache_file}"
+               + ("" if measured else " (--force to measure again)"))

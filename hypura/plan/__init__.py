@@ -1,0 +1,39 @@
+"""Placement planning: which tier (gpu | ram | disk) every tensor and expert lives in.
+
+    from hypura.profile import machine_profile   # cached profile of this machine, else a quick one
+    plan = plan_model("model.gguf", machine_profile(), gpu_mem="8GiB", ram="32GiB")
+    plan.placement("blk.3.ffn_up.weight").tier      # what the loader hook asks
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from hypura.model_file import ModelHeader, read_header
+from hypura.plan.budget import Budgets, RateOverrides, budgets_for, fmt_size, parse_size, rates_for
+from hypura.plan.cost import Prediction, Rates, Traffic, predict, traffic
+from hypura.plan.plan import Plan, TensorPlacement, build_plan
+from hypura.plan.solve import PlanSettings, greedy, optimize
+from hypura.plan.units import ModelUnits, model_units
+from hypura.profile.model import MachineProfile
+
+SOLVERS = {"optimizer": optimize, "greedy": greedy}
+
+
+def plan_model(model: str | os.PathLike | ModelHeader, profile: MachineProfile, *,
+               gpu_mem: str | int | None = None, ram: str | int | None = None, disk: bool = True,
+               settings: PlanSettings = PlanSettings(), overrides: RateOverrides = RateOverrides(),
+               solver: str = "optimizer", expert_probs: Mapping[int, Sequence[float]] | None = None) -> Plan:
+    """Plan a model (path or parsed header) for a machine; raises HypuraError when nothing fits."""
+    header = model if isinstance(model, ModelHeader) else read_header(model)
+    mu = model_units(header, expert_probs)
+    budgets = budgets_for(profile, 0 if overrides.no_gpu else gpu_mem, ram, disk)
+    rates = rates_for(profile, overrides)
+    solution = SOLVERS[solver](mu, budgets, rates, settings)
+    return build_plan(str(header.path), mu, solution, settings, budgets, rates)
+
+
+__all__ = ["Budgets", "ModelUnits", "Plan", "PlanSettings", "Prediction", "RateOverrides", "Rates", "SOLVERS",
+           "TensorPlacement", "Traffic", "budgets_for", "fmt_size", "greedy", "model_units", "optimize",
+           "parse_size", "plan_model", "predict", "rates_for", "traffic"]

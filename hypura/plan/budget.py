@@ -1,0 +1,87 @@
+"""Budgets and rates for a plan: from a machine profile, minus safety margins, with user overrides."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hypura.errors import HypuraError
+from hypura.plan import knobs
+from hypura.plan.cost import Rates
+from hypura.profile.model import MachineProfile
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """"8GiB", "512MiB", "24GB" (decimal), "8G" (binary, like llama.cpp's sizes), "0", bytes."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise HypuraError(f"bad size {text!r}: use a number with B, KiB, MiB, GiB, TiB, KB, MB, GB or TB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def fmt_size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Bytes a plan may hold per tier. Unified memory: GPU bytes live in RAM and count there too."""
+
+    gpu: int
+    ram: int
+    unified: bool = False
+    disk: bool = True  # may stream weights from disk
+
+    def __post_init__(self):
+        if self.gpu < 0 or self.ram < 0:
+            raise HypuraError(f"budgets must not be negative (gpu {self.gpu}, ram {self.ram})")
+
+
+def budgets_for(profile: MachineProfile, gpu_mem: str | int | None = None, ram: str | int | None = None,
+                disk: bool = True) -> Budgets:
+    """Defaults: free memory minus margins (knobs.GPU_MARGIN, knobs.RAM_MARGIN); explicit sizes win."""
+    gpu = profile.gpu
+    if gpu_mem is not None:
+        g = parse_size(gpu_mem)
+        if g > 0 and gpu is None:
+            raise HypuraError("--gpu-mem given but the profile has no GPU")
+    else:
+        g = max(0, gpu.mem_free - knobs.GPU_MARGIN) if gpu else 0
+    r = parse_size(ram) if ram is not None else max(0, profile.host.ram_available - knobs.RAM_MARGIN)
+    return Budgets(gpu=g, ram=r, unified=bool(gpu and gpu.unified), disk=disk)
+
+
+@dataclass(frozen=True)
+class RateOverrides:
+    """Hand-given rates in GB/s (decimal), replacing the profile's: plan for a machine you describe."""
+
+    gpu_bw: float | None = None
+    cpu_bw: float | None = None
+    link_bw: float | None = None
+    disk_bw: float | None = None
+    no_gpu: bool = False
+
+
+def rates_for(profile: MachineProfile, o: RateOverrides = RateOverrides()) -> Rates:
+    gpu = None if o.no_gpu else profile.gpu
+    pick = lambda given, measured: given * 1e9 if given else measured  # noqa: E731
+    if gpu is None:
+        return Rates(cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
+                     cpu_flops=profile.cpu.prefill_flops)
+    # a discrete GPU is fed over the link from pinned memory; unified memory: a RAM copy
+    link = profile.host.ram_copy_bw if gpu.unified else (gpu.h2d_pinned_bw or gpu.h2d_pageable_bw)
+    return Rates(
+        cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
+        cpu_flops=profile.cpu.prefill_flops, gpu_read=pick(o.gpu_bw, gpu.decode_bw),
+        link=pick(o.link_bw, link), gpu_flops=gpu.prefill_flops, unified=gpu.unified,
+    )

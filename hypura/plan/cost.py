@@ -1,0 +1,159 @@
+"""The cost model: one function from bytes moved per path to predicted tok/s.
+
+Decode, per token: every path moves its bytes concurrently (copies and disk reads are issued
+layers ahead by the prefetcher), but GPU and CPU compute run one after the other, because layer
+L+1 needs layer L's output. So
+
+    time = max(gpu_bytes/gpu_rate + cpu_bytes/cpu_rate + fixed costs,  link_bytes/link_rate,
+               disk_bytes/disk_rate)
+
+which for the hybrid (CPU computes some non-resident layers while the link streams others into
+GPU slots) gives DESIGN.md's bound: non-resident bytes / (CPU rate + link rate).
+Prefill, per micro-batch: llama.cpp offloads every matmul of a batch >= 32 to the GPU, copying
+host weights over the link, so time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate).
+
+`traffic()` turns a placement into `Traffic`; the runtime and `bench` build `Traffic` from their
+counters and call the same `predict()` for the bound they print beside a measurement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hypura.plan import knobs
+from hypura.plan.units import ModelUnits
+
+GPU, RAM, DISK = "gpu", "ram", "disk"
+CPU = "cpu"  # a compute location (with GPU)
+PATHS = ("gpu", "cpu", "link", "disk")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Rates in bytes/s (FLOP/s for *_flops). No GPU: gpu_read None. Unified memory (Apple): the
+    GPU shares RAM, disk reads land in GPU slots directly and `link` is a RAM copy."""
+
+    cpu_read: float
+    disk_read: float
+    cpu_flops: float = knobs.CPU_FLOPS_DEFAULT
+    gpu_read: float | None = None
+    link: float | None = None
+    gpu_flops: float | None = None
+    unified: bool = False
+    gpu_layer_s: float = knobs.GPU_LAYER_S
+    cpu_layer_s: float = knobs.CPU_LAYER_S
+    split_s: float = knobs.SPLIT_S
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu_read is not None
+
+    @property
+    def can_stream_to_gpu(self) -> bool:
+        return self.has_gpu and (self.unified or bool(self.link))
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes per decode token on each path, and per prefill micro-batch of n_ubatch tokens."""
+
+    gpu_bytes: float = 0.0  # read by GPU compute: resident weights, filled slots, KV
+    cpu_bytes: float = 0.0  # read by CPU compute
+    link_bytes: float = 0.0  # copied host -> GPU slots
+    disk_bytes: float = 0.0  # read from disk (O_DIRECT)
+    gpu_layers: int = 0  # layers with GPU work: each pays a fixed cost
+    cpu_layers: int = 0
+    splits: int = 0  # CPU<->GPU hand-offs in one token's graph
+    n_ubatch: int = knobs.N_UBATCH
+    prefill_flops: float = 0.0
+    prefill_link_bytes: float = 0.0
+    prefill_disk_bytes: float = 0.0
+    prefill_on_gpu: bool = False  # a plan that uses the GPU computes batches there (op_offload)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    decode_tok_s: float
+    decode_limit: str  # which path bounds a token: gpu | cpu | link | disk
+    prefill_tok_s: float
+    prefill_limit: str  # compute | link | disk
+    seconds: dict = field(default_factory=dict)  # per decode token, per path (+ "overhead")
+    bytes_per_token: dict = field(default_factory=dict)
+
+    def gbps(self) -> dict:
+        """Each path's rate at the predicted tok/s, GB/s: the headline a streaming engine prints."""
+        return {k: v * self.decode_tok_s / 1e9 for k, v in self.bytes_per_token.items()}
+
+
+def _div(num: float, rate: float | None) -> float:
+    if num <= 0:
+        return 0.0
+    return num / rate if rate else float("inf")
+
+
+def predict(t: Traffic, r: Rates) -> Prediction:
+    gpu_s, cpu_s = _div(t.gpu_bytes, r.gpu_read), _div(t.cpu_bytes, r.cpu_read)
+    gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
+    overhead = gpu_fixed + cpu_fixed + t.splits * r.split_s
+    paths = {"compute": gpu_s + cpu_s + overhead, "link": _div(t.link_bytes, r.link),
+             "disk": _div(t.disk_bytes, r.disk_read)}
+    limit = max(paths, key=paths.get)
+    if limit == "compute":
+        limit = GPU if gpu_s + gpu_fixed >= cpu_s + cpu_fixed else CPU
+    token_s = max(paths.values())
+
+    rate = r.gpu_flops if t.prefill_on_gpu else r.cpu_flops
+    pre = {"compute": _div(t.prefill_flops, rate), "link": _div(t.prefill_link_bytes, r.link),
+           "disk": _div(t.prefill_disk_bytes, r.disk_read)}
+    pre_limit = max(pre, key=pre.get)
+    batch_s = max(pre.values())
+    return Prediction(
+        decode_tok_s=1.0 / token_s if token_s > 0 else float("inf"),
+        decode_limit=limit,
+        prefill_tok_s=t.n_ubatch / batch_s if batch_s > 0 else float("inf"),
+        prefill_limit=pre_limit,
+        seconds={"gpu": gpu_s, "cpu": cpu_s, "link": paths["link"], "disk": paths["disk"], "overhead": overhead},
+        bytes_per_token={"gpu": t.gpu_bytes, "cpu": t.cpu_bytes, "link": t.link_bytes, "disk": t.disk_bytes},
+    )
+
+
+def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tier: str, kv_bytes: int,
+            rates: Rates, n_ubatch: int = knobs.N_UBATCH) -> Traffic:
+    """Bytes per path of a placement: `tiers[i]` (gpu|ram|disk) and `compute[i]` (gpu|cpu) of
+    unit i; a dense unit is read every token, an expert with its probability p."""
+    acc = dict.fromkeys(PATHS, 0.0)
+    pre_link = pre_disk = flops = 0.0
+    layer_devs: dict[tuple[int, int], set[str]] = {}
+    for u, tier, dev in zip(mu.units, tiers, compute):
+        a = u.p * u.nbytes
+        acc[dev] += a
+        if tier == DISK:
+            acc["disk"] += a
+        if dev == GPU and (tier == RAM or (tier == DISK and not rates.unified)):
+            acc["link"] += a
+        if u.host_only:
+            continue  # get_rows of one embedding row: no matmul, no batch copy
+        flops += 2.0 * n_ubatch * u.elements * u.p
+        touched = u.nbytes * (1.0 - (1.0 - u.p) ** n_ubatch)  # an expert: used by any token
+        if tier == DISK:
+            pre_disk += touched
+        if tier == RAM or (tier == DISK and not rates.unified):
+            pre_link += touched  # only counted when the GPU computes the batch (below)
+        part = 0 if u.role in ("attn", "norm", "other") else 1
+        layer_devs.setdefault((u.stage, part), set()).add(dev)
+    acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * kv_bytes
+
+    sequence = [d for key in sorted(layer_devs) for d in sorted(layer_devs[key])]
+    splits = sum(a != b for a, b in zip(sequence, sequence[1:]))
+    on_gpu = rates.has_gpu and GPU in compute
+    layers = {GPU: set(), CPU: set()}
+    for (layer, _), devs in layer_devs.items():
+        for d in devs:
+            layers[d].add(layer)
+    return Traffic(
+        gpu_bytes=acc[GPU], cpu_bytes=acc[CPU], link_bytes=acc["link"], disk_bytes=acc["disk"],
+        gpu_layers=len(layers[GPU]), cpu_layers=len(layers[CPU]), splits=splits,
+        n_ubatch=n_ubatch, prefill_flops=flops, prefill_link_bytes=pre_link if on_gpu else 0.0,
+        prefill_disk_bytes=pre_disk, prefill_on_gpu=on_gpu,
+    )

@@ -1,0 +1,68 @@
+"""Every tuning constant of the planner and its cost model, each with where the number comes from.
+
+Rates a profile measures (disk, link, CPU decode) are not here: these are the defaults used when a
+profile lacks a figure, and the fixed costs and margins no quick measurement pins down.
+"""
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# --- memory margins -------------------------------------------------------------------------
+# llama.cpp's own `--fit` leaves 1024 MiB free per device (common.h, fit_params_target)
+GPU_MARGIN = 1 * GiB
+# left to the OS, the Python process and other programs; RAM budgets count every byte we hold
+RAM_MARGIN = 2 * GiB
+
+# --- decode cost ----------------------------------------------------------------------------
+# GPU decode reads weights at this fraction of a device copy's memory traffic: fit of DESIGN.md's
+# vanilla H200 runs (14B 149 tok/s, 70B 43.1 tok/s) with a per-layer cost gives 2.34 TB/s over
+# the 4.28 TB/s measured for HBM
+GPU_READ_EFFICIENCY = 0.55
+# fixed cost per GPU-computed layer per token (kernel launches, syncs): the same fit, 58 us
+GPU_LAYER_S = 58e-6
+# fixed cost per CPU-computed layer (thread barriers per op, ~15 ops): estimate, not fitted
+CPU_LAYER_S = 20e-6
+# each CPU<->GPU hand-off in a token's graph: a scheduler split, sync and activation copy; estimate
+SPLIT_S = 30e-6
+# attention reads on average this share of the context's KV cache per token (a session that fills
+# the context reads half of it on average)
+KV_READ_FILL = 0.5
+
+# --- the objective ---------------------------------------------------------------------------
+# plans minimise the time of a chat turn: a prompt of this many tokens, then this many generated.
+# Decode dominates while it is slow; the prompt keeps a plan from buying a sliver of decode speed
+# with a far slower prefill (e.g. leaving the GPU idle on a disk-bound unified-memory machine)
+OBJECTIVE_PROMPT_TOKENS = 512
+OBJECTIVE_DECODE_TOKENS = 256
+
+# --- prefill cost ---------------------------------------------------------------------------
+# llama.cpp's default micro-batch (llama_context_default_params().n_ubatch)
+N_UBATCH = 512
+# discrete GPU matmul rate on quantized weights: DESIGN.md's vanilla pp512 on the H200 gives
+# 132 (14B), 159 (70B), 140 (Mixtral active) TFLOP/s
+GPU_FLOPS_DEFAULT = 150e12
+# CPU matmul rate when the profile has no llama.cpp measurement: 2 FLOP/weight at 8 cores x
+# ~32 FLOP/cycle x 2.5 GHz, halved for dequantization: an estimate
+CPU_FLOPS_DEFAULT = 300e9
+
+# --- streaming ------------------------------------------------------------------------------
+# layers in flight ahead of the one computing: one absorbs the next layer's read, two absorb the
+# jitter of a disk read (Hypura's "prefetch depth")
+PREFETCH_DEPTH = 2
+# KV cache element size: llama.cpp's default cache type is f16
+KV_BYTES_PER_ELEMENT = 2.0
+
+# --- compute buffers ------------------------------------------------------------------------
+# llama.cpp's per-device compute buffer with flash attention (default AUTO): logits plus a few
+# activations of the micro-batch in f32; measured 0.3-1.1 GiB in llama.cpp logs for 7-70B models
+COMPUTE_ACTIVATIONS = 8  # activation vectors of n_embd per token held at once
+COMPUTE_FLOOR = 256 * MiB
+# the CPU's compute buffer when the GPU computes every layer: llama.cpp logs show CPU/CUDA_Host
+# compute buffers of 16-40 MiB with full offload (input embeddings of the micro-batch)
+HOST_BUFFER_OFFLOADED = 64 * MiB
+
+# --- tie-breaking among tensors of equal access density -------------------------------------
+# fast tiers take small, always-read tensors first; FFN and experts are what streaming moves
+# (streaming attention would drag the KV cache along)
+ROLE_RANK = {"norm": 0, "other": 0, "router": 1, "attn": 2, "output": 3, "shared": 4,
+             "ffn": 5, "expert": 6, "embd": 7}

@@ -1,0 +1,220 @@
+"""The Plan: where every tensor (and every expert of a stacked expert tensor) lives, as a frozen,
+JSON-serialisable object. The loader hook asks `plan.placement(name)` for each tensor it loads:
+
+    tier gpu  -> GPU buffer (resident)
+    tier ram  -> host buffer; pinned when `compute` is gpu (streamed into GPU slots), else plain
+    tier disk -> not loaded; streamed with O_DIRECT (into GPU slots or RAM staging by `compute`)
+
+A stacked expert tensor has a tier per expert (`experts`); its own `tier` is the slowest of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypura.errors import HypuraError
+from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic
+from hypura.plan.solve import PlanSettings, Solution
+from hypura.plan.units import ModelUnits
+
+PLAN_VERSION = 1
+TIERS = (GPU, RAM, DISK)
+_SLOWEST = {GPU: 0, RAM: 1, DISK: 2}
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    name: str
+    tier: str  # gpu | ram | disk (stacked experts: the slowest expert's tier)
+    compute: str  # gpu | cpu: where decode computes it (stacked experts: gpu if any expert is)
+    nbytes: int
+    layer: int
+    experts: tuple[str, ...] = ()  # stacked expert tensors: the tier of each expert
+    expert_compute: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    arch: str
+    n_layer: int
+    n_ctx: int
+    n_ubatch: int
+    mode: str  # full-resident | dense-ffn-streaming | expert-streaming | mixed
+    solver: str  # optimizer | greedy (the optimizer's best candidate may be the greedy one)
+    config: str
+    tensors: tuple[TensorPlacement, ...]
+    kv_tier: str
+    kv_bytes: int
+    pool_slots: int  # GPU slots for streamed layers (prefetch depth + the one computing)
+    pool_slot_bytes: int
+    staging_slots: int  # pinned RAM slots that disk reads land in
+    staging_slot_bytes: int
+    prefetch_depth: int
+    expert_cache: dict  # tier -> experts held there (all layers)
+    memory: dict  # tier -> {"budget": bytes, part: bytes, ...}
+    unified: bool  # GPU bytes are RAM bytes too
+    traffic: Traffic
+    prediction: Prediction
+    rates: Rates
+    version: int = PLAN_VERSION
+
+    # --- what the loader and the runtime ask ------------------------------------------------
+    def _index(self) -> dict[str, TensorPlacement]:
+        idx = self.__dict__.get("_idx")
+        if idx is None:
+            idx = {t.name: t for t in self.tensors}
+            object.__setattr__(self, "_idx", idx)  # a cache, not state: frozen otherwise
+        return idx
+
+    def placement(self, name: str) -> TensorPlacement:
+        try:
+            return self._index()[name]
+        except KeyError:
+            raise HypuraError(f"tensor '{name}' is not in the plan (was it made for another model?)") from None
+
+    def tier_of(self, name: str) -> str:
+        return self.placement(name).tier
+
+    def expert_tiers(self, name: str) -> tuple[str, ...]:
+        return self.placement(name).experts
+
+    def check_model(self, header) -> None:
+        """Refuse a plan made for another model: every tensor must be planned, with its size."""
+        idx = self._index()
+        for t in header.tensors:
+            planned = idx.get(t.name)
+            if planned is None or planned.nbytes != t.nbytes:
+                raise HypuraError(f"plan for {Path(self.model).name} does not match {header.path.name}: "
+                                  f"tensor '{t.name}' {'is not planned' if planned is None else 'differs in size'}")
+        if len(idx) != len(header.tensors):
+            raise HypuraError(f"plan for {Path(self.model).name} has tensors {header.path.name} lacks")
+
+    # --- summaries ----------------------------------------------------------------------------
+    def bytes_by_tier(self) -> dict[str, int]:
+        return {tier: self.memory[tier]["weights"] for tier in TIERS}
+
+    def tensors_by_tier(self) -> dict[str, int]:
+        c = Counter(t.tier for t in self.tensors)
+        return {tier: c.get(tier, 0) for tier in TIERS}
+
+    def layer_bytes(self) -> list[dict[str, int]]:
+        """Per block, weight bytes in each tier (experts split by their own tiers)."""
+        rows = [dict.fromkeys(TIERS, 0) for _ in range(self.n_layer)]
+        for t in self.tensors:
+            if not 0 <= t.layer < self.n_layer:
+                continue
+            if t.experts:
+                for tier in t.experts:
+                    rows[t.layer][tier] += t.nbytes // len(t.experts)
+            else:
+                rows[t.layer][t.tier] += t.nbytes
+        return rows
+
+    def used(self, tier: str) -> int:
+        return sum(v for k, v in self.memory[tier].items() if k != "budget")
+
+    # --- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for k in ("traffic", "prediction", "rates"):
+            d[k] = dataclasses.asdict(d[k])
+        d["tensors"] = [dataclasses.asdict(t) for t in self.tensors]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        if d.get("version") != PLAN_VERSION:
+            raise HypuraError(f"plan format v{d.get('version')} is not v{PLAN_VERSION}: re-run `hypura inspect --json`")
+        try:
+            fields = {f.name for f in dataclasses.fields(cls)}
+            kw = {k: v for k, v in d.items() if k in fields}
+            kw["tensors"] = tuple(TensorPlacement(**{**t, "experts": tuple(t["experts"]),
+                                                     "expert_compute": tuple(t["expert_compute"])})
+                                  for t in d["tensors"])
+            kw["traffic"], kw["prediction"], kw["rates"] = (
+                Traffic(**d["traffic"]), Prediction(**d["prediction"]), Rates(**d["rates"]))
+            return cls(**kw)
+        except (KeyError, TypeError) as e:
+            raise HypuraError(f"malformed plan ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise HypuraError(f"plan is not JSON ({e})") from None
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Plan:
+        try:
+            return cls.from_json(Path(path).read_text())
+        except OSError as e:
+            raise HypuraError(f"cannot read plan {path}: {e.strerror}") from None
+
+
+def mode_of(mu: ModelUnits, tiers: tuple[str, ...], fast: str) -> str:
+    """Named by which roles live off the fastest tier used (the input embeddings always stay on the
+    host in llama.cpp and do not count)."""
+    off = {u.role for u, t in zip(mu.units, tiers) if t != fast and not u.host_only}
+    if not off:
+        return "full-resident"
+    if off <= {"expert"}:
+        return "expert-streaming"
+    if off <= {"ffn", "shared"}:
+        return "dense-ffn-streaming"
+    return "mixed"
+
+
+def build_plan(model: str, mu: ModelUnits, sol: Solution, settings: PlanSettings, budgets, rates: Rates) -> Plan:
+    units = mu.units
+    fast = GPU if GPU in sol.tiers else RAM  # a CPU-only plan is resident when all is in RAM
+    per_tensor: dict[str, list] = {}
+    for u, tier, dev in zip(units, sol.tiers, sol.compute):
+        for name in u.tensors:
+            per_tensor.setdefault(name, []).append((u.expert, tier, dev))
+    placements = []
+    for t in mu.tensors:
+        rows = sorted(per_tensor[t.name])
+        if t.name in mu.experts:
+            tiers, devs = tuple(r[1] for r in rows), tuple(r[2] for r in rows)
+            tier = max(tiers, key=_SLOWEST.get)
+            dev = GPU if GPU in devs else CPU
+            placements.append(TensorPlacement(t.name, tier, dev, t.nbytes, t.layer, tiers, devs))
+        else:
+            placements.append(TensorPlacement(t.name, rows[0][1], rows[0][2], t.nbytes, t.layer))
+    experts = Counter(t for u, t in zip(units, sol.tiers) if u.expert >= 0)
+    memory = {tier: {"budget": {GPU: budgets.gpu, RAM: budgets.ram, DISK: 0}[tier], **parts}
+              for tier, parts in sol.memory.items()}
+    plan = Plan(
+        model=model, arch=mu.dims.arch, n_layer=mu.dims.n_layer, n_ctx=settings.n_ctx, n_ubatch=settings.n_ubatch,
+        mode=mode_of(mu, sol.tiers, fast), solver=sol.solver, config=sol.config, tensors=tuple(placements),
+        kv_tier=sol.kv_tier, kv_bytes=sol.memory[sol.kv_tier]["kv"],
+        pool_slots=settings.prefetch_depth + 1 if sol.slot_bytes else 0, pool_slot_bytes=sol.slot_bytes,
+        staging_slots=settings.prefetch_depth + 1 if sol.staging_bytes else 0, staging_slot_bytes=sol.staging_bytes,
+        prefetch_depth=settings.prefetch_depth, expert_cache={t: experts.get(t, 0) for t in TIERS},
+        memory=memory, unified=budgets.unified, traffic=sol.traffic, prediction=sol.prediction, rates=rates,
+    )
+    _check_budgets(plan)
+    return plan
+
+
+def _check_budgets(plan: Plan) -> None:
+    """Never hand out a plan that over-commits a tier (a solver bug if it fires)."""
+    gpu, ram = plan.used(GPU), plan.used(RAM) + (plan.used(GPU) if plan.unified else 0)
+    if gpu > plan.memory[GPU]["budget"] or ram > plan.memory[RAM]["budget"]:
+        raise AssertionError(f"plan over budget: gpu {gpu} > {plan.memory[GPU]['budget']} or ram {ram} > "
+                             f"{plan.memory[RAM]['budget']}")

@@ -1,0 +1,136 @@
+"""Plans and profiles as text a person reads: tables, a per-layer map, the prediction."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from hypura.model_file import ModelHeader
+from hypura.plan.budget import fmt_size
+from hypura.plan.cost import DISK, GPU, RAM
+from hypura.plan import knobs
+from hypura.plan.plan import TIERS, Plan
+from hypura.plan.solve import turn_seconds
+from hypura.profile.model import MachineProfile
+
+_LETTER = {GPU: "G", RAM: "R", DISK: "D"}
+
+
+def _gbs(bw: float | None) -> str:
+    return "-" if not bw else f"{bw / 1e9:.1f} GB/s" if bw < 1e12 else f"{bw / 1e12:.2f} TB/s"
+
+
+def _flops(f: float) -> str:
+    return f"{f / 1e12:.1f} TFLOP/s" if f >= 1e12 else f"{f / 1e9:.1f} GFLOP/s"
+
+
+def _table(rows: list[list[str]], align: str = "") -> list[str]:
+    """Columns padded to their widest cell; `align` per column, l or r (default: first l, rest r)."""
+    align = align or "l" + "r" * (len(rows[0]) - 1)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)).rstrip()
+            for r in rows]
+
+
+def describe_profile(p: MachineProfile) -> list[str]:
+    h, d = p.host, p.disk
+    rows = [["", "capacity", "rate", "how"],
+            ["RAM", f"{fmt_size(h.ram_available)} free of {fmt_size(h.ram_total)}", _gbs(h.ram_copy_bw),
+             "numpy copy, bytes copied/s"],
+            ["CPU decode", f"{h.cores} cores, {h.threads} threads", _gbs(p.cpu.decode_bw), "see [cpu] below"],
+            ["CPU prefill", "", _flops(p.cpu.prefill_flops), ""],
+            ["disk", f"{d.fs_type} at {d.path}", _gbs(d.read_bw), "see [disk] below"]]
+    rows += [[f"  {t} thread(s)", f"{d.request_bytes >> 20} MiB requests", _gbs(bw), ""] for t, bw in d.by_threads]
+    for g in p.gpus:
+        kind = "unified" if g.unified else "discrete"
+        rows += [[f"GPU {g.index}", f"{fmt_size(g.mem_free)} free of {fmt_size(g.mem_total)} ({kind})", "",
+                  f"{g.name}: {g.description}"],
+                 ["  h2d pinned", "", _gbs(g.h2d_pinned_bw), "tensor_set from a host-buffer-type buffer"],
+                 ["  h2d pageable", "", _gbs(g.h2d_pageable_bw), "tensor_set from numpy memory"],
+                 ["  device copy", "", _gbs(g.d2d_bw), "tensor_copy, bytes read + written/s"],
+                 ["  decode", "", _gbs(g.decode_bw), "see [gpu] below"],
+                 ["  prefill", "", _flops(g.prefill_flops), ""]]
+    out = [f"machine profile {p.key} ({p.created}, measured in {p.seconds:.1f} s)", f"CPU: {h.cpu}"]
+    out += _table(rows, "llrl")
+    out += [f"[cpu] {p.cpu.method}", f"[disk] {d.method}"] + [f"[gpu] {g.method}" for g in p.gpus]
+    out += [f"note: {n}" for n in p.notes]
+    return out
+
+
+def layer_map(plan: Plan, per_line: int = 50) -> list[str]:
+    """One letter per block: its dominant tier, upper case if the whole block is there."""
+    letters = []
+    for row in plan.layer_bytes():
+        total = sum(row.values())
+        top = max(TIERS, key=lambda t: row[t])
+        ch = _LETTER[top]
+        letters.append(ch if total == 0 or row[top] == total else ch.lower())
+    lines = []
+    for start in range(0, len(letters), per_line):
+        lines.append(f"  {start:>4}  {''.join(letters[start:start + per_line])}")
+    return lines
+
+
+def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: MachineProfile | None = None) -> list[str]:
+    out = []
+    name = Path(plan.model).name
+    if header is not None:
+        types = Counter(t.ggml_type.name for t in header.tensors).most_common(3)
+        out.append(f"model    {name}: {plan.arch}, {plan.n_layer} layers, {fmt_size(header.weight_bytes)} of weights "
+                   f"({', '.join(f'{k} x{v}' for k, v in types)})")
+    if profile is not None:
+        gpu = profile.gpu
+        gpu_text = f"{gpu.description} {fmt_size(gpu.mem_total)}{' unified' if gpu.unified else ''}" if gpu else "no GPU"
+        out.append(f"machine  {profile.key}: {gpu_text}, RAM {fmt_size(profile.host.ram_total)}, "
+                   f"disk {_gbs(profile.disk.read_bw)}")
+    out.append(f"context  {plan.n_ctx} tokens: KV cache {fmt_size(plan.kv_bytes)} on {plan.kv_tier}; "
+               f"micro-batch {plan.n_ubatch}")
+    out.append(f"mode     {plan.mode}  ({plan.solver}: {plan.config})")
+    out.append("")
+    rows = [["tier", "budget", "weights", "kv", "buffers", "used", "tensors", "experts"]]
+    count = plan.tensors_by_tier()
+    for tier in TIERS:
+        m = plan.memory[tier]
+        bufs = sum(v for k, v in m.items() if k not in ("budget", "weights", "kv"))
+        budget = "-" if tier == DISK else fmt_size(m["budget"]) + (" (shared)" if plan.unified and tier == RAM else "")
+        used = "-" if tier == DISK else fmt_size(plan.used(tier) + (plan.used(GPU) if plan.unified and tier == RAM else 0))
+        rows.append([tier, budget, fmt_size(m["weights"]), fmt_size(m.get("kv", 0)), fmt_size(bufs), used,
+                     str(count[tier]), str(plan.expert_cache[tier])])
+    out += _table(rows)
+    out.append("")
+    pool = (f"{plan.pool_slots} GPU slots x {fmt_size(plan.pool_slot_bytes)}" if plan.pool_slots else "no GPU pool")
+    staging = (f"{plan.staging_slots} pinned RAM staging slots x {fmt_size(plan.staging_slot_bytes)}"
+               if plan.staging_slots else "no disk staging")
+    out.append(f"streams  {pool}; {staging}; prefetch depth {plan.prefetch_depth}")
+    out += describe_prediction(plan)
+    out.append("")
+    out.append("layers   (G gpu, R ram, D disk; lower case: the block is split across tiers)")
+    out += layer_map(plan)
+    return out
+
+
+def describe_prediction(plan: Plan) -> list[str]:
+    pr = plan.prediction
+    rows = [["  path", "bytes/token", "s/token", "at predicted rate"]]
+    rates = pr.gbps()
+    for path in ("gpu", "cpu", "link", "disk"):
+        b = pr.bytes_per_token[path]
+        if b:
+            rows.append([f"  {path}", fmt_size(b), f"{pr.seconds[path]:.4f}", f"{rates[path]:.1f} GB/s"])
+    rows.append(["  fixed", "", f"{pr.seconds['overhead']:.4f}", "per-layer costs and CPU/GPU hand-offs"])
+    rate = lambda x: f"{x:.0f}" if x >= 100 else f"{x:.3g}"  # noqa: E731
+    return ([f"predict  decode {rate(pr.decode_tok_s)} tok/s (limited by {pr.decode_limit}), "
+             f"prefill {rate(pr.prefill_tok_s)} tok/s (limited by {pr.prefill_limit})",
+             f"         a chat turn ({knobs.OBJECTIVE_PROMPT_TOKENS} prompt + {knobs.OBJECTIVE_DECODE_TOKENS} "
+             f"generated tokens, what plans minimise): {turn_seconds(pr):.1f} s"] + _table(rows))
+
+
+def describe_tensors(plan: Plan) -> list[str]:
+    rows = [["tensor", "tier", "compute", "bytes", "experts (gpu/ram/disk)"]]
+    for t in plan.tensors:
+        experts = ""
+        if t.experts:
+            c = Counter(t.experts)
+            experts = "/".join(str(c.get(tier, 0)) for tier in TIERS)
+        rows.append([t.name, t.tier, t.compute, fmt_size(t.nbytes), experts])
+    return _table(rows)

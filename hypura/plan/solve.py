@@ -1,0 +1,261 @@
+"""The placement search: an exact method for the structure of the cost model, and a greedy baseline.
+
+Objective: the predicted time of a chat turn (knobs.OBJECTIVE_*: prompt at the prefill rate, then
+decode), so decode speed dominates but is not bought with a far slower prefill.
+
+Structure. A unit's contribution to every path is (access probability p) x (bytes), and moving a
+byte of higher p into a faster tier (GPU > RAM > disk) never increases any path of cost.predict
+(an exchange argument: GPU reads faster than the CPU, RAM faster than disk). So for fixed memory
+reservations the optimum fills the tiers in order of p (ties: knobs.ROLE_RANK, then graph order),
+skipping a unit that does not fit for the next that does: exact for the fractional relaxation,
+within one unit per tier for the integer problem. What the fill cannot see is enumerated: where the
+KV cache lives (GPU or RAM), whether GPU pool slots are reserved for streaming (slots cost GPU
+memory that resident weights could use), and whether to use the GPU at all (a budget too small for
+its buffers; tiny models). For each such config, the non-resident units are split
+between CPU compute and streaming into GPU slots by moving units to the GPU while the predicted
+time falls: along that path the compute term falls and the link term rises linearly, so the time
+is convex and the first stop is the optimum (the closed form is non-resident bytes /
+(CPU rate + link rate) when nothing else binds). Memory for slots and disk staging depends on the
+fill and split; it is reserved by iterating to a fixed point (reservations only grow, so this ends).
+
+Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
+down while they fit, the rest in RAM in graph order, then disk; the CPU computes everything not on
+the GPU; no streaming slots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hypura.errors import HypuraError
+from hypura.plan import knobs
+from hypura.plan.budget import Budgets, fmt_size
+from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic, predict, traffic
+from hypura.plan.units import ModelUnits
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    n_ctx: int = 4096  # llama.cpp's default context (common_params.n_ctx)
+    n_ubatch: int = knobs.N_UBATCH
+    prefetch_depth: int = knobs.PREFETCH_DEPTH
+    kv_bytes_per_element: float = knobs.KV_BYTES_PER_ELEMENT
+
+    def __post_init__(self):
+        if self.n_ctx < 1 or self.n_ubatch < 1 or self.prefetch_depth < 0:
+            raise HypuraError("context, micro-batch must be >= 1 and prefetch depth >= 0")
+
+
+@dataclass(frozen=True)
+class Solution:
+    tiers: tuple[str, ...]  # per unit of ModelUnits.units
+    compute: tuple[str, ...]  # gpu | cpu, per unit
+    kv_tier: str
+    slot_bytes: int  # one GPU pool slot (a layer's streamed units); 0: no pool
+    staging_bytes: int  # one pinned RAM staging slot for disk reads; 0: none
+    memory: dict  # tier -> {part: bytes}
+    traffic: Traffic
+    prediction: Prediction
+    solver: str
+    config: str
+
+    @property
+    def turn_s(self) -> float:
+        return turn_seconds(self.prediction)
+
+
+def turn_seconds(pr: Prediction) -> float:
+    """What plans minimise: seconds for one chat turn (knobs.OBJECTIVE_*) at the predicted rates."""
+    return knobs.OBJECTIVE_PROMPT_TOKENS / pr.prefill_tok_s + knobs.OBJECTIVE_DECODE_TOKENS / pr.decode_tok_s
+
+
+@dataclass(frozen=True)
+class _Shortfall:
+    tier: str
+    need: int
+    have: int
+    detail: str
+
+
+class _Problem:
+    def __init__(self, mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings):
+        self.mu, self.b, self.r, self.s = mu, budgets, rates, settings
+        d = mu.dims
+        self.kv = d.kv_bytes_per_layer(settings.n_ctx, settings.kv_bytes_per_element) * d.n_layer
+        self.buf = d.compute_buffer_bytes(settings.n_ubatch)
+        self.n_slots = settings.prefetch_depth + 1
+        self.gpu_usable = rates.has_gpu and budgets.gpu > 0
+        self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
+        self.density_order = sorted(
+            range(len(mu.units)),
+            key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+
+    def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> int:
+        """Largest bytes one layer must have in a slot: its selected dense units plus the k
+        largest selected experts (a token needs at most k experts of a layer)."""
+        dense: dict[int, int] = defaultdict(int)
+        experts: dict[int, list[int]] = defaultdict(list)
+        for u, t, c in zip(self.mu.units, tiers, compute):
+            if u.host_only or not select(t, c):
+                continue
+            if u.expert >= 0:
+                experts[u.stage].append(u.nbytes)
+            else:
+                dense[u.stage] += u.nbytes
+        k = self.mu.dims.n_expert_used or 1
+        stages = dense.keys() | experts.keys()
+        return max((dense[s] + sum(sorted(experts[s], reverse=True)[:k]) for s in stages), default=0)
+
+    def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
+        tiers = [RAM] * len(self.mu.units)
+        for i in self.density_order:
+            u = self.mu.units[i]
+            if u.host_only:
+                continue  # reserved in RAM up front
+            if u.nbytes <= gpu_cap and (not self.b.unified or u.nbytes <= ram_cap):
+                tiers[i], gpu_cap = GPU, gpu_cap - u.nbytes
+                ram_cap -= u.nbytes if self.b.unified else 0
+            elif u.nbytes <= ram_cap:
+                ram_cap -= u.nbytes
+            else:
+                tiers[i] = DISK
+        return tiers
+
+    def fill_like_ngl(self, gpu_cap: int, ram_cap: int) -> list[str]:
+        units = self.mu.units
+        tiers: list[str | None] = [None] * len(units)
+        by_stage: dict[int, list[int]] = defaultdict(list)
+        for i, u in enumerate(units):
+            if not u.host_only:
+                by_stage[u.stage].append(i)
+        for stage in sorted(by_stage, reverse=True):
+            size = sum(units[i].nbytes for i in by_stage[stage])
+            if size > gpu_cap or (self.b.unified and size > ram_cap):
+                break
+            for i in by_stage[stage]:
+                tiers[i] = GPU
+            gpu_cap -= size
+            ram_cap -= size if self.b.unified else 0
+        for i, u in enumerate(units):
+            if tiers[i] is None:
+                if u.host_only or u.nbytes <= ram_cap:
+                    tiers[i], ram_cap = RAM, ram_cap - (0 if u.host_only else u.nbytes)
+                else:
+                    tiers[i] = DISK
+        return tiers
+
+    def split(self, tiers: list[str], kv_tier: str) -> list[str]:
+        """Move non-resident units to GPU compute (streamed into slots) while the time falls."""
+        units, r = self.mu.units, self.r
+        compute = [GPU if t == GPU else CPU for t in tiers]
+        acc = {GPU: 0.0, CPU: 0.0}
+        disk = 0.0
+        for u, t, c in zip(units, tiers, compute):
+            acc[c] += u.p * u.nbytes
+            disk += u.p * u.nbytes if t == DISK else 0.0
+        acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * self.kv
+        g, c, link = acc[GPU], acc[CPU], 0.0
+        time = lambda g, c, link: max(g / r.gpu_read + c / r.cpu_read,  # noqa: E731
+                                      link / r.link if r.link else (float("inf") if link else 0.0),
+                                      disk / r.disk_read)
+        best = time(g, c, link)
+        movable = [i for i, u in enumerate(units) if tiers[i] == DISK and not u.host_only]
+        movable += [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only]
+        for i in movable:  # disk units first: on unified memory they need no link copy
+            a = units[i].p * units[i].nbytes
+            dl = a if tiers[i] == RAM or not r.unified else 0.0
+            t = time(g + a, c - a, link + dl)
+            if t >= best:
+                break
+            g, c, link, best = g + a, c - a, link + dl, t
+            compute[i] = GPU
+        return compute
+
+    def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str) -> Solution | _Shortfall:
+        """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
+        host compute buffer) grown until what the placement needs fits in what was reserved."""
+        b, n, units = self.b, self.n_slots, self.mu.units
+        config = (f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
+        gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
+        ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0)
+        # llama.cpp sizes the CPU's compute buffer by the graph splits the CPU runs: small when the GPU
+        # computes every layer
+        pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.buf)
+        for _ in range(32):
+            gpu_cap = b.gpu - gpu_fixed - pool if use_gpu else 0
+            ram_cap = b.ram - ram_fixed - host_buf - staging - ((gpu_fixed + pool) if b.unified else 0)
+            if gpu_cap < 0 or ram_cap < 0:
+                return self._shortfall(gpu_cap < 0, use_gpu, kv_tier, gpu_fixed + pool, b.ram - ram_cap,
+                                       pool, staging, host_buf)
+            tiers = fill(gpu_cap, ram_cap)
+            compute = self.split(tiers, kv_tier) if stream else [GPU if t == GPU else CPU for t in tiers]
+            slot = self.stage_need(tiers, compute, lambda t, c: t != GPU and c == GPU)
+            stage = self.stage_need(tiers, compute, lambda t, c: t == DISK)
+            cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
+            need_host = self.buf if cpu_work else host_buf
+            if n * slot <= pool and n * stage <= staging and need_host <= host_buf:
+                break
+            pool, staging, host_buf = max(pool, n * slot), max(staging, n * stage), max(host_buf, need_host)
+        else:
+            return self._shortfall(False, use_gpu, kv_tier, 0, b.ram + 1, pool, staging, host_buf)
+        disk_left = sum(u.nbytes for u, t in zip(units, tiers) if t == DISK)
+        if disk_left and not b.disk:
+            return _Shortfall("gpu+ram", b.gpu + b.ram + disk_left, b.gpu + b.ram, "disk streaming off")
+        weights = {tier: sum(u.nbytes for u, t in zip(units, tiers) if t == tier) for tier in (GPU, RAM, DISK)}
+        memory = {
+            GPU: {"weights": weights[GPU], "kv": self.kv if kv_tier == GPU else 0,
+                  "compute": self.buf if use_gpu else 0, "pool": n * slot},
+            RAM: {"weights": weights[RAM], "kv": self.kv if kv_tier == RAM else 0,
+                  "compute": need_host, "staging": n * stage},
+            DISK: {"weights": weights[DISK]},
+        }
+        tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch)
+        return Solution(tuple(tiers), tuple(compute), kv_tier, slot, stage, memory, tr, predict(tr, self.r),
+                        solver, config)
+
+    def _shortfall(self, on_gpu: bool, use_gpu: bool, kv_tier: str, gpu_need: int, ram_need: int,
+                   pool: int, staging: int, host_buf: int) -> _Shortfall:
+        kv = fmt_size(self.kv)
+        if on_gpu:
+            parts = f"KV cache {kv}, compute buffer {fmt_size(self.buf)}, stream slots {fmt_size(pool)}"
+            return _Shortfall(GPU, gpu_need, self.b.gpu, parts)
+        parts = (f"input embeddings {fmt_size(self.host_only)}, compute buffer {fmt_size(host_buf)}, "
+                 f"disk staging {fmt_size(staging)}" + (f", KV cache {kv}" if kv_tier == RAM else "")
+                 + (", GPU bytes (unified memory)" if self.b.unified and use_gpu else ""))
+        return _Shortfall(RAM, ram_need, self.b.ram, parts)
+
+    def configs(self, streams: tuple[bool, ...]) -> list[tuple[bool, str, bool]]:
+        """(use GPU, KV tier, stream) to try: GPU configs first, so ties favour using the GPU; the
+        CPU-only config stays a candidate (a GPU budget too small for its buffers, tiny models)."""
+        gpu = [(True, kv, st) for st in streams for kv in (GPU, RAM)] if self.gpu_usable else []
+        return gpu + [(False, RAM, False)]
+
+
+def _pick(candidates: list, problem: _Problem) -> Solution:
+    solutions = [c for c in candidates if isinstance(c, Solution)]
+    if solutions:
+        return min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
+    short = min(candidates, key=lambda c: c.need - c.have)
+    mu, b = problem.mu, problem.b
+    raise HypuraError(
+        f"no placement fits: {short.tier} needs {fmt_size(short.need)} but has {fmt_size(short.have)} "
+        f"({short.detail}); model weights {fmt_size(mu.weight_bytes)} + KV cache {fmt_size(problem.kv)} "
+        f"(ctx {problem.s.n_ctx}) + compute buffers {fmt_size(problem.buf)}; budgets: gpu {fmt_size(b.gpu)}, "
+        f"ram {fmt_size(b.ram)}, disk streaming {'on' if b.disk else 'off'}")
+
+
+def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
+    p = _Problem(mu, budgets, rates, settings)
+    return _pick([p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))], p)
+
+
+def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
+    """The best of the enumerated configs; the greedy baseline is one more candidate, so the result is
+    never worse than it on the cost model."""
+    p = _Problem(mu, budgets, rates, settings)
+    streams = (False, True) if rates.can_stream_to_gpu else (False,)
+    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer") for g, kv, st in p.configs(streams)]
+    candidates += [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
+    return _pick(candidates, p)

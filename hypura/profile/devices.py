@@ -1,0 +1,123 @@
+"""Accelerators through ggml's device API (our cffi bindings): what is there, and how fast bytes
+reach it.
+
+Three links per device, each timed over synchronous ggml calls (the CUDA backend synchronizes its
+stream inside set_tensor and cpy_tensor):
+  pinned   ggml_backend_tensor_set from a buffer of the device's host buffer type (cudaHostAlloc)
+  pageable ggml_backend_tensor_set from ordinary memory (a numpy array)
+  d2d      ggml_backend_tensor_copy between two tensors on the device; reported as bytes read +
+           written per second, as CUDA's bandwidthTest does, so it compares with HBM figures
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+
+from hypura.errors import HypuraError
+from hypura.profile import knobs
+
+_GPU_TYPES = ("GPU", "IGPU")
+_TYPE_NAMES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL", 4: "META"}
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    name: str
+    description: str
+    kind: str  # CPU | GPU | IGPU | ACCEL
+    mem_free: int
+    mem_total: int
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in _GPU_TYPES
+
+    @property
+    def unified(self) -> bool:
+        # Apple's Metal device and integrated GPUs share host RAM
+        return self.kind == "IGPU" or sys.platform == "darwin"
+
+
+@dataclass(frozen=True)
+class Links:
+    h2d_pinned_bw: float | None  # None: the device has no host buffer type
+    h2d_pageable_bw: float
+    d2d_bw: float
+
+
+def _lib():
+    from hypura.bindings.ffi import ffi, lib
+
+    return ffi, lib()
+
+
+def list_devices() -> list[Device]:
+    """Every ggml device (backends register statically: no llama_backend_init needed)."""
+    ffi, L = _lib()
+    out = []
+    for i in range(L.ggml_backend_dev_count()):
+        dev = L.ggml_backend_dev_get(i)
+        free, total = ffi.new("size_t *"), ffi.new("size_t *")
+        L.ggml_backend_dev_memory(dev, free, total)
+        out.append(Device(i, ffi.string(L.ggml_backend_dev_name(dev)).decode(),
+                          ffi.string(L.ggml_backend_dev_description(dev)).decode(),
+                          _TYPE_NAMES.get(int(L.ggml_backend_dev_type(dev)), "?"), free[0], total[0]))
+    return out
+
+
+def _best_rate(fn, nbytes: int, repeats: int) -> float:
+    fn()  # warm-up: first-touch, lazy allocation, driver setup
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
+def measure_links(device_index: int, nbytes: int = knobs.LINK_BYTES, repeats: int = knobs.LINK_REPEATS,
+                  d2d_repeats: int = knobs.D2D_REPEATS) -> Links:
+    """Time host->device copies (pinned, pageable) and a device copy on ggml device `device_index`.
+    Runs on any device, the CPU included (where every link is a memcpy), so tests reach this path."""
+    ffi, L = _lib()
+    dev = L.ggml_backend_dev_get(device_index)
+    params = ffi.new("struct ggml_init_params *", {"mem_size": 4 * L.ggml_tensor_overhead(),
+                                                   "mem_buffer": ffi.NULL, "no_alloc": True})
+    ctx = L.ggml_init(params[0])
+    if ctx == ffi.NULL:
+        raise HypuraError("ggml_init failed")
+    buffers = []
+    try:
+        src = L.ggml_new_tensor_1d(ctx, int(gguf.GGMLQuantizationType.I8), nbytes)
+        dst = L.ggml_new_tensor_1d(ctx, int(gguf.GGMLQuantizationType.I8), nbytes)
+        dev_buf = L.ggml_backend_alloc_ctx_tensors_from_buft(ctx, L.ggml_backend_dev_buffer_type(dev))
+        if dev_buf == ffi.NULL:
+            raise HypuraError(f"cannot allocate 2 x {nbytes >> 20} MiB on device {device_index}")
+        buffers.append(dev_buf)
+
+        pageable = np.full(nbytes, 7, dtype=np.uint8)
+        ptr = ffi.from_buffer(pageable)
+        pageable_bw = _best_rate(lambda: L.ggml_backend_tensor_set(src, ptr, 0, nbytes), nbytes, repeats)
+
+        pinned_bw = None
+        host_buft = L.ggml_backend_dev_host_buffer_type(dev)
+        if host_buft != ffi.NULL:
+            host_buf = L.ggml_backend_buft_alloc_buffer(host_buft, nbytes)
+            if host_buf != ffi.NULL:
+                buffers.append(host_buf)
+                base = L.ggml_backend_buffer_get_base(host_buf)
+                ffi.memmove(base, ptr, nbytes)  # touch every page before timing
+                pinned_bw = _best_rate(lambda: L.ggml_backend_tensor_set(src, base, 0, nbytes), nbytes, repeats)
+
+        d2d_bw = 2 * _best_rate(lambda: L.ggml_backend_tensor_copy(src, dst), nbytes, d2d_repeats)
+        return Links(pinned_bw, pageable_bw, d2d_bw)
+    finally:
+        for buf in buffers:
+            L.ggml_backend_buffer_free(buf)
+        L.ggml_free(ctx)

@@ -1,0 +1,42 @@
+"""Every constant of `hypura profile`'s measurements, with why it has its value."""
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# --- disk -----------------------------------------------------------------------------------
+# the runtime streams with requests of this size (a layer slice or an expert is MBs; 4 MiB keeps
+# NVMe queues busy without huge staging buffers) and from this many reader threads
+DISK_REQUEST_BYTES = 4 * MiB
+DISK_THREADS = (1, 2, 4)
+# test file: big enough for a steady rate, small enough to write in ~1 s
+DISK_TEST_BYTES = 512 * MiB
+# each thread count reads for at most this long (the whole file when faster)
+DISK_PASS_S = 1.5
+# O_DIRECT needs buffers, offsets and sizes aligned to the logical block size; 4 KiB covers NVMe
+DIRECT_ALIGN = 4096
+
+# --- RAM ------------------------------------------------------------------------------------
+# larger than any last-level cache, so the copy measures DRAM
+RAM_COPY_BYTES = 256 * MiB
+RAM_COPY_REPEATS = 5
+
+# --- GPU links (ggml device API) --------------------------------------------------------------
+# large enough that a 55 GB/s PCIe copy takes ~20 ms, dwarfing launch overhead
+LINK_BYTES = 1 * GiB
+LINK_REPEATS = 5
+D2D_REPEATS = 20
+
+# --- CPU compute (a short llama.cpp run) ------------------------------------------------------
+# a prompt long enough for batched matmuls; decode stops at the token count or the time limit,
+# whichever comes first (a loaded machine must not stretch the profile past a minute)
+LLAMA_PROMPT_TOKENS = 32
+LLAMA_DECODE_TOKENS = 32
+LLAMA_DECODE_S = 8.0
+LLAMA_CTX = 256
+
+# --- defaults when nothing was measured (inspect without `hypura profile`) --------------------
+# conservative figures so an unmeasured plan does not promise too much
+DEFAULT_DISK_BW = 1.4e9  # DESIGN.md's H200 host NVMe with O_DIRECT; consumer NVMe reads 2-7 GB/s
+DEFAULT_CPU_DECODE_BW = 20e9  # llama.cpp CPU decode on dual-channel DDR4/DDR5 desktops: 15-40 GB/s
+DEFAULT_LINK_BW = 25e9  # PCIe 4.0 x16 pinned copies (~25 GB/s); DESIGN.md measured 55 on PCIe 5.0
+DEFAULT_GPU_DECODE_BW = 500e9  # a mid-range discrete GPU's effective decode read rate

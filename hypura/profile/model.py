@@ -1,0 +1,147 @@
+"""A machine profile: what `hypura profile` measured, as frozen dataclasses with a JSON form.
+
+Bandwidths are bytes/s, compute rates FLOP/s, memory bytes. Each measured section says how it was
+measured (`method`), so a figure from a proxy or a default is never mistaken for a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hypura.errors import HypuraError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    hostname: str
+    cpu: str  # model name
+    cores: int  # physical
+    threads: int  # logical
+    ram_total: int
+    ram_available: int  # at measurement time (psutil)
+    ram_copy_bw: float  # bytes copied per second by one large memcpy (numpy.copyto)
+
+
+@dataclass(frozen=True)
+class DiskInfo:
+    path: str  # where the test file was written
+    fs_type: str
+    direct_io: bool  # True: O_DIRECT (F_NOCACHE on macOS) reads, the page cache out of the way
+    method: str
+    request_bytes: int
+    read_bw: float  # best over thread counts
+    by_threads: tuple[tuple[int, float], ...] = ()  # (threads, bytes/s)
+
+
+@dataclass(frozen=True)
+class CpuCompute:
+    """llama.cpp on the CPU: weight bytes read per second in decode, FLOP/s in prefill."""
+
+    decode_bw: float
+    prefill_flops: float
+    threads: int
+    method: str
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int  # ggml device index
+    name: str
+    description: str
+    mem_total: int
+    mem_free: int
+    unified: bool  # shares host RAM (Apple silicon, integrated GPUs)
+    h2d_pinned_bw: float | None  # ggml_backend_tensor_set from a host-buffer-type allocation
+    h2d_pageable_bw: float | None  # ... from ordinary (numpy) memory
+    d2d_bw: float | None  # device copy: bytes read + written per second
+    decode_bw: float  # weight-read rate of decode on this device
+    prefill_flops: float
+    method: str
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    key: str  # hostname + hash of the hardware facts: the cache file's name
+    hardware: tuple[tuple[str, str], ...]  # the facts the key hashes; a change makes it stale
+    created: str  # ISO 8601
+    seconds: float  # time the measurement took
+    host: HostInfo
+    disk: DiskInfo
+    cpu: CpuCompute
+    gpus: tuple[GpuInfo, ...] = ()
+    notes: tuple[str, ...] = ()
+    version: int = SCHEMA_VERSION
+
+    @property
+    def gpu(self) -> GpuInfo | None:
+        """The GPU plans use (the first; multi-GPU splits are out of scope)."""
+        return self.gpus[0] if self.gpus else None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MachineProfile:
+        if d.get("version") != SCHEMA_VERSION:
+            raise HypuraError(f"profile schema v{d.get('version')} is not v{SCHEMA_VERSION}: run `hypura profile --force`")
+        try:
+            return cls(
+                key=d["key"],
+                hardware=tuple((str(k), str(v)) for k, v in d["hardware"]),
+                created=d["created"],
+                seconds=float(d["seconds"]),
+                host=_build(HostInfo, d["host"]),
+                disk=_build(DiskInfo, {**d["disk"], "by_threads": tuple((int(t), float(b)) for t, b in d["disk"]["by_threads"])}),
+                cpu=_build(CpuCompute, d["cpu"]),
+                gpus=tuple(_build(GpuInfo, g) for g in d.get("gpus", ())),
+                notes=tuple(d.get("notes", ())),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise HypuraError(f"malformed machine profile ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> MachineProfile:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise HypuraError(f"machine profile is not JSON ({e})") from None
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (a reader never sees half a profile)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+
+def _build(cls, d: dict[str, Any]):
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing = {f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING} - d.keys()
+    if missing:
+        raise KeyError(f"{cls.__name__} lacks {', '.join(sorted(missing))}")
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def load_profile(path: str | os.PathLike) -> MachineProfile:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise HypuraError(f"cannot read profile {p}: {e.strerror}") from None
+    try:
+        return MachineProfile.from_json(text)
+    except HypuraError as e:
+        raise HypuraError(f"{p}: {e}") from None
