@@ -17,8 +17,10 @@ point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
 
 import llama_cpp  # noqa: E402
 
+from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
+from hypura.runtime.plan_policy import plan_policy, resolve_plan  # noqa: E402
 from hypura.runtime.placement import (  # noqa: E402
     FileFiller,
     LoaderHooks,
@@ -66,8 +68,10 @@ class Llama(llama_cpp.Llama):
         override_tensor: llama.cpp's `-ot`, "PATTERN=BUFFER_TYPE[,...]" or a list of them.
         placement_policy: a callable TensorInfo -> Placement deciding each tensor's tier
             (default: llama.cpp's own placement, with `override_tensor` applied).
-        gpu_mem, ram, plan: budgets and an explicit plan for the planner and tier runtime
-            (recorded; they take effect with those components).
+        plan: a hypura.plan.Plan, a plan file (`hypura inspect --json`), or "auto"; with
+            gpu_mem/ram budgets ("8GiB") and no plan, one is made now from the cached machine
+            profile. Without any of them, tensors go where llama.cpp puts them (n_gpu_layers).
+            Plans that stream from disk need the tier runtime and are refused for now.
         param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
             params structs that llama-cpp-python does not expose (e.g. load_mode,
             flash_attn_type), set over its defaults.
@@ -78,8 +82,15 @@ class Llama(llama_cpp.Llama):
         self._param_overrides = param_overrides or {}
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
-        self.gpu_mem, self.ram, self.plan = gpu_mem, ram, plan
-        policy = placement_policy or overrides_policy(override_tensor)
+        self.gpu_mem, self.ram = gpu_mem, ram
+        self.plan = resolve_plan(plan, self.header, gpu_mem, ram,
+                                 n_ctx=kwargs.get("n_ctx", 512), n_ubatch=kwargs.get("n_ubatch", 512))
+        if sum(x is not None for x in (self.plan, placement_policy, override_tensor)) > 1:
+            raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
+        if self.plan is not None:
+            policy = plan_policy(self.plan)
+        else:
+            policy = placement_policy or overrides_policy(override_tensor)
         hooks = LoaderHooks(policy, FileFiller([str(model_path)]))
         with hooks:
             try:

@@ -19,13 +19,9 @@ def _cuda_available() -> bool:
     if os.environ.get("HYPURA_GPU_TESTS"):  # "1"/"0": decided by the caller, no probe
         return os.environ["HYPURA_GPU_TESTS"] == "1"
     try:
-        from hypura.bindings.ffi import lib
+        from hypura.profile.devices import list_devices
 
-        l = lib()
-        return any(
-            l.ggml_backend_dev_type(l.ggml_backend_dev_get(i)) == l.GGML_BACKEND_DEVICE_TYPE_GPU
-            for i in range(l.ggml_backend_dev_count())
-        )
+        return any(d.kind == "GPU" for d in list_devices())
     except Exception:
         return False
 

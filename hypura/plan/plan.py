@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypura.errors import HypuraError
+from hypura.jsonfile import parse_json, read_json_file, write_atomic
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic
 from hypura.plan.solve import PlanSettings, Solution
 from hypura.plan.units import ModelUnits
@@ -148,22 +149,18 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise HypuraError(f"plan is not JSON ({e})") from None
+        return cls.from_dict(parse_json(text, "plan"))
 
     def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.write_text(self.to_json())
-        return path
+        return write_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Plan:
+        d = read_json_file(path, "plan")
         try:
-            return cls.from_json(Path(path).read_text())
-        except OSError as e:
-            raise HypuraError(f"cannot read plan {path}: {e.strerror}") from None
+            return cls.from_dict(d)
+        except HypuraError as e:
+            raise HypuraError(f"{path}: {e}") from None
 
 
 def mode_of(mu: ModelUnits, tiers: tuple[str, ...], fast: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hypura.errors import HypuraError
+from hypura.jsonfile import parse_json, read_json_file, write_atomic
 
 SCHEMA_VERSION = 1
 
@@ -111,19 +112,10 @@ class MachineProfile:
 
     @classmethod
     def from_json(cls, text: str) -> MachineProfile:
-        try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise HypuraError(f"machine profile is not JSON ({e})") from None
+        return cls.from_dict(parse_json(text, "machine profile"))
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically (a reader never sees half a profile)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self.to_json())
-        os.replace(tmp, path)
-        return path
+        return write_atomic(path, self.to_json())
 
 
 def _build(cls, d: dict[str, Any]):
@@ -136,12 +128,8 @@ def _build(cls, d: dict[str, Any]):
 
 
 def load_profile(path: str | os.PathLike) -> MachineProfile:
-    p = Path(path)
+    d = read_json_file(path, "profile")
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise HypuraError(f"cannot read profile {p}: {e.strerror}") from None
-    try:
-        return MachineProfile.from_json(text)
+        return MachineProfile.from_dict(d)
     except HypuraError as e:
-        raise HypuraError(f"{p}: {e}") from None
+        raise HypuraError(f"{path}: {e}") from None
