@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 import gguf
 
@@ -38,12 +39,23 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class KV:
+    """One metadata entry, typed as in the file (what a writer needs to copy it)."""
+
+    key: str
+    value: object
+    vtype: gguf.GGUFValueType
+    sub_type: Optional[gguf.GGUFValueType] = None  # element type of an ARRAY
+
+
+@dataclass(frozen=True)
 class ModelHeader:
     path: Path
     file_size: int
     arch: str
     metadata: dict  # scalar and string key/values; arrays (tokenizer) are left out
     tensors: tuple[TensorEntry, ...]
+    data_offset: int  # where the aligned data region starts
 
     def get(self, key: str, default=None):
         """An `{arch}.`-relative or absolute metadata key."""
@@ -64,17 +76,20 @@ def _known_archs() -> set[str]:
     return set(gguf.MODEL_ARCH_NAMES.values())
 
 
+# struct codes of GGUF's fixed-size value types
+STRUCT_CODES = {
+    gguf.GGUFValueType.UINT8: "B", gguf.GGUFValueType.INT8: "b",
+    gguf.GGUFValueType.UINT16: "H", gguf.GGUFValueType.INT16: "h",
+    gguf.GGUFValueType.UINT32: "I", gguf.GGUFValueType.INT32: "i",
+    gguf.GGUFValueType.FLOAT32: "f", gguf.GGUFValueType.BOOL: "?",
+    gguf.GGUFValueType.UINT64: "Q", gguf.GGUFValueType.INT64: "q",
+    gguf.GGUFValueType.FLOAT64: "d",
+}
+
+
 class _Cursor:
     """Bounds-checked little-endian reads over the mapped header."""
 
-    _SCALARS = {
-        gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
-        gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
-        gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
-        gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?",
-        gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
-        gguf.GGUFValueType.FLOAT64: "<d",
-    }
 
     def __init__(self, buf):
         self.buf, self.pos = buf, 0
@@ -95,37 +110,42 @@ class _Cursor:
         self.pos += n
         return value
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, keep_arrays: bool):
+        """The value, or for an array its (sub_type, items); items are None unless kept."""
         vtype = gguf.GGUFValueType(vtype)
         if vtype == gguf.GGUFValueType.STRING:
             return self.string()
-        if vtype == gguf.GGUFValueType.ARRAY:
-            etype, count = self.take("<I"), self.take("<Q")
-            if etype == gguf.GGUFValueType.STRING or etype == gguf.GGUFValueType.ARRAY:
-                for _ in range(count):
-                    self.value(etype)
-            else:
-                size = struct.calcsize(self._SCALARS[gguf.GGUFValueType(etype)])
-                if self.pos + size * count > len(self.buf):
-                    raise ValueError("header ends early")
-                self.pos += size * count
-            return None  # arrays (tokenizer tables) are skipped: the planner needs none
-        return self.take(self._SCALARS[vtype])
+        if vtype != gguf.GGUFValueType.ARRAY:
+            return self.take("<" + STRUCT_CODES[vtype])
+        etype, count = gguf.GGUFValueType(self.take("<I")), self.take("<Q")
+        if etype in (gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY):
+            items = [self.value(etype, keep_arrays) for _ in range(count)]
+        else:
+            code = STRUCT_CODES[etype]
+            size = struct.calcsize(code) * count
+            if self.pos + size > len(self.buf):
+                raise ValueError("header ends early")
+            items = list(struct.unpack_from(f"<{count}{code}", self.buf, self.pos)) if keep_arrays else None
+            self.pos += size
+        return etype, items if keep_arrays else None
 
 
-def _parse(buf) -> tuple[dict, list[TensorEntry]]:
+def _parse(buf, keep_arrays: bool = False) -> tuple[list[KV], list[TensorEntry], int]:
     cur = _Cursor(buf)
     cur.take("<I")  # magic, checked by the caller
     version = cur.take("<I")
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} is not supported")
     n_tensors, n_kv = cur.take("<Q"), cur.take("<Q")
-    metadata = {}
+    kvs = []
     for _ in range(n_kv):
         key = cur.string()
-        value = cur.value(cur.take("<I"))
-        if value is not None:
-            metadata[key] = value
+        vtype = gguf.GGUFValueType(cur.take("<I"))
+        value = cur.value(vtype, keep_arrays)
+        if vtype == gguf.GGUFValueType.ARRAY:
+            kvs.append(KV(key, value[1], vtype, value[0]))
+        else:
+            kvs.append(KV(key, value, vtype))
     infos = []
     for _ in range(n_tensors):
         name = cur.string()
@@ -134,7 +154,7 @@ def _parse(buf) -> tuple[dict, list[TensorEntry]]:
             raise ValueError(f"tensor '{name}' has {n_dims} dimensions")
         shape = tuple(cur.take("<Q") for _ in range(n_dims))
         infos.append((name, shape, cur.take("<I"), cur.take("<Q")))
-    alignment = int(metadata.get("general.alignment", 32))
+    alignment = int(next((kv.value for kv in kvs if kv.key == "general.alignment"), 32))
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"invalid general.alignment {alignment}")
     data_start = (cur.pos + alignment - 1) // alignment * alignment
@@ -148,7 +168,7 @@ def _parse(buf) -> tuple[dict, list[TensorEntry]]:
         if shape and shape[0] % block:
             raise ValueError(f"tensor '{name}' row of {shape[0]} is not a multiple of its block size {block}")
         tensors.append(TensorEntry(name, ggml_type, shape, data_start + rel_offset, n_elements // block * type_size))
-    return metadata, tensors
+    return kvs, tensors, data_start
 
 
 def read_header(path: str | os.PathLike) -> ModelHeader:
@@ -176,10 +196,10 @@ def _read_header_cached(p: Path, size: int, _mtime: int) -> ModelHeader:
     if magic != b"GGUF":
         raise ModelFileError(f"{p}: not a GGUF file (bad magic {magic!r})")
     try:
-        with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            metadata, tensors = _parse(m)
+        kvs, tensors, data_offset = _parse_file(p)
     except (ValueError, KeyError, struct.error, OverflowError) as e:
         raise ModelFileError(f"{p}: corrupt or truncated GGUF file ({e})") from None
+    metadata = {kv.key: kv.value for kv in kvs if kv.vtype != gguf.GGUFValueType.ARRAY}
     arch = metadata.get("general.architecture")
     if not arch:
         raise ModelFileError(f"{p}: GGUF file has no general.architecture")
@@ -194,4 +214,16 @@ def _read_header_cached(p: Path, size: int, _mtime: int) -> ModelHeader:
             )
     if not tensors:
         raise ModelFileError(f"{p}: GGUF file holds no tensors")
-    return ModelHeader(path=p, file_size=size, arch=arch, metadata=metadata, tensors=tuple(tensors))
+    return ModelHeader(path=p, file_size=size, arch=arch, metadata=metadata, tensors=tuple(tensors),
+                       data_offset=data_offset)
+
+
+def _parse_file(p: Path, keep_arrays: bool = False) -> tuple[list[KV], list[TensorEntry], int]:
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return _parse(m, keep_arrays)
+
+
+def read_kv(path: str | os.PathLike) -> list[KV]:
+    """Every metadata entry, arrays (tokenizer tables) included, typed for copying."""
+    p = Path(read_header(path).path)  # validates the file first
+    return _parse_file(p, keep_arrays=True)[0]

@@ -19,7 +19,7 @@ from gguf.quants import dequantize
 
 from hypura.errors import HypuraError
 from hypura.synth.blocks import TARGET_STD, BlockPool
-from hypura.synth.gguf_kv import read_header
+from hypura.model_file import read_header, read_kv
 from hypura.synth.quant_mix import FTYPES, get_ftype, source_type, use_more_bits
 from hypura.synth.shapes import SHAPES, get_shape
 from hypura.synth.tokenizer import MERGES, TOKEN_TYPE, TOKENS, tokenizer_kv
@@ -51,7 +51,7 @@ def readers(tiny_files) -> dict[str, gguf.GGUFReader]:
 
 
 def _types(path: Path) -> dict[str, Q]:
-    return {t.name: t.type for t in read_header(path).tensors}
+    return {t.name: t.ggml_type for t in read_header(path).tensors}
 
 
 # --- the file ---------------------------------------------------------------------------
@@ -188,9 +188,9 @@ def test_sparse_full_size_is_instant(name, ftype, tmp_path):
     assert lo < os.path.getsize(r.path) / 2**30 < hi
     assert os.stat(r.path).st_blocks * 512 < 64 << 20  # a hole, not 40 GB of zeros
     h = read_header(r.path)
-    assert [t.type for t in h.tensors] == [p.type for p in r.tensors] and h.data_offset == r.data_offset
-    assert h.data_offset + h.tensors[-1].offset + r.tensors[-1].nbytes <= r.file_bytes
-    assert len(h.get(TOKENS)) == get_shape(name).n_vocab
+    assert [t.ggml_type for t in h.tensors] == [p.type for p in r.tensors] and h.data_offset == r.data_offset
+    assert h.tensors[-1].offset + r.tensors[-1].nbytes <= r.file_bytes
+    assert len(next(kv.value for kv in read_kv(r.path) if kv.key == TOKENS)) == get_shape(name).n_vocab
 
 
 # --- llama.cpp as the oracle ----------------------------------------------------------------
