@@ -143,7 +143,7 @@ build_libs() {
     if [ -f "$BUILD_DIR/.done" ]; then
         return
     fi
-    say "building llama.cpp ($backend) in $BUILD_DIR — a CPU build takes ~5-10 minutes on 2 cores"
+    say "building llama.cpp ($backend) in $BUILD_DIR — a CPU build takes ~10 minutes on 2 cores"
     mkdir -p "$BUILD_DIR"
     local start=$SECONDS
     # shellcheck disable=SC2086
@@ -222,7 +222,7 @@ case "$cmd" in
     run)
         setup_all
         shift || true
-        if [ $# -eq 0 ]; then set -- -p "The three most useful things to know about llamas are" -n 64 --temp 0; fi
+        if [ $# -eq 0 ]; then set -- -st -p "Name three facts about llamas." -n 64 --temp 0; fi
         exec "$VENV/bin/hypura-cli" "$@" ;;
     test)
         setup_all
