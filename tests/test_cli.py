@@ -70,7 +70,11 @@ CASES = [
      ["-no-cnv", "-p", "List three fruits:", "-n", "-1", "-c", "48", "--temp", "0", "-s", "7", "-t", "1",
       "-b", "16", "-ub", "8", "-ngl", "0", "-ot", r"blk\.0\.=CPU", "-fa", "off", "-ctk", "f32", "-ctv", "f32",
       "--top-k", "5", "--top-p", "0.9", "--min-p", "0.1", "--repeat-penalty", "1.3", "--display-prompt"],
-     ["--no-mmap", "--gpu-mem", "0", "--ram", "4GiB", "--stats"], ["-lm", "none"], b""),
+     ["--no-mmap", "--stats"], ["-lm", "none"], b""),
+    # budgets make a plan (all RAM on this CPU build): the output must not change
+    ("smol-planned-budgets", "smollm2",
+     ["-no-cnv", "-p", "The capital of France is", "-n", "24", "-c", "256", "--temp", "0", "-t", "1"],
+     ["--gpu-mem", "0", "--ram", "4GiB", "--stats"], [], b""),
     ("gemma-file-escapes-quantized-kv", "gemma",
      ["-no-cnv", "-f", "{prompt_file}", "-e", "-n", "32", "--temp", "0", "-t", "1", "-c", "512", "-b", "32",
       "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "--simple-io", "--no-display-prompt"],
