@@ -4,9 +4,9 @@ __version__ = "0.1.0"
 
 __all__ = ["Llama", "__version__"]
 
-from hypura.bindings.library import export_lib_path_quietly
+from hypura.bindings.library import preload_our_library
 
-export_lib_path_quietly()  # so that `import llama_cpp` after `import hypura` loads our library
+preload_our_library()  # `import llama_cpp` after `import hypura` gets our library; before numpy
 
 
 def __getattr__(name: str):

@@ -6,22 +6,16 @@ from pathlib import Path
 
 import pytest
 
-
-if os.environ.get("HYPURA_GPU_TESTS") == "1":
-    # load our library before numpy: on the GPU image the reverse order crashed llama.cpp's
-    # std::regex inside model loading (a libstdc++ clash, see bench/gpu_import_order.py)
-    from hypura.bindings.ffi import lib
-
-    lib()
+import hypura  # noqa: F401  first: loads our library before any test module imports numpy
 
 
 def _cuda_available() -> bool:
     if os.environ.get("HYPURA_GPU_TESTS"):  # "1"/"0": decided by the caller, no probe
         return os.environ["HYPURA_GPU_TESTS"] == "1"
     try:
-        from hypura.profile.devices import list_devices
+        from hypura.profile.devices import has_gpu
 
-        return any(d.kind == "GPU" for d in list_devices())
+        return has_gpu()
     except Exception:
         return False
 

@@ -340,3 +340,13 @@ def test_cli_error_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == ["error: --layers must be between 1 and 4 for tiny-llama, got 0"]
+
+
+def test_tokenizer_from_another_gguf(tmp_path):
+    """A machine without the default model copies the tokenizer of a GGUF it has (padded)."""
+    src = write_synth("tiny-qwen2", tmp_path / "src.gguf").path
+    out = write_synth("tiny-llama", tmp_path / "out.gguf", tokenizer_from=src).path
+    src_tokens = next(kv.value for kv in read_kv(src) if kv.key == TOKENS)
+    tokens = next(kv.value for kv in read_kv(out) if kv.key == TOKENS)
+    assert len(src_tokens) < len(tokens) == get_shape("tiny-llama").n_vocab
+    assert tokens[: len(src_tokens)] == src_tokens

@@ -4,6 +4,7 @@ llama-cpp-python loads `libllama` from $LLAMA_CPP_LIB_PATH when it is first impo
 cffi bindings dlopen the same file, so both see one copy of llama.cpp (and of the hook state).
 """
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -56,12 +57,18 @@ def point_llama_cpp_at_our_library() -> Path:
     return path
 
 
-def export_lib_path_quietly() -> None:
-    """Set LLAMA_CPP_LIB_PATH for a later `import llama_cpp`, when our library is found.
-    Cheap and silent: `hypura synth`/`inspect` need no library, and errors come at first use."""
-    if "llama_cpp.llama_cpp" in sys.modules or os.environ.get("LLAMA_CPP_LIB_PATH"):
+def preload_our_library() -> None:
+    """Point llama_cpp at our library and load it now, when it is built; silent when not
+    (`hypura synth`/`inspect` need no library). Loading it before numpy matters: on the GPU
+    machine's image, numpy first crashed llama.cpp's std::regex (bench/gpu_import_order.py)."""
+    if "llama_cpp.llama_cpp" in sys.modules:
         return
     try:
-        os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_path().parent)
+        path = lib_path()
     except HypuraError:
-        pass
+        return
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(path.parent)
+    try:
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # as llama_cpp will open it
+    except OSError:
+        pass  # reported with a clear message at first use

@@ -13,13 +13,13 @@ import os
 import sys
 from typing import Optional
 
-from hypura.llama import Llama  # first: loads our library before numpy (see tests/conftest.py)
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from hypura.cli.llama_cli_settings import KV_CACHE_TYPES, SamplingSettings, Settings, sampler_type  # noqa: E402
+from hypura.cli.llama_cli_settings import KV_CACHE_TYPES, SamplingSettings, Settings, sampler_type
 from hypura.errors import HypuraError
-import llama_cpp  # noqa: E402  (after hypura.llama: it must load our library)
+from hypura.llama import Llama
+
+import llama_cpp  # after hypura.llama: it must load our library
 
 _LOAD_MODES = {
     "auto": llama_cpp.LLAMA_LOAD_MODE_AUTO, "none": llama_cpp.LLAMA_LOAD_MODE_NONE,

@@ -71,6 +71,11 @@ def list_devices() -> list[Device]:
     return out
 
 
+def has_gpu() -> bool:
+    """A discrete GPU that llama.cpp can place tensors on (what Tier.GPU needs)."""
+    return any(d.kind == "GPU" for d in list_devices())
+
+
 def _best_rate(fn, nbytes: int, repeats: int) -> float:
     fn()  # warm-up: first-touch, lazy allocation, driver setup
     best = float("inf")

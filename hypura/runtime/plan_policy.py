@@ -14,7 +14,7 @@ from hypura.errors import HypuraError
 from hypura.model_file import ModelHeader
 from hypura.plan import Plan, PlanSettings, plan_model
 from hypura.profile import machine_profile
-from hypura.profile.devices import list_devices
+from hypura.profile.devices import has_gpu
 from hypura.runtime.placement import Placement, PlacementPolicy, TensorInfo, Tier
 
 PlanSpec = Union[Plan, str, os.PathLike, None]
@@ -43,14 +43,14 @@ def resolve_plan(spec: PlanSpec, header: ModelHeader, gpu_mem=None, ram=None, n_
 
 
 def plan_policy(plan: Plan) -> PlacementPolicy:
-    has_gpu = any(d.kind == "GPU" for d in list_devices())
-    if not has_gpu and any(t.tier == "gpu" for t in plan.tensors):
+    gpu = has_gpu()
+    if not gpu and any(t.tier == "gpu" for t in plan.tensors):
         raise HypuraError("the plan places tensors on a GPU, but this llama.cpp build has none: re-plan here")
 
     def policy(info: TensorInfo) -> Placement:
         planned = plan.placement(info.name)
         if planned.tier == "gpu":
             return Placement(tier=Tier.GPU)
-        return Placement(tier=Tier.PINNED if planned.compute == "gpu" and has_gpu else Tier.HOST)
+        return Placement(tier=Tier.PINNED if planned.compute == "gpu" and gpu else Tier.HOST)
 
     return policy

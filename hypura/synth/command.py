@@ -29,10 +29,14 @@ SHAPE is one of: {", ".join(SHAPES)}. The tiny-* shapes are for tests.
               help="Header only: the data region is a hole of the right size. Instant, for planner "
                    "tests; all weights read as zero, so the file is not meant to be run.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for the weights.")
-def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, seed: int) -> None:
+@click.option("--tokenizer-from", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              metavar="GGUF", help="Copy the tokenizer of this GGUF (default: the default model's).")
+def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, seed: int,
+          tokenizer_from: Path | None) -> None:
     show = sys.stderr.isatty() and not sparse
     progress = _Progress() if show else None
-    r = write_synth(shape, out, layers=layers, ftype=ftype, sparse=sparse, seed=seed, progress=progress)
+    r = write_synth(shape, out, layers=layers, ftype=ftype, sparse=sparse, seed=seed,
+                    tokenizer_from=tokenizer_from, progress=progress)
     if progress:
         progress.done()
     s = r.shape

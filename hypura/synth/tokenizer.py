@@ -9,6 +9,8 @@ first) and drops the merges that would produce or use a dropped token."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
+from typing import Optional
 
 from gguf import GGUFValueType, TokenType
 
@@ -23,15 +25,19 @@ MERGES = "tokenizer.ggml.merges"
 MIN_VOCAB = 512  # special tokens + the 256 byte tokens must survive truncation
 
 
-@functools.lru_cache(maxsize=1)
-def _source_kv() -> tuple[KV, ...]:
-    return tuple(kv for kv in read_kv(default_model_path()) if kv.key.startswith("tokenizer."))
+@functools.lru_cache(maxsize=2)
+def _source_kv(source: Optional[Path]) -> tuple[KV, ...]:
+    kvs = tuple(kv for kv in read_kv(source or default_model_path()) if kv.key.startswith("tokenizer."))
+    if not any(kv.key == TOKENS for kv in kvs):
+        raise HypuraError(f"{source} has no tokenizer to copy")
+    return kvs
 
 
-def tokenizer_kv(n_vocab: int) -> list[KV]:
+def tokenizer_kv(n_vocab: int, source: Optional[Path] = None) -> list[KV]:
+    """`source`: a GGUF to take the tokenizer from (default: the default model's)."""
     if n_vocab < MIN_VOCAB:
         raise HypuraError(f"vocabulary of {n_vocab} tokens is too small (min {MIN_VOCAB})")
-    kvs = _source_kv()
+    kvs = _source_kv(Path(source) if source else None)
     tokens = next(kv.value for kv in kvs if kv.key == TOKENS)
     n_pad = max(0, n_vocab - len(tokens))
     padding = {

@@ -147,7 +147,8 @@ U32, F32, STR, BOOL = (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32,
                        gguf.GGUFValueType.STRING, gguf.GGUFValueType.BOOL)
 
 
-def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool) -> list[KV]:
+def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool,
+             tokenizer_from: str | os.PathLike[str] | None = None) -> list[KV]:
     """general.*, {arch}.* as llama_model_base::load_hparams and each arch's
     load_arch_hparams read them (src/llama-model.cpp, src/models/*.cpp), then tokenizer.*."""
     K, a = gguf.Keys, shape.arch
@@ -182,7 +183,7 @@ def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool) -> lis
                 KV(K.LLM.EXPERT_USED_COUNT.format(arch=a), shape.n_expert_used, U32)]
     if shape.n_ff_exp:
         kvs.append(KV(K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=a), shape.n_ff_exp, U32))
-    return kvs + tokenizer_kv(shape.n_vocab)
+    return kvs + tokenizer_kv(shape.n_vocab, tokenizer_from)
 
 
 def write_synth(
@@ -193,11 +194,13 @@ def write_synth(
     ftype: str | FileType = "q4_k_m",
     sparse: bool = False,
     seed: int = 0,
+    tokenizer_from: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SynthResult:
     """Write a random-weight GGUF of `shape` to `out` (via a `.part` file renamed at the end).
     `sparse`: header and tensor infos only, the data region a hole of the right size (reads
-    as zeros: a header for planners and tests, not a model to run)."""
+    as zeros: a header for planners and tests, not a model to run). `tokenizer_from`: a GGUF
+    whose tokenizer to copy instead of the default model's."""
     t0 = time.perf_counter()
     shape = get_shape(shape) if isinstance(shape, str) else shape
     shape = shape.truncated(layers)
@@ -213,7 +216,7 @@ def write_synth(
     for t in tensors:
         infos.append(TensorInfo(t.spec.name, t.spec.shape, t.type, offset))
         offset += _pad(t.nbytes, ALIGNMENT)
-    head = header_bytes(metadata(shape, ftype, seed, sparse), infos, ALIGNMENT)
+    head = header_bytes(metadata(shape, ftype, seed, sparse, tokenizer_from), infos, ALIGNMENT)
     total = len(head) + offset
 
     tmp = out.with_name(f".{out.name}.part")
