@@ -1,5 +1,9 @@
 """hypura.Llama against llama_cpp.Llama on the same library: placement hooks change nothing."""
 
+import errno
+import functools
+import os
+
 import numpy as np
 import pytest
 
@@ -34,8 +38,7 @@ def model_path(request):
     return request.getfixturevalue(f"{request.param}_path")
 
 
-@pytest.fixture(scope="module")
-def reference(model_path, n_threads):
+def _reference(model_path, n_threads):
     """llama_cpp.Llama's logits over TEXT and greedy continuation: the oracle, computed once."""
     llm = llama_cpp.Llama(str(model_path), n_ctx=512, logits_all=True, n_threads=n_threads, verbose=False)
     tokens = llm.tokenize(TEXT.encode())
@@ -43,6 +46,16 @@ def reference(model_path, n_threads):
     ref = {"tokens": tokens, "logits": _logits(llm, tokens), "greedy": _greedy(llm, "Once upon a time")}
     llm.close()
     return ref
+
+
+@pytest.fixture(scope="module")
+def reference(model_path, n_threads):
+    return _reference(model_path, n_threads)
+
+
+@pytest.fixture(scope="module")
+def reference_smollm2(smollm2_path, n_threads):
+    return _reference(smollm2_path, n_threads)
 
 
 def _load(model_path, n_threads, **kwargs):
@@ -120,16 +133,36 @@ def test_exception_in_policy_surfaces_as_itself(smollm2_path):
         hypura.Llama(str(smollm2_path), n_ctx=256, verbose=False, placement_policy=broken)
 
 
-def test_failing_fill_aborts_the_load(smollm2_path, monkeypatch):
-    """A read error while filling a deferred tensor fails the load with that error."""
-    from hypura.runtime.placement import FileFiller
+def _defer_all(info):
+    return Placement(defer=True)
 
-    def failing(self, info, tensor):
-        raise OSError(f"cannot fill {info.name}")
 
-    monkeypatch.setattr(FileFiller, "__call__", failing)
-    with pytest.raises(OSError, match="cannot fill"):
-        hypura.Llama(str(smollm2_path), n_ctx=256, verbose=False, placement_policy=lambda i: Placement(defer=True))
+def test_deferred_tensors_survive_short_reads(smollm2_path, reference_smollm2, n_threads, monkeypatch):
+    """Every weight comes through the disk-tier reader, whose reads come back a few KiB at a time."""
+    from hypura.runtime import placement
+    from hypura.runtime.direct_io import DirectReader
+
+    def trickle(fd, bufs, offset):
+        return os.preadv(fd, [bufs[0][: 5 * 4096 + 123]], offset)
+
+    monkeypatch.setattr(placement, "DirectReader", functools.partial(DirectReader, pread=trickle, retries=10**9))
+    llm = _load(smollm2_path, n_threads, placement_policy=_defer_all)
+    try:
+        assert np.array_equal(_logits(llm, reference_smollm2["tokens"]), reference_smollm2["logits"])
+    finally:
+        llm.close()
+
+
+def test_read_error_while_filling_fails_the_load(smollm2_path, monkeypatch):
+    from hypura.runtime import placement
+    from hypura.runtime.direct_io import DirectReader, DiskReadError
+
+    def failing_disk(fd, bufs, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(placement, "DirectReader", functools.partial(DirectReader, pread=failing_disk))
+    with pytest.raises(DiskReadError, match="failed after 3 retries: Input/output error"):
+        hypura.Llama(str(smollm2_path), n_ctx=256, verbose=False, placement_policy=_defer_all)
 
 
 def test_unknown_override_buffer_type(smollm2_path):

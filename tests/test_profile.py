@@ -70,7 +70,7 @@ def test_disk_reads_bypass_the_page_cache(tmp_path):
 
 
 def test_disk_without_o_direct_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(disk, "_O_DIRECT", 0)
+    monkeypatch.setattr(disk, "O_DIRECT", 0)
     d = disk.measure_disk(tmp_path, size=16 * MiB, threads=(1,), seconds=0.2)
     assert not d.direct_io and "posix_fadvise(DONTNEED)" in d.method
 

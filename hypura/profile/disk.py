@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import mmap
 import os
 import shutil
 import sys
@@ -24,9 +23,7 @@ import numpy as np
 from hypura.errors import HypuraError
 from hypura.profile import knobs
 from hypura.profile.model import DiskInfo
-
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
-_F_NOCACHE = 48  # macOS fcntl: the page cache is bypassed for this descriptor
+from hypura.runtime.direct_io import O_DIRECT, aligned_buffer, no_cache
 
 
 def fs_type(path: Path) -> str:
@@ -45,32 +42,21 @@ def fs_type(path: Path) -> str:
         return "apfs" if sys.platform == "darwin" else "unknown"
 
 
-def _aligned(nbytes: int) -> mmap.mmap:
-    return mmap.mmap(-1, nbytes)  # anonymous mappings are page-aligned: what O_DIRECT needs
-
-
-def _no_cache(fd: int) -> None:
-    if sys.platform == "darwin":
-        import fcntl
-
-        fcntl.fcntl(fd, _F_NOCACHE, 1)
-
-
 def _write(name: Path, size: int, request: int) -> bool:
     """Write the test file; True if it went through O_DIRECT. Random bytes, so no storage layer
     can compress or dedupe the reads into something faster than the disk."""
-    buf = _aligned(request)
+    buf = aligned_buffer(request)
     words = np.frombuffer(buf, dtype=np.uint64)
     words[:] = np.random.default_rng(0).integers(0, 2**63, words.size, dtype=np.uint64)
-    for direct in ((True, False) if _O_DIRECT else (False,)):
+    for direct in ((True, False) if O_DIRECT else (False,)):
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (_O_DIRECT if direct else 0), 0o600)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (O_DIRECT if direct else 0), 0o600)
         except OSError as e:
             if direct and e.errno == errno.EINVAL:
                 continue
             raise
         try:
-            _no_cache(fd)
+            no_cache(fd)
             for i, off in enumerate(range(0, size, request)):
                 words[:: knobs.DIRECT_ALIGN // 8] = i  # each 4 KiB block differs from every other
                 os.pwritev(fd, [buf], off)
@@ -88,9 +74,9 @@ def _write(name: Path, size: int, request: int) -> bool:
 
 
 def _read_pass(name: Path, size: int, request: int, threads: int, seconds: float, direct: bool) -> float:
-    fd = os.open(name, os.O_RDONLY | (_O_DIRECT if direct else 0))
+    fd = os.open(name, os.O_RDONLY | (O_DIRECT if direct else 0))
     try:
-        _no_cache(fd)
+        no_cache(fd)
         if not direct and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop what the last pass cached
         offsets = itertools.count(0, request)  # next() on a count is atomic under the GIL
@@ -99,7 +85,7 @@ def _read_pass(name: Path, size: int, request: int, threads: int, seconds: float
         stop = t0 + seconds
 
         def reader(k: int) -> None:
-            buf = _aligned(request)  # per-thread, aligned; preadv releases the GIL
+            buf = aligned_buffer(request)  # per-thread, aligned; preadv releases the GIL
             while time.perf_counter() < stop:
                 off = next(offsets)
                 if off >= size:

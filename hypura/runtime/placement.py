@@ -15,11 +15,11 @@ Protocol
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from hypura.bindings.ffi import ffi, lib
+from hypura.runtime.direct_io import DirectReader
 
 
 class Tier(enum.IntEnum):
@@ -74,30 +74,29 @@ def keep_default(info: TensorInfo) -> Placement:
 
 
 class FileFiller:
-    """Fills deferred tensors from the model file with positioned reads, in bounded chunks."""
-
-    CHUNK = 64 << 20  # bounds the staging buffer; large enough that syscalls don't dominate
+    """Fills deferred tensors from the model file around the page cache (DirectReader), in
+    bounded requests; one reader per file, kept open for the whole load."""
 
     def __init__(self, paths: list[str]):
         self.paths = paths
+        self._readers: dict[int, DirectReader] = {}
 
     def __call__(self, info: TensorInfo, tensor) -> None:
         if info.file_idx >= len(self.paths):
             raise OSError(f"tensor '{info.name}' lives in split {info.file_idx}, which Hypura does not know")
-        buf = bytearray(min(self.CHUNK, info.nbytes))
-        view = memoryview(buf)
-        fd = os.open(self.paths[info.file_idx], os.O_RDONLY)
-        try:
-            done = 0
-            while done < info.nbytes:
-                want = min(len(buf), info.nbytes - done)
-                got = os.preadv(fd, [view[:want]], info.file_offset + done)
-                if got <= 0:
-                    raise OSError(f"short read of tensor '{info.name}' at byte {done} of {info.nbytes}")
-                lib().ggml_backend_tensor_set(tensor, ffi.from_buffer(view), done, got)
-                done += got
-        finally:
-            os.close(fd)
+        reader = self._readers.get(info.file_idx)
+        if reader is None:
+            reader = self._readers[info.file_idx] = DirectReader(self.paths[info.file_idx])
+
+        def upload(piece: memoryview, at: int) -> None:
+            lib().ggml_backend_tensor_set(tensor, ffi.from_buffer(piece), at, len(piece))
+
+        reader.read(info.file_offset, info.nbytes, upload)
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
 
 
 class LoaderHooks:
@@ -145,3 +144,5 @@ class LoaderHooks:
 
     def __exit__(self, *exc) -> None:
         lib().hypura_loader_hooks_set(ffi.NULL)
+        if hasattr(self.filler, "close"):
+            self.filler.close()

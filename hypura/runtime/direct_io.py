@@ -1,0 +1,129 @@
+"""Disk-tier reads that bypass the page cache (O_DIRECT), with every failure reported.
+
+The page cache is a hidden tier: a disk-tier tensor read through it stays in RAM the budget
+does not count. O_DIRECT needs offset, length and buffer aligned to the device block (4 KiB is
+safe everywhere); GGUF aligns tensors to 32 bytes only, so each request is widened to aligned
+bounds in an aligned staging buffer and the wanted slice handed on. Short reads continue where
+they stopped (realigned); EINTR, EAGAIN and EIO are retried a bounded number of times, then
+raised as DiskReadError with file, offset and size: never a silently missing byte. Where the
+filesystem refuses O_DIRECT (tmpfs), reads are buffered and dropped from the cache after use.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import sys
+from typing import Callable
+
+from hypura.errors import HypuraError
+from hypura.profile.knobs import DIRECT_ALIGN, DISK_REQUEST_BYTES
+
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+_F_NOCACHE = 48  # macOS fcntl: the page cache is bypassed for this descriptor
+READ_RETRIES = 3  # transient errors per request before giving up
+_TRANSIENT = (errno.EINTR, errno.EAGAIN, errno.EIO)
+
+Pread = Callable[[int, list, int], int]  # os.preadv's shape: (fd, buffers, offset) -> bytes read
+
+
+class DiskReadError(HypuraError, OSError):
+    """A read of model weights failed or came up short."""
+
+
+def aligned_buffer(nbytes: int) -> mmap.mmap:
+    """Anonymous mappings are page-aligned: what O_DIRECT needs."""
+    return mmap.mmap(-1, nbytes)
+
+
+def no_cache(fd: int) -> None:
+    """macOS has no O_DIRECT: F_NOCACHE on the descriptor does the same job."""
+    if sys.platform == "darwin":
+        import fcntl
+
+        fcntl.fcntl(fd, _F_NOCACHE, 1)
+
+
+class DirectReader:
+    """Reads byte ranges of one file around the page cache, `request` bytes at a time."""
+
+    def __init__(self, path: str | os.PathLike, request: int = DISK_REQUEST_BYTES,
+                 retries: int = READ_RETRIES, pread: Pread = os.preadv):
+        self.path, self.retries, self._pread = str(path), retries, pread
+        self.request = max(DIRECT_ALIGN, request - request % DIRECT_ALIGN)
+        self.buf = aligned_buffer(self.request + DIRECT_ALIGN)  # one extra block: unaligned starts
+        self.fd, self.direct = -1, False
+        self._open(direct=bool(O_DIRECT))
+        self.size = os.fstat(self.fd).st_size
+
+    def _open(self, direct: bool) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | (O_DIRECT if direct else 0))
+        except OSError as e:
+            if direct and e.errno == errno.EINVAL:  # e.g. tmpfs
+                return self._open(direct=False)
+            raise DiskReadError(f"cannot open {self.path}: {e.strerror}") from None
+        self.direct = direct
+        no_cache(self.fd)
+
+    def read(self, offset: int, nbytes: int, sink: Callable[[memoryview, int], None]) -> None:
+        """Hand [offset, offset + nbytes) to sink(piece, position within the range), in order."""
+        if offset < 0 or offset + nbytes > self.size:
+            raise DiskReadError(f"{self.path}: bytes {offset}..{offset + nbytes} lie past its end ({self.size})")
+        done = 0
+        while done < nbytes:
+            start = offset + done
+            lo = start - start % DIRECT_ALIGN
+            want = min(self.request, nbytes - done)
+            got = self._fill(lo, -(-(start + want - lo) // DIRECT_ALIGN) * DIRECT_ALIGN)
+            skip = start - lo
+            n = min(want, got - skip)
+            if n <= 0:
+                raise DiskReadError(f"{self.path}: read at byte {start} returned nothing before the end")
+            with memoryview(self.buf) as view:
+                sink(view[skip:skip + n], done)
+            done += n
+        if not self.direct and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+
+    def _fill(self, pos: int, length: int) -> int:
+        """Read [pos, pos + length) into the staging buffer; fewer bytes only at end of file."""
+        target = min(length, self.size - pos)
+        got, failures = 0, 0
+        with memoryview(self.buf) as view:
+            while got < target:
+                try:
+                    n = self._pread(self.fd, [view[got:length]], pos + got)
+                except OSError as e:
+                    if e.errno == errno.EINVAL and self.direct:  # O_DIRECT accepted at open, not for I/O
+                        self._open(direct=False)
+                        continue
+                    if e.errno in _TRANSIENT and failures < self.retries:
+                        failures += 1
+                        continue
+                    raise DiskReadError(
+                        f"{self.path}: reading {length} bytes at {pos + got} failed after {failures} "
+                        f"retries: {e.strerror or e}") from None
+                if n < length - got and got + n < target:  # short read before the end of file
+                    failures += 1
+                    if failures > self.retries:
+                        raise DiskReadError(f"{self.path}: reads at byte {pos + got} keep coming up short")
+                got += n
+                if self.direct and got < target:
+                    got -= got % DIRECT_ALIGN  # O_DIRECT resumes on a block boundary
+        return min(got, target)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.buf.close()
+
+    def __enter__(self) -> "DirectReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
