@@ -90,7 +90,6 @@ STRUCT_CODES = {
 class _Cursor:
     """Bounds-checked little-endian reads over the mapped header."""
 
-
     def __init__(self, buf):
         self.buf, self.pos = buf, 0
 
@@ -102,13 +101,16 @@ class _Cursor:
         self.pos += size
         return value
 
-    def string(self) -> str:
-        n = self.take("<Q")
+    def skip(self, n: int) -> None:
         if self.pos + n > len(self.buf):
             raise ValueError("header ends early")
-        value = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
-        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        start = self.pos
+        self.skip(n)
+        return bytes(self.buf[start:self.pos]).decode("utf-8", errors="replace")
 
     def value(self, vtype: int, keep_arrays: bool):
         """The value, or for an array its (sub_type, items); items are None unless kept."""
@@ -118,15 +120,17 @@ class _Cursor:
         if vtype != gguf.GGUFValueType.ARRAY:
             return self.take("<" + STRUCT_CODES[vtype])
         etype, count = gguf.GGUFValueType(self.take("<I")), self.take("<Q")
-        if etype in (gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY):
+        if etype == gguf.GGUFValueType.STRING and not keep_arrays:
+            for _ in range(count):  # skip without decoding: a vocabulary is 100k+ strings
+                self.skip(self.take("<Q"))
+            items = None
+        elif etype in (gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY):
             items = [self.value(etype, keep_arrays) for _ in range(count)]
         else:
             code = STRUCT_CODES[etype]
-            size = struct.calcsize(code) * count
-            if self.pos + size > len(self.buf):
-                raise ValueError("header ends early")
-            items = list(struct.unpack_from(f"<{count}{code}", self.buf, self.pos)) if keep_arrays else None
-            self.pos += size
+            start = self.pos
+            self.skip(struct.calcsize(code) * count)
+            items = list(struct.unpack_from(f"<{count}{code}", self.buf, start)) if keep_arrays else None
         return etype, items if keep_arrays else None
 
 

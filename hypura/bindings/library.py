@@ -61,13 +61,10 @@ def preload_our_library() -> None:
     """Point llama_cpp at our library and load it now, when it is built; silent when not
     (`hypura synth`/`inspect` need no library). Loading it before numpy matters: on the GPU
     machine's image, numpy first crashed llama.cpp's std::regex (bench/gpu_import_order.py)."""
-    if "llama_cpp.llama_cpp" in sys.modules:
-        return
     try:
-        path = lib_path()
+        path = point_llama_cpp_at_our_library()
     except HypuraError:
-        return
-    os.environ["LLAMA_CPP_LIB_PATH"] = str(path.parent)
+        return  # not built, or llama_cpp already loaded another library: lib() says so at first use
     try:
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # as llama_cpp will open it
     except OSError:

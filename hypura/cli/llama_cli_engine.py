@@ -18,6 +18,7 @@ import numpy as np
 from hypura.cli.llama_cli_settings import KV_CACHE_TYPES, SamplingSettings, Settings, sampler_type
 from hypura.errors import HypuraError
 from hypura.llama import Llama
+from hypura.profile.host import cores
 
 import llama_cpp  # after hypura.llama: it must load our library
 
@@ -34,18 +35,8 @@ _FLASH_ATTN = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama_cpp.LLAMA
                False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-def physical_cores() -> int:
-    """llama.cpp's default thread count (cpu_get_num_math: physical cores)."""
-    try:
-        import psutil
-
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:
-        return os.cpu_count() or 1
-
-
 def load_model(s: Settings, model_path: str) -> Llama:
-    n_threads = s.n_threads if s.n_threads > 0 else physical_cores()
+    n_threads = s.n_threads if s.n_threads > 0 else cores()[0]  # llama.cpp's default: physical cores
     n_threads_batch = s.n_threads_batch if s.n_threads_batch > 0 else n_threads
     model_overrides = {"n_gpu_layers": s.n_gpu_layers, "load_mode": _LOAD_MODES[s.load_mode],
                        "use_extra_bufts": s.repack, "no_host": s.no_host, "check_tensors": s.check_tensors}

@@ -18,8 +18,6 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from hypura.model_file import KV, STRUCT_CODES
 
-_CODE = STRUCT_CODES
-
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -38,12 +36,12 @@ def _value(vtype: GGUFValueType, value: Any, sub_type: GGUFValueType | None) -> 
     if vtype == GGUFValueType.STRING:
         return _string(value)
     if vtype != GGUFValueType.ARRAY:
-        return struct.pack("<" + _CODE[vtype], value)
+        return struct.pack("<" + STRUCT_CODES[vtype], value)
     assert sub_type is not None and sub_type != GGUFValueType.ARRAY, "nested arrays are not supported"
     head = struct.pack("<IQ", sub_type, len(value))
     if sub_type == GGUFValueType.STRING:
         return head + b"".join([_string(s) for s in value])
-    return head + struct.pack(f"<{len(value)}{_CODE[sub_type]}", *value)
+    return head + struct.pack(f"<{len(value)}{STRUCT_CODES[sub_type]}", *value)
 
 
 def header_bytes(kvs: Sequence[KV], tensors: Sequence[TensorInfo], alignment: int) -> bytes:
