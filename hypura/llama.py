@@ -20,13 +20,16 @@ import llama_cpp  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
-from hypura.runtime.plan_policy import plan_policy, resolve_plan  # noqa: E402
+from hypura.runtime.plan_policy import plan_layout, plan_policy, resolve_plan  # noqa: E402
 from hypura.runtime.placement import (  # noqa: E402
     FileFiller,
     LoaderHooks,
     Placement,
     PlacementPolicy,
 )
+from hypura.runtime.stats import RunStats  # noqa: E402
+from hypura.runtime.stream_layout import StreamLayout  # noqa: E402
+from hypura.runtime.streaming import LayerStreamer  # noqa: E402
 
 
 def _params_with_overrides(name: str) -> property:
@@ -71,7 +74,8 @@ class Llama(llama_cpp.Llama):
         plan: a hypura.plan.Plan, a plan file (`hypura inspect --json`), or "auto"; with
             gpu_mem/ram budgets ("8GiB") and no plan, one is made now from the cached machine
             profile. Without any of them, tensors go where llama.cpp puts them (n_gpu_layers).
-            Plans that stream from disk need the tier runtime and are refused for now.
+            A plan sets n_gpu_layers and offload_kqv itself, and streams the layers it does not
+            keep resident through pool slots (hypura.runtime.streaming).
         param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
             params structs that llama-cpp-python does not expose (e.g. load_mode,
             flash_attn_type), set over its defaults.
@@ -87,23 +91,110 @@ class Llama(llama_cpp.Llama):
                                  n_ctx=kwargs.get("n_ctx", 512), n_ubatch=kwargs.get("n_ubatch", 512))
         if sum(x is not None for x in (self.plan, placement_policy, override_tensor)) > 1:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
+        files = FileFiller([str(model_path)])
+        self._streamer: Optional[LayerStreamer] = None
+        fill = files
         if self.plan is not None:
-            policy = plan_policy(self.plan)
+            layout = plan_layout(self.plan)
+            policy = plan_policy(self.plan, layout)
+            self._apply_plan_params(layout)
+            if layout.tensors:
+                self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth)
+                fn, user_data = streamer.eval_callback()
+                self._param_overrides["context_params"].update(
+                    cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn), cb_eval_user_data=user_data)
+                fill = lambda info, t: (streamer.fill if info.name in layout.tensors else files)(info, t)  # noqa: E731
         else:
             policy = placement_policy or overrides_policy(override_tensor)
-        hooks = LoaderHooks(policy, FileFiller([str(model_path)]))
+        hooks = LoaderHooks(policy, fill)
         with hooks:
             try:
                 super().__init__(model_path, *args, **kwargs)
             except Exception:
                 hooks.raise_pending()
+                self._close_streamer()
                 raise
+            finally:
+                files.close()
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
+        self._stats = RunStats(self._streamer, self.plan)
+        self._wrap_decode()
+
+    def _apply_plan_params(self, layout: StreamLayout) -> None:
+        """A plan decides what -ngl and --no-kv-offload would: every layer's work on the GPU when it
+        uses one (the hook keeps CPU-computed weights in host memory), the KV cache where planned;
+        streamed tensors report to the compute hooks."""
+        uses_gpu = any(t.tier == "gpu" or t.compute == "gpu" for t in self.plan.tensors)
+        model = self._param_overrides.setdefault("model_params", {})
+        context = self._param_overrides.setdefault("context_params", {})
+        model["n_gpu_layers"] = self.plan.n_layer + 1 if uses_gpu else 0
+        context["offload_kqv"] = uses_gpu and self.plan.kv_tier == "gpu"
+        if any(t.tier == "disk" for t in self.plan.tensors):
+            # the page cache is not a hidden tier: nothing of the file is mapped or cached
+            model["load_mode"] = llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO
+
+    def _wrap_decode(self) -> None:
+        """Time every llama_decode for stats(), and raise a streaming failure right after it."""
+        ctx = self._ctx
+        decode = ctx.decode
+
+        def timed_decode(batch):
+            self._stats.timed(lambda: decode(batch), batch.n_tokens())
+            self.raise_stream_error()
+
+        ctx.decode = timed_decode
+
+    def decode_tokens(self, tokens: list[int]) -> None:
+        """llama_decode `tokens` after the ones evaluated, then synchronize, as llama-bench and the C
+        tools do (timed for stats()). eval() also trims the KV cache before every batch."""
+        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
+        ctx = self._ctx.ctx
+
+        def run():
+            rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens)))
+            llama_cpp.llama_synchronize(ctx)
+            if rc != 0:
+                raise HypuraError(f"llama_decode failed ({rc})")
+
+        self._stats.timed(run, len(tokens))
+        self.raise_stream_error()
+
+    def clear_memory(self) -> None:
+        """Empty the KV cache (the next decode starts at position 0)."""
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx.ctx), True)
+        self.reset()
+
+    def raise_stream_error(self) -> None:
+        """Raise if weights could not be streamed during the last decode (its results are void)."""
+        if self._streamer is not None:
+            self._streamer.raise_pending()
+
+    def stats(self, reset: bool = False) -> dict:
+        """Since load (or the last reset): prefill and decode tok/s, streamed bytes per token from
+        each tier, stall ms per token, achieved GB/s per link, and the plan's prediction."""
+        out = self._stats.summary()
+        if reset:
+            self._stats.reset()
+        return out
+
+    def close(self) -> None:
+        streamer = self.__dict__.get("_streamer")
+        if streamer is not None:
+            streamer.transfers.close()  # loads in flight finish before the pool they write is freed
+        super().close()
+        self._close_streamer()
+
+    def _close_streamer(self) -> None:
+        # after the context: it calls into the stream until freed
+        streamer, self._streamer = self.__dict__.get("_streamer"), None
+        if streamer is not None:
+            streamer.close()
 
     def __del__(self):
         # raising before llama_cpp.Llama.__init__ ran (bad file, bad -ot) leaves nothing to free
         if "_stack" in self.__dict__:
             super().__del__()
+        self._close_streamer()
 
     def tensor_buffer(self, name: str) -> Optional[str]:
         """Name of the buffer type holding tensor `name` (e.g. "CPU", "CUDA0"), None if absent."""

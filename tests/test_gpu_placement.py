@@ -84,3 +84,53 @@ def test_explicit_tiers_and_deferred_gpu_tensors(moe_model):
     )
     tokens = llm.tokenize(b"Once upon a time, in a land far away, " * 8)
     assert np.array_equal(_logits(llm, tokens), _logits(same_without_defer, tokens))
+
+
+@pytest.fixture(scope="module")
+def dense_model(tmp_path_factory):
+    if os.environ.get("HYPURA_GPU_TEST_DENSE"):
+        return os.environ["HYPURA_GPU_TEST_DENSE"]
+    path = tmp_path_factory.mktemp("gpu") / "tiny-llama.gguf"
+    subprocess.run([sys.executable, "-m", "hypura.cli.main", "synth", "tiny-llama", str(path)], check=True)
+    return path
+
+
+def _all_streamed(model, tier, slots):
+    """An all-GPU plan with every block tensor streamed through `slots` GPU slots from `tier`:
+    the same kernels as resident weights, so the logits must not change by a bit."""
+    import dataclasses
+
+    from hypura.plan import PlanSettings, plan_model
+    from hypura.profile import resolve_profile
+
+    plan = plan_model(model, resolve_profile("h200-design"), settings=PlanSettings(n_ctx=256))
+
+    def placed(t):
+        if t.layer >= 0:
+            return dataclasses.replace(t, tier=tier, compute="gpu")
+        return dataclasses.replace(t, tier="gpu", compute="gpu") if t.name.startswith("output") else t
+
+    return dataclasses.replace(plan, tensors=tuple(map(placed, plan.tensors)), pool_slots=slots, kv_tier="gpu")
+
+
+@pytest.mark.parametrize("tier,slots", [("ram", 2), ("ram", 3), ("disk", 2), ("ram", 64)])
+def test_streamed_gpu_layers_give_the_same_logits(dense_model, tier, slots):
+    kwargs = dict(n_ctx=256, logits_all=True, verbose=False)
+    resident = hypura.Llama(str(dense_model), n_gpu_layers=-1, **kwargs)
+    tokens = resident.tokenize(b"The quick brown fox jumps over the lazy dog. " * 8)
+    want = _logits(resident, tokens)
+    decode_want = [_logits(resident, tokens[:n])[-1] for n in (1, 2)]
+    resident.close()
+    llm = hypura.Llama(str(dense_model), plan=_all_streamed(dense_model, tier, slots), **kwargs)
+    try:
+        pooled = {n: p for n, p in llm.placement.items() if p.pool_slot >= 0}
+        assert pooled and all(p.tier == Tier.GPU for p in pooled.values())
+        assert set(_buffers(llm.model, list(pooled)).values()) == {"CUDA0"}
+        for _ in range(2):  # a second pass reuses slots (or finds the layers still there)
+            assert np.array_equal(_logits(llm, tokens), want)
+        for n, row in zip((1, 2), decode_want):  # batches of one and two tokens: the decode kernels
+            assert np.array_equal(_logits(llm, tokens[:n])[-1], row)
+        st = llm.stats()["stream"]
+        assert st["loads"] > 0 and st["bytes"].get(tier, 0) > 0
+    finally:
+        llm.close()

@@ -25,6 +25,7 @@ ffi.cdef(
     };
     enum hypura_place_flags {
         HYPURA_PLACE_DEFER = 1,
+        HYPURA_PLACE_POOL  = 2,
     };
     struct hypura_tensor_info {
         const char * name;
@@ -41,6 +42,7 @@ ffi.cdef(
     struct hypura_placement {
         int32_t  tier;
         uint32_t flags;
+        int32_t  pool_slot;
     };
     struct ggml_tensor;
     struct llama_model;
@@ -54,16 +56,31 @@ ffi.cdef(
     int32_t hypura_api_version(void);
     void hypura_loader_hooks_set(const struct hypura_loader_hooks * hooks);
     const char * hypura_model_tensor_buft(const struct llama_model * model, const char * name);
+    struct ggml_tensor * hypura_model_tensor(const struct llama_model * model, const char * name);
+
+    typedef int32_t (*hypura_unit_fn)(int32_t unit, void * user_data);
+    struct hypura_stream_hooks {
+        hypura_unit_fn before;
+        hypura_unit_fn after;
+        void *         user_data;
+    };
+    struct hypura_stream;
+    struct hypura_stream * hypura_stream_new(const struct hypura_stream_hooks * hooks);
+    void hypura_stream_free(struct hypura_stream * stream);
+    int32_t hypura_stream_add(struct hypura_stream * stream, const struct ggml_tensor * weight, int32_t unit);
+    bool hypura_stream_failed(const struct hypura_stream * stream);
+    bool hypura_stream_eval(struct ggml_tensor * t, bool ask, void * stream);
     """
 )
 
-# ggml.h / ggml-backend.h: writing tensors and probing devices
+# ggml.h / ggml-backend.h: writing tensors, probing devices, copies on a stream of our own
 ffi.cdef(
     """
     typedef struct ggml_backend_device * ggml_backend_dev_t;
     typedef struct ggml_backend_buffer_type * ggml_backend_buffer_type_t;
     typedef struct ggml_backend_buffer * ggml_backend_buffer_t;
     typedef struct ggml_backend * ggml_backend_t;
+    typedef struct ggml_backend_event * ggml_backend_event_t;
     enum ggml_backend_dev_type {
         GGML_BACKEND_DEVICE_TYPE_CPU,
         GGML_BACKEND_DEVICE_TYPE_GPU,
@@ -104,12 +121,18 @@ ffi.cdef(
     void ggml_backend_tensor_set(struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
     void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
     void ggml_backend_tensor_copy(struct ggml_tensor * src, struct ggml_tensor * dst);
+    void ggml_backend_tensor_set_async(ggml_backend_t backend, struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
     void ggml_backend_synchronize(ggml_backend_t backend);
     void ggml_backend_free(ggml_backend_t backend);
+
+    ggml_backend_event_t ggml_backend_event_new(ggml_backend_dev_t device);
+    void ggml_backend_event_free(ggml_backend_event_t event);
+    void ggml_backend_event_record(ggml_backend_event_t event, ggml_backend_t backend);
+    void ggml_backend_event_synchronize(ggml_backend_event_t event);
     """
 )
 
-EXPECTED_API_VERSION = 1
+EXPECTED_API_VERSION = 2
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,11 +12,12 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from hypura.cli.bench_cmd import bench
     from hypura.cli.inspect_cmd import inspect
     from hypura.cli.profile_cmd import profile
     from hypura.synth.command import synth
 
-    for command in (synth, profile, inspect):
+    for command in (synth, profile, inspect, bench):
         cli.add_command(command)
 
 

@@ -162,7 +162,11 @@ class _Problem:
                                       disk / r.disk_read)
         best = time(g, c, link)
         movable = [i for i, u in enumerate(units) if tiers[i] == DISK and not u.host_only]
-        movable += [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only]
+        ram = [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only]
+        # layers spread out (any prefix interleaves with the rest), so the copy engine streams the
+        # next GPU layer while the CPU computes the layers between; a layer's units stay together
+        spread = _spread_order(sorted({units[i].stage for i in ram}))
+        movable += sorted(ram, key=lambda i: (spread[units[i].stage], i))
         for i in movable:  # disk units first: on unified memory they need no link copy
             a = units[i].p * units[i].nbytes
             dl = a if tiers[i] == RAM or not r.unified else 0.0
@@ -231,6 +235,16 @@ class _Problem:
         CPU-only config stays a candidate (a GPU budget too small for its buffers, tiny models)."""
         gpu = [(True, kv, st) for st in streams for kv in (GPU, RAM)] if self.gpu_usable else []
         return gpu + [(False, RAM, False)]
+
+
+def _spread_order(stages: list[int]) -> dict[int, float]:
+    """Rank of each stage in van der Corput order (bit-reversed index): 0, 1/2, 1/4, 3/4, ..."""
+    def reverse_bits(k: int) -> float:
+        x, f = 0.0, 0.5
+        while k:
+            x, k, f = x + f * (k & 1), k >> 1, f / 2
+        return x
+    return {s: reverse_bits(k) for k, s in enumerate(stages)}
 
 
 def _pick(candidates: list, problem: _Problem) -> Solution:

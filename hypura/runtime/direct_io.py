@@ -49,10 +49,13 @@ class DirectReader:
     """Reads byte ranges of one file around the page cache, `request` bytes at a time."""
 
     def __init__(self, path: str | os.PathLike, request: int = DISK_REQUEST_BYTES,
-                 retries: int = READ_RETRIES, pread: Pread = os.preadv):
+                 retries: int = READ_RETRIES, pread: Pread = os.preadv, staging=None):
+        """staging: a page-aligned writable buffer of `request + DIRECT_ALIGN` bytes to read into
+        (e.g. pinned memory a copy engine reads from); by default one is mapped here."""
         self.path, self.retries, self._pread = str(path), retries, pread
         self.request = max(DIRECT_ALIGN, request - request % DIRECT_ALIGN)
-        self.buf = aligned_buffer(self.request + DIRECT_ALIGN)  # one extra block: unaligned starts
+        self._own_buf = staging is None
+        self.buf = aligned_buffer(self.request + DIRECT_ALIGN) if staging is None else staging  # one extra block: unaligned starts
         self.fd, self.direct = -1, False
         self._open(direct=bool(O_DIRECT))
         self.size = os.fstat(self.fd).st_size
@@ -120,7 +123,8 @@ class DirectReader:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self.buf.close()
+        if self._own_buf:
+            self.buf.close()
 
     def __enter__(self) -> "DirectReader":
         return self

@@ -62,6 +62,7 @@ class TensorInfo:
 class Placement:
     tier: Tier = Tier.DEFAULT
     defer: bool = False  # the loader skips the bytes; the filler provides them
+    pool_slot: int = -1  # >= 0: streamed through this slot of the tier's pool (deferred too)
 
 
 PlacementPolicy = Callable[[TensorInfo], Placement]
@@ -82,16 +83,19 @@ class FileFiller:
         self._readers: dict[int, DirectReader] = {}
 
     def __call__(self, info: TensorInfo, tensor) -> None:
+        def upload(piece: memoryview, at: int) -> None:
+            lib().ggml_backend_tensor_set(tensor, ffi.from_buffer(piece), at, len(piece))
+
+        self.read(info, upload)
+
+    def read(self, info: TensorInfo, sink: Callable[[memoryview, int], None]) -> None:
+        """Hand the tensor's bytes to sink(piece, position in the tensor), in order."""
         if info.file_idx >= len(self.paths):
             raise OSError(f"tensor '{info.name}' lives in split {info.file_idx}, which Hypura does not know")
         reader = self._readers.get(info.file_idx)
         if reader is None:
             reader = self._readers[info.file_idx] = DirectReader(self.paths[info.file_idx])
-
-        def upload(piece: memoryview, at: int) -> None:
-            lib().ggml_backend_tensor_set(tensor, ffi.from_buffer(piece), at, len(piece))
-
-        reader.read(info.file_offset, info.nbytes, upload)
+        reader.read(info.file_offset, info.nbytes, sink)
 
     def close(self) -> None:
         for reader in self._readers.values():
@@ -118,11 +122,13 @@ class LoaderHooks:
     def _place(self, c_info, c_out, _user_data) -> int:
         info = TensorInfo.from_c(c_info)
         placement = self.policy(info)
-        if placement.defer and self.filler is None:
+        if (placement.defer or placement.pool_slot >= 0) and self.filler is None:
             raise ValueError(f"policy deferred tensor '{info.name}' but there is no filler")
         self.placed[info.name] = (info, placement)
         c_out.tier = int(placement.tier)
-        c_out.flags = lib().HYPURA_PLACE_DEFER if placement.defer else 0
+        c_out.flags = ((lib().HYPURA_PLACE_DEFER if placement.defer else 0)
+                       | (lib().HYPURA_PLACE_POOL if placement.pool_slot >= 0 else 0))
+        c_out.pool_slot = placement.pool_slot
         return 0
 
     def _fill(self, c_info, tensor, _user_data) -> int:

@@ -1,8 +1,8 @@
 """A Plan as a placement policy for the loader hooks.
 
-gpu -> GPU-resident; ram -> host memory (pinned when the plan computes it on the GPU, so a
-later copy is fast); disk -> needs the streaming runtime, which this build does not have yet:
-refused with a clear error instead of silently mapping the file.
+gpu -> GPU-resident; ram computed by the CPU -> host memory, as `-ot X=CPU` places it; streamed
+tensors (ram computed on the GPU, and disk) -> their pool slot (stream_layout.py), filled by the
+layer streamer, never mapped from the file.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from typing import Union
 from hypura.errors import HypuraError
 from hypura.model_file import ModelHeader
 from hypura.plan import Plan, PlanSettings, plan_model
+from hypura.plan.cost import GPU
 from hypura.profile import machine_profile
 from hypura.profile.devices import has_gpu
 from hypura.runtime.placement import Placement, PlacementPolicy, TensorInfo, Tier
+from hypura.runtime.stream_layout import GPU_POOL, StreamLayout
 
 PlanSpec = Union[Plan, str, os.PathLike, None]
 
@@ -33,24 +35,22 @@ def resolve_plan(spec: PlanSpec, header: ModelHeader, gpu_mem=None, ram=None, n_
     else:
         plan = Plan.load(spec)
     plan.check_model(header)
-    on_disk = [t.name for t in plan.tensors if t.tier == "disk"]
-    if on_disk:
-        raise HypuraError(
-            f"the plan streams {len(on_disk)} tensors from disk (e.g. {on_disk[0]}), which needs the tier "
-            "runtime (not in this version): give more --ram or a plan with gpu and ram tiers only"
-        )
     return plan
 
 
-def plan_policy(plan: Plan) -> PlacementPolicy:
+def plan_layout(plan: Plan) -> StreamLayout:
     gpu = has_gpu()
-    if not gpu and any(t.tier == "gpu" for t in plan.tensors):
-        raise HypuraError("the plan places tensors on a GPU, but this llama.cpp build has none: re-plan here")
+    if not gpu and any(t.tier == GPU or t.compute == GPU for t in plan.tensors):
+        raise HypuraError("the plan uses a GPU, but this llama.cpp build has none: re-plan here")
+    return StreamLayout.of(plan, gpu)
 
+
+def plan_policy(plan: Plan, layout: StreamLayout) -> PlacementPolicy:
     def policy(info: TensorInfo) -> Placement:
-        planned = plan.placement(info.name)
-        if planned.tier == "gpu":
-            return Placement(tier=Tier.GPU)
-        return Placement(tier=Tier.PINNED if planned.compute == "gpu" and gpu else Tier.HOST)
+        streamed = layout.tensors.get(info.name)
+        if streamed is not None:
+            return Placement(tier=Tier.GPU if streamed.pool == GPU_POOL else Tier.HOST,
+                             pool_slot=layout.slot_of(info.name))
+        return Placement(tier=Tier.GPU if plan.placement(info.name).tier == GPU else Tier.HOST)
 
     return policy

@@ -1,0 +1,84 @@
+"""`hypura bench MODEL`: prefill and decode speed under a plan (or llama.cpp's placement), with
+medians, spread, the bound and the plan's prediction."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+import click
+
+from hypura.bench import BenchSettings, run_bench
+from hypura.model_file import read_header
+from hypura.profile.host import cores
+from hypura.profile.store import machine_profile
+
+
+@click.command("bench")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--gpu-mem", metavar="SIZE", help="GPU memory budget (simulates a smaller GPU), e.g. 8GiB.")
+@click.option("--ram", metavar="SIZE", help="RAM budget (simulates less RAM), e.g. 16GiB.")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False), help="Plan file (hypura inspect --json).")
+@click.option("-p", "--n-prompt", type=click.IntRange(0), default=512, show_default=True, help="Prompt tokens.")
+@click.option("-n", "--n-gen", type=click.IntRange(0), default=128, show_default=True, help="Generated tokens.")
+@click.option("-r", "--repetitions", type=click.IntRange(1), default=3, show_default=True)
+@click.option("-t", "--threads", type=click.IntRange(1), default=None, help="CPU threads (default: physical cores).")
+@click.option("-ngl", "--n-gpu-layers", type=int, default=-1, show_default=True,
+              help="Without a plan or budgets: llama.cpp's placement with this many layers on the GPU.")
+@click.option("--profile", "profile_spec", metavar="FILE|NAME", help="Machine profile to plan with (default: this machine's).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
+def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, profile_spec,
+          json_out) -> None:
+    """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound."""
+    from hypura.llama import Llama
+    from hypura.plan import PlanSettings, plan_model
+
+    header = read_header(model)
+    s = BenchSettings(n_prompt, n_gen, repetitions, threads or cores()[0])
+    n_ctx = max(256, n_prompt + n_gen + 64)
+    plan = None
+    if gpu_mem or ram:
+        plan = plan_model(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
+                          settings=PlanSettings(n_ctx=n_ctx))
+    elif plan_file:
+        plan = plan_file
+    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    say(f"loading {model} ({'plan' if plan else f'-ngl {n_gpu_layers}'}) ...")
+    llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=s.n_threads,
+                n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False)
+    try:
+        result = run_bench(llm, llm.plan, s, say)
+    finally:
+        llm.close()
+    result["model"] = str(model)
+    result["machine"] = {"host": platform.node(), "python": sys.version.split()[0]}
+    result["budgets"] = {"gpu_mem": gpu_mem, "ram": ram}
+    if llm.plan is not None:
+        result["plan"] = {"mode": llm.plan.mode, "config": llm.plan.config, "memory": llm.plan.memory,
+                          "pool_slots": llm.plan.pool_slots, "prefetch_depth": llm.plan.prefetch_depth}
+    for line in report(result):
+        click.echo(line)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(result, f, indent=1)
+        click.echo(f"results written to {json_out}")
+
+
+def report(r: dict) -> list[str]:
+    lines = []
+    for phase in ("prefill", "decode"):
+        m = r[f"{phase}_tok_s"]
+        if m:
+            lines.append(f"{phase:8s} {m['median']:9.2f} tok/s  (min {m['min']:.2f}, max {m['max']:.2f}, "
+                         f"{len(m['runs'])} runs)")
+    st = r["stats"]["decode"]
+    if st["tokens"]:
+        gb = {k: f"{v / 1e9:.2f} GB" for k, v in st["streamed_bytes_per_token"].items()}
+        lines.append(f"streamed per decode token: {gb or 'nothing'}; stall {st['stall_ms_per_token']:.1f} ms; "
+                     f"links {', '.join(f'{k} {v:.1f} GB/s' for k, v in st['link_gbps'].items())}")
+    if r.get("bound"):
+        b, pr = r["bound"], r["stats"]["predicted"]
+        lines.append(f"bound    {b['decode_tok_s']:9.2f} tok/s  ({b['limit']}); plan predicts "
+                     f"{pr['decode_tok_s']:.2f} ({pr['decode_limit']}); measured/bound {r.get('bound_ratio', 0):.2f}")
+    return lines

@@ -1,0 +1,80 @@
+"""Per-token metrics of a run: tok/s, bytes from each tier, stall time and achieved GB/s per link,
+with the plan's prediction beside them (what `--stats`, `Llama.stats()` and `hypura bench` show).
+
+Each llama_decode is timed and filed as prefill (a batch of several tokens) or decode (one); the
+streamer's counters are differenced around it, so each phase gets its own bytes and stalls.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hypura.plan.cost import DISK, RAM
+
+
+@dataclass
+class Phase:
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    stall_s: float = 0.0
+    bytes: dict = field(default_factory=dict)  # source tier -> bytes loaded into slots
+    timeline: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        per_tok = 1 / self.tokens if self.tokens else 0.0
+        gbps = {k: v / self.seconds / 1e9 if self.seconds else 0.0 for k, v in self.bytes.items()}
+        return {
+            "calls": self.calls, "tokens": self.tokens, "seconds": self.seconds,
+            "tok_s": self.tokens / self.seconds if self.seconds else 0.0,
+            "stall_ms_per_token": 1e3 * self.stall_s * per_tok,
+            "streamed_bytes_per_token": {k: v * per_tok for k, v in self.bytes.items()},
+            # achieved rates, averaged over the phase: RAM-sourced bytes crossed the host->GPU link
+            "link_gbps": {"host_to_gpu": gbps.get(RAM, 0.0), "disk": gbps.get(DISK, 0.0)},
+            "last_call_timeline_ms": self.timeline,
+        }
+
+
+class RunStats:
+    def __init__(self, streamer=None, plan=None):
+        self.streamer, self.plan = streamer, plan
+        self.prefill, self.decode = Phase(), Phase()
+
+    def timed(self, decode_fn, n_tokens: int) -> None:
+        s = self.streamer.stats if self.streamer else None
+        before = (dict(s.bytes), s.stall_s) if s else None
+        if s:
+            s.timeline.clear()
+        t0 = time.perf_counter()
+        decode_fn()
+        dt = time.perf_counter() - t0
+        phase = self.decode if n_tokens == 1 else self.prefill
+        if s:  # the hooks of the latest call, in ms from its start: where a token's time goes
+            phase.timeline = [(kind, layer, round(1e3 * (t - t0), 3)) for kind, layer, t in s.timeline]
+            phase.timeline.append(("end", -1, round(1e3 * dt, 3)))
+        phase.calls, phase.tokens, phase.seconds = phase.calls + 1, phase.tokens + n_tokens, phase.seconds + dt
+        if s:
+            phase.stall_s += s.stall_s - before[1]
+            for k, v in s.bytes.items():
+                phase.bytes[k] = phase.bytes.get(k, 0) + v - before[0].get(k, 0)
+
+    def reset(self) -> None:
+        self.prefill, self.decode = Phase(), Phase()
+
+    def summary(self) -> dict:
+        out = {"prefill": self.prefill.summary(), "decode": self.decode.summary()}
+        if self.streamer is not None:
+            out["stream"] = self.streamer.stats.as_dict()
+        out["predicted"] = _predicted(self.plan)
+        return out
+
+
+def _predicted(plan) -> Optional[dict]:
+    if plan is None:
+        return None
+    pr = plan.prediction
+    return {"decode_tok_s": pr.decode_tok_s, "decode_limit": pr.decode_limit, "prefill_tok_s": pr.prefill_tok_s,
+            "prefill_limit": pr.prefill_limit, "bytes_per_token": dict(pr.bytes_per_token),
+            "link_gbps": pr.gbps()}

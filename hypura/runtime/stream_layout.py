@@ -1,0 +1,69 @@
+"""Which tensors of a Plan stream, through which pool, and each streamed layer's slot.
+
+A streamed tensor lives in a pool slot (include/hypura.h, "Pools") and is computed where its pool
+is: the GPU pool when the plan computes it on the GPU, the host pool when the CPU computes a
+disk-tier tensor. Its bytes come from RAM (a pinned copy made at load) or disk (read each time
+with O_DIRECT). Layers take slots round-robin in graph order, so the layers in flight at once
+(the one computing and up to prefetch-depth ahead) never share a slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypura.plan import Plan
+from hypura.plan.cost import CPU, DISK, GPU, RAM
+
+GPU_POOL, HOST_POOL = "gpu", "host"
+
+
+@dataclass(frozen=True)
+class Streamed:
+    name: str
+    layer: int  # graph order: the block, or n_layer for the output head
+    pool: str  # GPU_POOL | HOST_POOL
+    source: str  # RAM | DISK
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    tensors: dict  # name -> Streamed
+    slots: dict  # pool -> number of slots
+    layer_slot: dict  # (pool, layer) -> slot
+
+    @classmethod
+    def of(cls, plan: Plan, gpu: bool) -> StreamLayout:
+        tensors = {}
+        for t in plan.tensors:
+            pool = _pool_of(t.tier, t.compute, gpu)
+            if pool is not None:
+                layer = t.layer if t.layer >= 0 else plan.n_layer  # the output head runs after the blocks
+                tensors[t.name] = Streamed(t.name, layer, pool, DISK if t.tier == DISK else RAM, t.nbytes)
+        slots = {GPU_POOL: max(plan.pool_slots, 1), HOST_POOL: max(plan.staging_slots, 1)}
+        layer_slot = {}
+        for pool in (GPU_POOL, HOST_POOL):
+            layers = sorted({s.layer for s in tensors.values() if s.pool == pool})
+            layer_slot.update({(pool, layer): i % slots[pool] for i, layer in enumerate(layers)})
+        return cls(tensors, slots, layer_slot)
+
+    def slot_of(self, name: str) -> int:
+        s = self.tensors[name]
+        return self.layer_slot[(s.pool, s.layer)]
+
+    def layers(self, pool: str) -> list[int]:
+        return sorted(layer for p, layer in self.layer_slot if p == pool)
+
+    def pinned_bytes(self) -> int:
+        """RAM-sourced streamed bytes: the pinned copy the GPU pool is filled from."""
+        return sum(s.nbytes for s in self.tensors.values() if s.source == RAM)
+
+
+def _pool_of(tier: str, compute: str, gpu: bool) -> str | None:
+    if tier == GPU or (tier == RAM and (compute == CPU or not gpu)):
+        return None  # resident: GPU memory, or host memory the CPU computes from
+    if gpu and compute == GPU:
+        return GPU_POOL
+    if tier == DISK:
+        return HOST_POOL
+    return None

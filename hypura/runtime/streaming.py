@@ -1,0 +1,159 @@
+"""The layer streamer: streamed layers go through pool slots ahead of use while llama.cpp computes.
+
+Protocol (compute hooks of include/hypura.h; the C side calls them on the thread running
+llama_decode, with the GIL taken by cffi)
+  State lives on that thread: `owner[pool][slot]` is the layer whose bytes are in the slot or on
+  their way; `free[pool][slot]` turns true at the owner's after(), when nothing reads it any more.
+  - before(L), before the first node reading L's weights is launched: unless L owns its slot
+    already, the slot must be free (it is: layers take slots round-robin and the previous owner
+    ran earlier) and L is loaded now, a demand load. Then wait for L's ticket (transfers.py):
+    the time waited is stall time. Then prefetch.
+  - after(L), once every node reading L ran and its backend synchronized: L's slot is free, its
+    bytes stay valid until another layer takes the slot (all layers fit: nothing is copied again).
+    Then prefetch.
+  - prefetch: walk the layers after L in graph order, cyclically (the next token starts over),
+    up to the plan's prefetch depth; submit each one not in its slot while its slot is free;
+    stop at the first whose slot is busy, so loads stay in graph order.
+  A Python error in a hook is stored, the hook returns -1 and C stops calling; the Llama raises it
+  after the decode that hit it (`raise_pending`), so no logits computed from missing weights leak.
+  One loader thread does the I/O (transfers.py); the hooks only submit and wait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Optional
+
+from hypura.bindings.ffi import ffi, lib
+from hypura.errors import HypuraError
+from hypura.plan.cost import DISK, RAM
+from hypura.runtime.placement import FileFiller, TensorInfo
+from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
+from hypura.runtime.transfers import Piece, Transfers
+
+_ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffers
+
+
+class StreamStats:
+    """Counters the hooks keep; `Llama.stats()` turns them into per-token figures."""
+
+    def __init__(self):
+        self.bytes = defaultdict(int)  # source tier -> bytes loaded into slots
+        self.loads = 0
+        self.demand_loads = 0  # loads not prefetched: before() had to start them
+        self.stall_s = 0.0  # compute waited for weights
+        self.waits = 0
+        self.timeline: list = []  # this decode's hooks: (before|after, layer, perf_counter s)
+
+    def as_dict(self) -> dict:
+        return {"bytes": dict(self.bytes), "loads": self.loads, "demand_loads": self.demand_loads,
+                "stall_s": self.stall_s, "waits": self.waits}
+
+
+class LayerStreamer:
+    def __init__(self, layout: StreamLayout, files: FileFiller, depth: int):
+        self.layout, self.files, self.depth = layout, files, depth
+        self.stats = StreamStats()
+        self.error: Optional[BaseException] = None
+        gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
+        self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk)
+        pinned = layout.pinned_bytes() + _ALIGN * len(layout.tensors)
+        self._pinned = self.transfers.pinned(pinned, "RAM tier") if layout.pinned_bytes() else None
+        self._pinned_used = 0
+        self.pieces: dict[tuple[str, int], list[Piece]] = defaultdict(list)  # (pool, layer) -> tensors
+        self.order = {pool: layout.layers(pool) for pool in layout.slots}
+        self.owner = {pool: [None] * n for pool, n in layout.slots.items()}
+        self.free = {pool: [True] * n for pool, n in layout.slots.items()}
+        self.tickets: dict[tuple[str, int], object] = {}
+        self._before_cb = ffi.callback("hypura_unit_fn", self._before, error=-1, onerror=self._on_error)
+        self._after_cb = ffi.callback("hypura_unit_fn", self._after, error=-1, onerror=self._on_error)
+        hooks = ffi.new("struct hypura_stream_hooks *", {"before": self._before_cb, "after": self._after_cb})
+        self.c_stream = lib().hypura_stream_new(hooks)
+
+    # --- load time -------------------------------------------------------------------------
+    def fill(self, info: TensorInfo, tensor) -> None:
+        """The loader's fill hook for a pooled tensor: register it; copy a RAM-tier one to pinned RAM."""
+        s = self.layout.tensors[info.name]
+        piece = Piece(info.name, tensor, s.source, info.file_idx, info.file_offset, info.nbytes)
+        if s.source == RAM:
+            piece.pinned = self._pinned + self._pinned_used
+            self._pinned_used += -(-info.nbytes // _ALIGN) * _ALIGN
+            self.files.read(info, lambda part, at: ffi.memmove(piece.pinned + at, ffi.from_buffer(part), len(part)))
+        unit = self._unit(s.pool, s.layer)
+        if lib().hypura_stream_add(self.c_stream, tensor, unit) != 0:
+            raise HypuraError(f"cannot stream tensor '{info.name}' (more than 64 in one layer?)")
+        self.pieces[(s.pool, s.layer)].append(piece)
+
+    def eval_callback(self) -> tuple[int, int]:
+        """(function address, user data) for llama_context_params.cb_eval."""
+        fn = ffi.cast("uintptr_t", ffi.addressof(lib(), "hypura_stream_eval"))
+        return int(fn), int(ffi.cast("uintptr_t", self.c_stream))
+
+    # --- compute time (the protocol above) ----------------------------------------------------
+    @staticmethod
+    def _unit(pool: str, layer: int) -> int:
+        return layer * 2 + (pool != GPU_POOL)  # a layer may have tensors in both pools
+
+    def _on_error(self, exc_type, exc, tb) -> None:
+        if self.error is None:
+            self.error = exc
+
+    def _before(self, unit: int, _user_data) -> int:
+        pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
+        self.stats.timeline.append(("before", layer, time.perf_counter()))
+        slot = self.layout.layer_slot[(pool, layer)]
+        if self.owner[pool][slot] != layer:
+            if not self.free[pool][slot]:
+                raise HypuraError(f"layer {layer} needs slot {slot}, still used by layer {self.owner[pool][slot]}")
+            self._submit(pool, layer, slot)
+            self.stats.demand_loads += 1
+        self.free[pool][slot] = False
+        ticket = self.tickets.pop((pool, layer), None)
+        if ticket is not None:
+            t0 = time.perf_counter()
+            ticket.wait()
+            self.stats.stall_s += time.perf_counter() - t0
+            self.stats.waits += 1
+        self._prefetch(pool, layer)
+        return 0
+
+    def _after(self, unit: int, _user_data) -> int:
+        pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
+        self.stats.timeline.append(("after", layer, time.perf_counter()))
+        self.free[pool][self.layout.layer_slot[(pool, layer)]] = True
+        self._prefetch(pool, layer)
+        return 0
+
+    def _submit(self, pool: str, layer: int, slot: int) -> None:
+        pieces = self.pieces[(pool, layer)]
+        self.owner[pool][slot], self.free[pool][slot] = layer, False
+        self.tickets[(pool, layer)] = self.transfers.submit(pool, slot, pieces)
+        self.stats.loads += 1
+        for p in pieces:
+            self.stats.bytes[p.source] += p.nbytes
+
+    def _prefetch(self, pool: str, layer: int) -> None:
+        order = self.order[pool]
+        i = order.index(layer)
+        for k in range(1, min(self.depth, len(order) - 1) + 1):
+            nxt = order[(i + k) % len(order)]
+            slot = self.layout.layer_slot[(pool, nxt)]
+            if self.owner[pool][slot] == nxt:
+                continue
+            if not self.free[pool][slot]:
+                return
+            self._submit(pool, nxt, slot)
+
+    # --- after a decode -----------------------------------------------------------------------
+    def raise_pending(self) -> None:
+        if self.error is not None or (self.c_stream != ffi.NULL and lib().hypura_stream_failed(self.c_stream)):
+            error = self.error or HypuraError("streaming weights failed")
+            raise HypuraError(f"weights could not be streamed, the results are void: {error}") from error
+
+    def close(self) -> None:
+        """After the llama context using the stream is freed."""
+        self.transfers.close()
+        if self.c_stream != ffi.NULL:
+            lib().hypura_stream_free(self.c_stream)
+            self.c_stream = ffi.NULL
