@@ -51,6 +51,14 @@ hybrid)  # (a) 8 GiB GPU, 64 GiB RAM: vanilla partial offload vs plans (auto, th
             --json "$OUT/hypura-l70-g8-r64-$v.json" 2>&1 | tail -3
     done
     ;;
+auto)  # (a) with the plan the planner makes from the budgets
+    lib=$(cat /tmp/hypura-lib); export HYPURA_LIB_DIR=$lib
+    hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n ${NGEN:-8} -r 2 -t $T --profile $PROFILE \
+        --json "$OUT/hypura-l70-g8-r64-planner.json" 2>&1 | tail -4
+    ;;
+facts)
+    { lscpu | grep -iE "numa|model name|^cpu\(s\)"; df -h /tmp; free -g; } | tee "$OUT/machine.txt"
+    ;;
 disk)  # (b) 8 GiB GPU, 16 GiB RAM: part of the model streams from disk, page cache dropped first
     lib=$(cat /tmp/hypura-lib); export HYPURA_LIB_DIR=$lib
     sync; echo 3 > /proc/sys/vm/drop_caches

@@ -179,10 +179,12 @@ class Llama(llama_cpp.Llama):
 
     def close(self) -> None:
         streamer = self.__dict__.get("_streamer")
-        if streamer is not None:
-            streamer.transfers.close()  # loads in flight finish before the pool they write is freed
-        super().close()
-        self._close_streamer()
+        try:
+            if streamer is not None:
+                streamer.transfers.close()  # loads in flight finish before the pool they write is freed
+        finally:
+            super().close()
+            self._close_streamer()
 
     def _close_streamer(self) -> None:
         # after the context: it calls into the stream until freed

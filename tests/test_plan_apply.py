@@ -52,9 +52,16 @@ def test_budgets_plan_automatically(smollm2_path, reference, n_threads):
         llm.close()
 
 
-def test_plan_needing_disk_streaming_is_refused(smollm2_path):
-    with pytest.raises(HypuraError, match=r"streams \d+ tensors from disk"):
-        hypura.Llama(str(smollm2_path), ram="400MiB", n_ctx=4096, verbose=False)
+def test_plan_streaming_from_disk_gives_the_same_logits(smollm2_path, reference, n_threads):
+    llm = hypura.Llama(str(smollm2_path), ram="300MiB", n_ctx=256, logits_all=True, n_threads=n_threads,
+                       verbose=False)
+    try:
+        assert llm.plan.tensors_by_tier()["disk"] > 0
+        assert any(p.pool_slot >= 0 for p in llm.placement.values())
+        assert np.array_equal(_logits(llm), reference)
+        assert llm.stats()["stream"]["bytes"]["disk"] > 0
+    finally:
+        llm.close()
 
 
 def test_gpu_plan_on_a_cpu_build_is_refused(smollm2_path):

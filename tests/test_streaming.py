@@ -125,11 +125,7 @@ def test_a_slot_is_used_only_once_its_load_completed(smollm2_path, ram_plan, ref
 
 @pytest.mark.parametrize("pread", [
     pytest.param(short_every_other_call(), id="short-then-full"),
-    pytest.param(trickle, id="always-20KiB", marks=pytest.mark.xfail(
-        raises=HypuraError, strict=True,
-        reason="library bug: DirectReader counts every short read as a failure (READ_RETRIES=3 per "
-               "request) even when it makes progress, so a source that keeps returning partial reads "
-               "fails with 'keep coming up short'; Transfers uses the default retries")),
+    pytest.param(trickle, id="always-20KiB"),
 ])
 def test_short_reads_are_completed_before_use(smollm2_path, ram_plan, reference, n_threads, monkeypatch, pread):
     monkeypatch.setattr(Transfers, "pread", staticmethod(pread))
@@ -148,11 +144,7 @@ def eio_keeping_no_buffer(fd, bufs, offset):
 
 
 @pytest.mark.parametrize("pread", [
-    pytest.param(eio, marks=pytest.mark.xfail(
-        raises=BufferError, strict=True,
-        reason="library bug: Llama.close() raises BufferError from DirectReader.close (mmap.close) "
-               "while the stored streaming error's traceback still holds the pread frame's view of "
-               "the read buffer; the llama context is then never freed")),
+    eio,
     eio_keeping_no_buffer,
 ])
 def test_a_failed_read_voids_the_eval(smollm2_path, ram_plan, n_threads, monkeypatch, pread):

@@ -26,11 +26,15 @@ from hypura.profile.store import machine_profile
 @click.option("-t", "--threads", type=click.IntRange(1), default=None, help="CPU threads (default: physical cores).")
 @click.option("-ngl", "--n-gpu-layers", type=int, default=-1, show_default=True,
               help="Without a plan or budgets: llama.cpp's placement with this many layers on the GPU.")
+@click.option("-fa", "--flash-attn", type=click.Choice(["on", "off", "auto"]), default="auto", show_default=True,
+              help="Flash attention, as llama-bench's -fa (llama-cpp-python's default is off).")
 @click.option("--profile", "profile_spec", metavar="FILE|NAME", help="Machine profile to plan with (default: this machine's).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
-def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, profile_spec,
-          json_out) -> None:
+def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
+          profile_spec, json_out) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound."""
+    import llama_cpp
+
     from hypura.llama import Llama
     from hypura.plan import PlanSettings, plan_model
 
@@ -45,8 +49,11 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
         plan = plan_file
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     say(f"loading {model} ({'plan' if plan else f'-ngl {n_gpu_layers}'}) ...")
+    fa = {"on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+          "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[flash_attn]
     llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=s.n_threads,
-                n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False)
+                n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False,
+                param_overrides={"context_params": {"flash_attn_type": fa}})
     try:
         result = run_bench(llm, llm.plan, s, say)
     finally:
@@ -54,6 +61,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     result["model"] = str(model)
     result["machine"] = {"host": platform.node(), "python": sys.version.split()[0]}
     result["budgets"] = {"gpu_mem": gpu_mem, "ram": ram}
+    result["flash_attn"] = flash_attn
     if llm.plan is not None:
         result["plan"] = {"mode": llm.plan.mode, "config": llm.plan.config, "memory": llm.plan.memory,
                           "pool_slots": llm.plan.pool_slots, "prefetch_depth": llm.plan.prefetch_depth}

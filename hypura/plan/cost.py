@@ -143,6 +143,11 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         part = 0 if u.role in ("attn", "norm", "other") else 1
         layer_devs.setdefault((u.stage, part), set()).add(dev)
     acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * kv_bytes
+    # attention runs where the KV cache is, between the projections (q, k, v before; output after)
+    kv_dev = kv_tier if kv_tier == GPU else CPU
+    for (stage, part), devs in list(layer_devs.items()):
+        if part == 0:
+            layer_devs[(stage, 0.25)], layer_devs[(stage, 0.5)] = {kv_dev}, set(devs)
 
     sequence = [d for key in sorted(layer_devs) for d in sorted(layer_devs[key])]
     splits = sum(a != b for a, b in zip(sequence, sequence[1:]))

@@ -110,10 +110,10 @@ class DirectReader:
                     raise DiskReadError(
                         f"{self.path}: reading {length} bytes at {pos + got} failed after {failures} "
                         f"retries: {e.strerror or e}") from None
-                if n < length - got and got + n < target:  # short read before the end of file
+                if n == 0 and got < target:  # nothing before the end of file; a short read that progressed is fine
                     failures += 1
                     if failures > self.retries:
-                        raise DiskReadError(f"{self.path}: reads at byte {pos + got} keep coming up short")
+                        raise DiskReadError(f"{self.path}: reads at byte {pos + got} keep returning nothing")
                 got += n
                 if self.direct and got < target:
                     got -= got % DIRECT_ALIGN  # O_DIRECT resumes on a block boundary
@@ -124,7 +124,10 @@ class DirectReader:
             os.close(self.fd)
             self.fd = -1
         if self._own_buf:
-            self.buf.close()
+            try:
+                self.buf.close()
+            except BufferError:  # a view survives in a pending exception's traceback: freed with it
+                pass
 
     def __enter__(self) -> "DirectReader":
         return self
