@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from hypura.errors import HypuraError
 from hypura.plan import Plan
 
 
@@ -45,28 +46,33 @@ def bound(plan: Optional[Plan]) -> Optional[dict]:
 
 def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: None) -> dict:
     rng = random.Random(s.seed)
+
+    def decode_tokens(toks: list[int]) -> None:
+        if not llm.decode_tokens(toks):
+            raise HypuraError(f"llama_decode failed on a batch of {len(toks)} tokens")
+
     vocab = llm.n_vocab()
     tokens = [rng.randrange(vocab) for _ in range(max(s.n_prompt, s.n_gen, 1))]
 
     def prefill() -> float:
         llm.clear_memory()
         t0 = time.perf_counter()
-        llm.decode_tokens(tokens[: s.n_prompt])
+        decode_tokens(tokens[: s.n_prompt])
         return s.n_prompt / (time.perf_counter() - t0)
 
     def decode() -> float:
         llm.clear_memory()
         t0 = time.perf_counter()
         for tok in tokens[: s.n_gen]:
-            llm.decode_tokens([tok])
+            decode_tokens([tok])
         return s.n_gen / (time.perf_counter() - t0)
 
     progress("warm-up")
     llm.clear_memory()
     for tok in tokens[:2]:
-        llm.decode_tokens([tok])
+        decode_tokens([tok])
     if s.n_prompt:
-        llm.decode_tokens(tokens[2: 2 + min(s.n_prompt, 32)])
+        decode_tokens(tokens[2: 2 + min(s.n_prompt, 32)])
     pp, tg = [], []
     llm.stats(reset=True)
     for i in range(s.repeats):

@@ -144,20 +144,20 @@ class Llama(llama_cpp.Llama):
 
         ctx.decode = timed_decode
 
-    def decode_tokens(self, tokens: list[int]) -> None:
-        """llama_decode `tokens` after the ones evaluated, then synchronize, as llama-bench and the C
-        tools do (timed for stats()). eval() also trims the KV cache before every batch."""
+    def decode_tokens(self, tokens: list[int]) -> bool:
+        """llama_decode `tokens` after those in the KV cache, then synchronize, as llama-bench and the
+        C tools do (eval() also trims the cache before every batch); timed for stats(). False when
+        llama_decode fails; raises when weights could not be streamed."""
         arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        ctx = self._ctx.ctx
+        ctx, rc = self._ctx.ctx, []
 
         def run():
-            rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens)))
+            rc.append(llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens))))
             llama_cpp.llama_synchronize(ctx)
-            if rc != 0:
-                raise HypuraError(f"llama_decode failed ({rc})")
 
         self._stats.timed(run, len(tokens))
         self.raise_stream_error()
+        return rc[0] == 0
 
     def clear_memory(self) -> None:
         """Empty the KV cache (the next decode starts at position 0)."""

@@ -195,7 +195,9 @@ def test_hybrid_beats_partial_offload(model):
     vanilla = plan_model(h, H200, gpu_mem="8GiB", solver="greedy")
     assert hybrid.pool_slots == 3 and hybrid.pool_slot_bytes > 0
     assert {"cpu", "gpu"} <= {t.compute for t in hybrid.tensors if t.tier == "ram"}
-    assert hybrid.prediction.decode_tok_s > 1.5 * vanilla.prediction.decode_tok_s
+    # DESIGN.md hoped for 1.5x; with the hand-off cost measured under streaming (knobs.STREAM_SPLIT_S)
+    # the model predicts less, and the H200 measured 1.07x (bench/RESULTS.md)
+    assert hybrid.prediction.decode_tok_s > 1.2 * vanilla.prediction.decode_tok_s
     assert hybrid.prediction.decode_tok_s < 3.5 * 1.1
 
 

@@ -192,3 +192,22 @@ def test_the_model_file_is_not_mapped(smollm2_path, ram_plan, n_threads):
         with open("/proc/self/maps") as f:
             mapped = [line for line in f if line.rstrip().endswith(model)]
     assert mapped == []  # the page cache is not a hidden tier: no weight is read through a mapping
+
+
+def test_repacked_cpu_tensors_stream_whole(gemma_path, n_threads, monkeypatch):
+    """llama.cpp repacks some CPU weights (CPU_REPACK), which takes a whole tensor per write: host-pool
+    loads set each tensor in one call, even when its reads come in many small requests."""
+    import hypura.runtime.transfers as transfers
+
+    ref = llama_cpp.Llama(str(gemma_path), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False)
+    try:
+        want = _logits(ref)
+    finally:
+        ref.close()
+    monkeypatch.setattr(transfers, "STREAM_REQUEST_BYTES", 64 << 10)  # several reads per tensor
+    plan = plan_model(gemma_path, machine_profile(), ram="4GiB", settings=PlanSettings(n_ctx=256))
+    with opened(gemma_path, streamed(plan, range(plan.n_layer), slots=2), n_threads) as llm:
+        repacked = [n for n, p in llm.placement.items() if p.pool_slot >= 0 and llm.tensor_buffer(n) == "CPU_REPACK"]
+        if not repacked:
+            pytest.skip("llama.cpp repacks none of these weights on this CPU")
+        assert np.array_equal(_logits(llm), want)

@@ -13,6 +13,7 @@ from hypura.bench import BenchSettings, run_bench
 from hypura.model_file import read_header
 from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
+from hypura.runtime.stats import describe
 
 
 @click.command("bench")
@@ -78,15 +79,10 @@ def report(r: dict) -> list[str]:
     for phase in ("prefill", "decode"):
         m = r[f"{phase}_tok_s"]
         if m:
-            lines.append(f"{phase:8s} {m['median']:9.2f} tok/s  (min {m['min']:.2f}, max {m['max']:.2f}, "
-                         f"{len(m['runs'])} runs)")
-    st = r["stats"]["decode"]
-    if st["tokens"]:
-        gb = {k: f"{v / 1e9:.2f} GB" for k, v in st["streamed_bytes_per_token"].items()}
-        lines.append(f"streamed per decode token: {gb or 'nothing'}; stall {st['stall_ms_per_token']:.1f} ms; "
-                     f"links {', '.join(f'{k} {v:.1f} GB/s' for k, v in st['link_gbps'].items())}")
+            lines.append(f"{phase:8s} {m['median']:9.2f} tok/s  (median of {len(m['runs'])}: min {m['min']:.2f}, "
+                         f"max {m['max']:.2f})")
+    lines += describe(r["stats"])
     if r.get("bound"):
-        b, pr = r["bound"], r["stats"]["predicted"]
-        lines.append(f"bound    {b['decode_tok_s']:9.2f} tok/s  ({b['limit']}); plan predicts "
-                     f"{pr['decode_tok_s']:.2f} ({pr['decode_limit']}); measured/bound {r.get('bound_ratio', 0):.2f}")
+        b = r["bound"]
+        lines.append(f"bound    {b['decode_tok_s']:9.2f} tok/s  ({b['limit']}); measured/bound {r['bound_ratio']:.2f}")
     return lines

@@ -26,11 +26,10 @@ import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)
 FN = "llama_completion"  # the tool whose log lines we reproduce
 
 
-def _decode(ctx, tokens: list[int]) -> bool:
+def _decode(llm, tokens: list[int]) -> bool:
     """common_batch_get_one + llama_process(DECODE): positions follow the memory, logits for
-    the last token only."""
-    arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-    return llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens))) == 0
+    the last token only; timed for --stats, and a failure to stream weights raises."""
+    return llm.decode_tokens(tokens)
 
 
 class _Interrupted(BaseException):
@@ -166,10 +165,11 @@ class Completion:
         con.log(4, "warming up the model with an empty run - please wait ... (--no-warmup to disable)\n")
         tmp = [t for t in (vocab.bos, llama_cpp.llama_vocab_eos(vocab.vocab)) if t != llama_cpp.LLAMA_TOKEN_NULL]
         tmp = (tmp or [0])[: self.s.n_batch]
-        _decode(ctx, tmp)
+        _decode(self.llm, tmp)
         llama_cpp.llama_memory_clear(mem, True)
         llama_cpp.llama_synchronize(ctx)
         llama_cpp.llama_perf_context_reset(ctx)
+        self.llm.stats(reset=True)
         self.sampler.reset()
 
     def _chat_add_and_format(self, role: bytes, content: bytes) -> bytes:
@@ -272,7 +272,7 @@ class Completion:
                     llama_cpp.llama_memory_seq_rm(mem, 0, self.n_keep, self.n_keep + n_discard)
                     llama_cpp.llama_memory_seq_add(mem, 0, self.n_keep + n_discard, n_past, -n_discard)
                     n_past -= n_discard
-                if not _decode(ctx, embd):
+                if not _decode(self.llm, embd):
                     con.err("failed to eval\n")
                     return 1
                 n_past += len(embd)

@@ -1,6 +1,6 @@
 """What `hypura-cli` reports on stderr besides generated text: llama.cpp's own log lines (routed
 through our console with llama-completion's verbosity rules), common_perf_print's timings, and
-Hypura's --stats (placement and speed; later issues add the tiers' bytes and the cost model)."""
+Hypura's --stats (placement, speed, streamed bytes per tier, stalls, link rates, the plan's prediction)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections import Counter
 
 from hypura.cli.llama_cli_console import Console
 from hypura.cli.llama_cli_settings import Settings
+from hypura.runtime.stats import describe
 
 import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)
 
@@ -67,5 +68,7 @@ def print_perf(con: Console, llm, chain, s: Settings, model_path: str) -> None:
         f"hypura: prompt {_div(1e3 * d.n_p_eval, d.t_p_eval_ms):.2f} tok/s, "
         f"decode {_div(1e3 * d.n_eval, d.t_eval_ms):.2f} tok/s",
     ]
+    if hasattr(llm, "stats"):
+        lines += [f"hypura: {line}" for line in describe(llm.stats())]
     con.stderr.write("\n".join(lines) + "\n")  # --stats is asked for: shown even with --log-disable
     con.stderr.flush()

@@ -44,6 +44,7 @@ class Rates:
     gpu_layer_s: float = knobs.GPU_LAYER_S
     cpu_layer_s: float = knobs.CPU_LAYER_S
     split_s: float = knobs.SPLIT_S
+    stream_split_s: float = knobs.STREAM_SPLIT_S  # when layers stream (the compute hooks are on)
 
     @property
     def has_gpu(self) -> bool:
@@ -95,7 +96,8 @@ def _div(num: float, rate: float | None) -> float:
 def predict(t: Traffic, r: Rates) -> Prediction:
     gpu_s, cpu_s = _div(t.gpu_bytes, r.gpu_read), _div(t.cpu_bytes, r.cpu_read)
     gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
-    overhead = gpu_fixed + cpu_fixed + t.splits * r.split_s
+    streaming = t.link_bytes > 0 or t.disk_bytes > 0
+    overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
     paths = {"compute": gpu_s + cpu_s + overhead, "link": _div(t.link_bytes, r.link),
              "disk": _div(t.disk_bytes, r.disk_read)}
     limit = max(paths, key=paths.get)

@@ -22,10 +22,14 @@ GPU_READ_EFFICIENCY = 0.55
 GPU_LAYER_S = 58e-6
 # fixed cost per CPU-computed layer (thread barriers per op, ~15 ops): estimate, not fitted
 CPU_LAYER_S = 20e-6
-# each CPU<->GPU hand-off in a token's graph: a scheduler split, sync, activation copy, CPU threads
-# waking. Fit on the H200 (2026-12-02, bench/RESULTS.md): 80 blocks with attention on the GPU and the
-# FFN on the CPU (160 hand-offs) took 61 ms a token longer than -ngl 14 (2) at about equal CPU bytes
-SPLIT_S = 380e-6
+# each CPU<->GPU hand-off in a token's graph: a scheduler split, sync and activation copy; estimate,
+# consistent with llama.cpp's -ot exps=CPU runs in DESIGN.md (64-96 hand-offs a token)
+SPLIT_S = 30e-6
+# the same with the streamer's eval callback installed (every split synchronized, CPU threads idle
+# while the GPU works): fit on the H200 (2026-12-02), 80 blocks with attention on the GPU and the FFN
+# on the CPU (160 hand-offs) ran 61 ms a token slower than -ngl 14 (2) at about equal CPU bytes
+# (bench/RESULTS.md)
+STREAM_SPLIT_S = 380e-6
 # attention reads on average this share of the context's KV cache per token (a session that fills
 # the context reads half of it on average)
 KV_READ_FILL = 0.5

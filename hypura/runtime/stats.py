@@ -78,3 +78,22 @@ def _predicted(plan) -> Optional[dict]:
     return {"decode_tok_s": pr.decode_tok_s, "decode_limit": pr.decode_limit, "prefill_tok_s": pr.prefill_tok_s,
             "prefill_limit": pr.prefill_limit, "bytes_per_token": dict(pr.bytes_per_token),
             "link_gbps": pr.gbps()}
+
+
+def describe(summary: dict) -> list[str]:
+    """Lines for `hypura-cli --stats` and `hypura bench`: per phase tok/s, streamed GB per token by
+    source, stall and achieved link rates, then the plan's prediction."""
+    lines = []
+    for name in ("prefill", "decode"):
+        ph = summary[name]
+        if not ph["tokens"]:
+            continue
+        streamed = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in ph["streamed_bytes_per_token"].items()) or "none"
+        links = ", ".join(f"{k} {v:.1f} GB/s" for k, v in ph["link_gbps"].items() if v) or "-"
+        lines.append(f"{name}: {ph['tok_s']:.2f} tok/s over {ph['tokens']} tokens; streamed per token: {streamed}; "
+                     f"stall {ph['stall_ms_per_token']:.1f} ms/token; links {links}")
+    pr = summary.get("predicted")
+    if pr:
+        lines.append(f"plan predicts decode {pr['decode_tok_s']:.2f} tok/s ({pr['decode_limit']}), "
+                     f"prefill {pr['prefill_tok_s']:.0f} tok/s ({pr['prefill_limit']})")
+    return lines

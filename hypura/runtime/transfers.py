@@ -7,7 +7,7 @@ Protocol
   - RAM source (GPU pool): queue async copies pinned RAM -> slot;
   - disk source, GPU pool: read request-sized chunks with O_DIRECT into pinned staging, copy each
     to the slot, and wait for that copy before the next read reuses the staging;
-  - disk source, host pool: read straight into the slot (a CPU buffer);
+  - disk source, host pool: read the whole tensor, then set it into the slot in one call;
   then record the slot's event (GPU pool) and set the ticket. `Ticket.wait()` returns once the
   bytes are in the slot: the ticket, then the event, both waited for on the host, so the stream
   that computes never waits on ours. An error in a load is raised by `wait()` on the compute thread.
@@ -88,6 +88,7 @@ class Transfers:
         self._readers: dict[tuple[int, bool], DirectReader] = {}
         self._jobs: queue.Queue = queue.Queue()
         self.busy_s = 0.0  # loader time spent reading and issuing, for stats
+        self._whole_buf: Optional[bytearray] = None
         self._thread = threading.Thread(target=self._run, name="hypura-loader", daemon=True)
         self._thread.start()
 
@@ -128,8 +129,12 @@ class Transfers:
             L.ggml_backend_tensor_set_async(self.backend, p.tensor, p.pinned, 0, p.nbytes)
             return
         if pool != GPU_POOL:
-            self.reader(p.file_idx, staged=False).read(p.file_offset, p.nbytes, lambda piece, at: L.ggml_backend_tensor_set(
-                p.tensor, ffi.from_buffer(piece), at, len(piece)))
+            # one set of the whole tensor: a repacking CPU buffer type (llama.cpp's choice for the
+            # CPU, kept so the kernels and the numbers stay the default's) converts whole tensors only
+            whole = self._whole(p.nbytes)
+            self.reader(p.file_idx, staged=False).read(
+                p.file_offset, p.nbytes, lambda piece, at: whole.__setitem__(slice(at, at + len(piece)), piece))
+            L.ggml_backend_tensor_set(p.tensor, ffi.from_buffer(whole), 0, p.nbytes)
             return
         def upload(piece: memoryview, at: int) -> None:
             L.ggml_backend_tensor_set_async(self.backend, p.tensor, ffi.from_buffer(piece), at, len(piece))
@@ -137,6 +142,12 @@ class Transfers:
             L.ggml_backend_event_synchronize(self.staging_free)  # before the staging takes the next read
 
         self.reader(p.file_idx, staged=True).read(p.file_offset, p.nbytes, upload)
+
+    def _whole(self, nbytes: int) -> memoryview:
+        """A host buffer for one whole tensor, grown to the largest seen (the loader thread's own)."""
+        if self._whole_buf is None or len(self._whole_buf) < nbytes:
+            self._whole_buf = bytearray(nbytes)
+        return memoryview(self._whole_buf)[:nbytes]
 
     def reader(self, file_idx: int, staged: bool) -> DirectReader:
         r = self._readers.get((file_idx, staged))
