@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import hypura  # noqa: F401  first: loads our library before any test module imports numpy
+import numpy as np  # noqa: E402
 
 
 def _cuda_available() -> bool:
@@ -57,3 +58,18 @@ def llama_tools_dir() -> Path:
 def n_threads() -> int:
     # one thread: ggml workers spin while waiting, and on a busy 2-core machine two of them starve each other
     return 1
+
+
+PLAN_PROMPT = b"A plan decides where every tensor lives: GPU memory, pinned RAM or disk. " * 4
+
+
+@pytest.fixture(scope="session")
+def prompt_logits():
+    """logits(llm) -> the logits of every position of a fixed prompt, evaluated from an empty context."""
+    def logits(llm, prompt: bytes = PLAN_PROMPT):
+        tokens = llm.tokenize(prompt)
+        llm.reset()
+        llm.eval(tokens)
+        return np.array(llm.scores[: len(tokens)], copy=True)
+
+    return logits

@@ -11,24 +11,16 @@ from hypura.runtime.placement import Tier
 
 import llama_cpp
 
-PROMPT = b"A plan decides where every tensor lives: GPU memory, pinned RAM or disk. " * 4
-
-
-def _logits(llm):
-    tokens = llm.tokenize(PROMPT)
-    llm.reset()
-    llm.eval(tokens)
-    return np.array(llm.scores[: len(tokens)], copy=True)
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_path, n_threads):
+def reference(smollm2_path, n_threads, prompt_logits):
     llm = llama_cpp.Llama(str(smollm2_path), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False)
-    yield _logits(llm)
+    yield prompt_logits(llm)
     llm.close()
 
 
-def test_ram_plan_gives_the_same_logits(smollm2_path, reference, n_threads, tmp_path):
+def test_ram_plan_gives_the_same_logits(smollm2_path, reference, n_threads, tmp_path, prompt_logits):
     plan = plan_model(smollm2_path, machine_profile(), ram="4GiB", settings=PlanSettings(n_ctx=256))
     assert {t.tier for t in plan.tensors} == {"ram"} and plan.mode == "full-resident"
     path = plan.save(tmp_path / "plan.json")  # as `hypura inspect --json` writes it
@@ -37,28 +29,28 @@ def test_ram_plan_gives_the_same_logits(smollm2_path, reference, n_threads, tmp_
     try:
         assert llm.plan == plan
         assert {p.tier for p in llm.placement.values()} == {Tier.HOST}
-        assert np.array_equal(_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
     finally:
         llm.close()
 
 
-def test_budgets_plan_automatically(smollm2_path, reference, n_threads):
+def test_budgets_plan_automatically(smollm2_path, reference, n_threads, prompt_logits):
     llm = hypura.Llama(str(smollm2_path), ram="2GiB", n_ctx=256, logits_all=True, n_threads=n_threads,
                        verbose=False)
     try:
         assert llm.plan is not None and llm.plan.mode == "full-resident"
-        assert np.array_equal(_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
     finally:
         llm.close()
 
 
-def test_plan_streaming_from_disk_gives_the_same_logits(smollm2_path, reference, n_threads):
+def test_plan_streaming_from_disk_gives_the_same_logits(smollm2_path, reference, n_threads, prompt_logits):
     llm = hypura.Llama(str(smollm2_path), ram="300MiB", n_ctx=256, logits_all=True, n_threads=n_threads,
                        verbose=False)
     try:
         assert llm.plan.tensors_by_tier()["disk"] > 0
         assert any(p.pool_slot >= 0 for p in llm.placement.values())
-        assert np.array_equal(_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
         assert llm.stats()["stream"]["bytes"]["disk"] > 0
     finally:
         llm.close()

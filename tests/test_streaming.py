@@ -21,24 +21,17 @@ from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Transfers
 
 import llama_cpp
+from conftest import PLAN_PROMPT
 
-PROMPT = b"A plan decides where every tensor lives: GPU memory, pinned RAM or disk. " * 4
 N_LAYER = 30  # SmolLM2-135M
 ALL = range(N_LAYER)
 
 
-def _logits(llm):
-    tokens = llm.tokenize(PROMPT)
-    llm.reset()
-    llm.eval(tokens)
-    return np.array(llm.scores[: len(tokens)], copy=True)
-
-
 @pytest.fixture(scope="module")
-def reference(smollm2_path, n_threads):
+def reference(smollm2_path, n_threads, prompt_logits):
     llm = llama_cpp.Llama(str(smollm2_path), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False)
     try:
-        return _logits(llm)
+        return prompt_logits(llm)
     finally:
         llm.close()  # at once: it maps the model file, which test_the_model_file_is_not_mapped must not see
 
@@ -67,16 +60,17 @@ def opened(path, plan, n_threads):
                                                 (range(0, N_LAYER, 3), 2, 1)],
                          ids=["1-slot-no-prefetch", "2-slots-depth-1", "3-slots-depth-2", "a-slot-per-layer",
                               "every-third-layer"])
-def test_streamed_logits_are_bitwise_equal(smollm2_path, ram_plan, reference, n_threads, layers, slots, depth):
+def test_streamed_logits_are_bitwise_equal(smollm2_path, ram_plan, reference, n_threads, layers, slots, depth,
+                                           prompt_logits):
     plan = streamed(ram_plan, layers, slots, depth)
     n, disk_bytes = len(layers), sum(t.nbytes for t in plan.tensors if t.tier == "disk")
     with opened(smollm2_path, plan, n_threads) as llm:
         for t in plan.tensors:  # streamed layers take their slots round-robin, in graph order
             assert llm.placement[t.name].pool_slot == (layers.index(t.layer) % slots if t.tier == "disk" else -1)
             assert llm.placement[t.name].tier == Tier.HOST
-        assert np.array_equal(_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
         first = llm.stats()["stream"]
-        assert np.array_equal(_logits(llm), reference)  # slots reused or reloaded
+        assert np.array_equal(prompt_logits(llm), reference)  # slots reused or reloaded
         second = llm.stats()["stream"]
     # every layer loaded once from disk; with fewer slots than layers the next pass's first `depth`
     # layers are prefetched as the pass ends; only the very first layer is a demand load
@@ -110,12 +104,13 @@ def short_every_other_call():
     return pread
 
 
-def test_a_slot_is_used_only_once_its_load_completed(smollm2_path, ram_plan, reference, n_threads, monkeypatch):
+def test_a_slot_is_used_only_once_its_load_completed(smollm2_path, ram_plan, reference, n_threads, monkeypatch,
+                                                     prompt_logits):
     monkeypatch.setattr(Transfers, "pread", staticmethod(slow))  # loads lag behind compute
     plan = streamed(ram_plan, ALL, slots=2, depth=1)
     with opened(smollm2_path, plan, n_threads) as llm:
-        assert np.array_equal(_logits(llm), reference)
-        assert np.array_equal(_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
         stats = llm.stats()["stream"]
     # every load was waited for before its layer ran, except the one prefetched for the next pass
     assert stats["waits"] == stats["loads"] - 1
@@ -127,11 +122,12 @@ def test_a_slot_is_used_only_once_its_load_completed(smollm2_path, ram_plan, ref
     pytest.param(short_every_other_call(), id="short-then-full"),
     pytest.param(trickle, id="always-20KiB"),
 ])
-def test_short_reads_are_completed_before_use(smollm2_path, ram_plan, reference, n_threads, monkeypatch, pread):
+def test_short_reads_are_completed_before_use(smollm2_path, ram_plan, reference, n_threads, monkeypatch, pread,
+                                              prompt_logits):
     monkeypatch.setattr(Transfers, "pread", staticmethod(pread))
     with opened(smollm2_path, streamed(ram_plan, ALL, slots=2, depth=1), n_threads) as llm:
-        assert np.array_equal(_logits(llm), reference)
-        assert np.array_equal(_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
+        assert np.array_equal(prompt_logits(llm), reference)
 
 
 def eio(fd, bufs, offset):
@@ -152,7 +148,7 @@ def test_a_failed_read_voids_the_eval(smollm2_path, ram_plan, n_threads, monkeyp
         # after the load: streamed layers are first read by the eval
         monkeypatch.setattr(Transfers, "pread", staticmethod(pread))
         with pytest.raises(HypuraError, match="could not be streamed.*after 3 retries: Input/output error") as info:
-            llm.eval(llm.tokenize(PROMPT))
+            llm.eval(llm.tokenize(PLAN_PROMPT))
     assert isinstance(info.value.__cause__, DiskReadError)
 
 
@@ -185,23 +181,23 @@ def test_streaming_stays_within_its_ram_budget(smollm2_path, ram_plan, n_threads
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
-def test_the_model_file_is_not_mapped(smollm2_path, ram_plan, n_threads):
+def test_the_model_file_is_not_mapped(smollm2_path, ram_plan, n_threads, prompt_logits):
     model = os.path.realpath(smollm2_path)
     with opened(smollm2_path, streamed(ram_plan, ALL, slots=2), n_threads) as llm:
-        _logits(llm)
+        prompt_logits(llm)
         with open("/proc/self/maps") as f:
             mapped = [line for line in f if line.rstrip().endswith(model)]
     assert mapped == []  # the page cache is not a hidden tier: no weight is read through a mapping
 
 
-def test_repacked_cpu_tensors_stream_whole(gemma_path, n_threads, monkeypatch):
+def test_repacked_cpu_tensors_stream_whole(gemma_path, n_threads, monkeypatch, prompt_logits):
     """llama.cpp repacks some CPU weights (CPU_REPACK), which takes a whole tensor per write: host-pool
     loads set each tensor in one call, even when its reads come in many small requests."""
     import hypura.runtime.transfers as transfers
 
     ref = llama_cpp.Llama(str(gemma_path), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False)
     try:
-        want = _logits(ref)
+        want = prompt_logits(ref)
     finally:
         ref.close()
     monkeypatch.setattr(transfers, "STREAM_REQUEST_BYTES", 64 << 10)  # several reads per tensor
@@ -210,4 +206,4 @@ def test_repacked_cpu_tensors_stream_whole(gemma_path, n_threads, monkeypatch):
         repacked = [n for n, p in llm.placement.items() if p.pool_slot >= 0 and llm.tensor_buffer(n) == "CPU_REPACK"]
         if not repacked:
             pytest.skip("llama.cpp repacks none of these weights on this CPU")
-        assert np.array_equal(_logits(llm), want)
+        assert np.array_equal(prompt_logits(llm), want)

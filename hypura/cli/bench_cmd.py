@@ -29,7 +29,8 @@ from hypura.runtime.stats import describe
               help="Without a plan or budgets: llama.cpp's placement with this many layers on the GPU.")
 @click.option("-fa", "--flash-attn", type=click.Choice(["on", "off", "auto"]), default="auto", show_default=True,
               help="Flash attention, as llama-bench's -fa (llama-cpp-python's default is off).")
-@click.option("--profile", "profile_spec", metavar="FILE|NAME", help="Machine profile to plan with (default: this machine's).")
+@click.option("--profile", "profile_spec", metavar="FILE|NAME",
+              help="Machine profile to plan with (default: this machine's).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
           profile_spec, json_out) -> None:

@@ -55,7 +55,8 @@ class DirectReader:
         self.path, self.retries, self._pread = str(path), retries, pread
         self.request = max(DIRECT_ALIGN, request - request % DIRECT_ALIGN)
         self._own_buf = staging is None
-        self.buf = aligned_buffer(self.request + DIRECT_ALIGN) if staging is None else staging  # one extra block: unaligned starts
+        # one extra block: unaligned starts
+        self.buf = aligned_buffer(self.request + DIRECT_ALIGN) if staging is None else staging
         self.fd, self.direct = -1, False
         self._open(direct=bool(O_DIRECT))
         self.size = os.fstat(self.fd).st_size
