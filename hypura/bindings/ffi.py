@@ -96,6 +96,7 @@ ffi.cdef(
     struct ggml_context;
 
     size_t ggml_nbytes(const struct ggml_tensor * tensor);
+    const char * ggml_get_name(const struct ggml_tensor * tensor);
     struct ggml_context * ggml_init(struct ggml_init_params params);
     void ggml_free(struct ggml_context * ctx);
     size_t ggml_tensor_overhead(void);

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from hypura.synth.quant_mix import FTYPES
+from hypura.synth.routing import Routing
 from hypura.synth.shapes import SHAPES
 from hypura.synth.writer import write_synth
 
@@ -31,12 +32,19 @@ SHAPE is one of: {", ".join(SHAPES)}. The tiny-* shapes are for tests.
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for the weights.")
 @click.option("--tokenizer-from", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               metavar="GGUF", help="Copy the tokenizer of this GGUF (default: the default model's).")
+@click.option("--router-skew", type=float, default=0.0, show_default=True, metavar="A",
+              help="MoE: expert popularity follows Zipf(A) over a random order per layer; 0: all equal "
+                   "(the worst case for caches).")
+@click.option("--router-layer-corr", type=float, default=0.0, show_default=True, metavar="R",
+              help="MoE: correlation in [0, 1] of consecutive layers' routers, so that expert e at "
+                   "layer l+1 tends to fire after expert e at layer l.")
 def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, seed: int,
-          tokenizer_from: Path | None) -> None:
+          tokenizer_from: Path | None, router_skew: float, router_layer_corr: float) -> None:
     show = sys.stderr.isatty() and not sparse
     progress = _Progress() if show else None
     r = write_synth(shape, out, layers=layers, ftype=ftype, sparse=sparse, seed=seed,
-                    tokenizer_from=tokenizer_from, progress=progress)
+                    tokenizer_from=tokenizer_from, routing=Routing(router_skew, router_layer_corr),
+                    progress=progress)
     if progress:
         progress.done()
     s = r.shape

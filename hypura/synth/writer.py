@@ -28,6 +28,7 @@ from hypura.synth.blocks import POOL_BYTES, TARGET_STD, BlockPool
 from hypura.synth.gguf_kv import KV, TensorInfo, header_bytes
 from hypura.synth.layout import TensorSpec
 from hypura.synth.quant_mix import FileType, get_ftype, tensor_types
+from hypura.synth.routing import RouterRows, Routing
 from hypura.synth.shapes import ModelShape, get_shape
 from hypura.synth.tokenizer import tokenizer_kv
 
@@ -79,7 +80,9 @@ class SynthContext:
     shape: ModelShape
     seed: int
     largest: dict[Q, int]  # bytes of the largest tensor of each type: no pool needs more
+    routing: Routing = Routing()
     pools: dict[Q, BlockPool] = field(default_factory=dict)
+    router_rows: RouterRows | None = None
 
     def rng(self, *key: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *key])
@@ -108,7 +111,12 @@ def _bias(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iter
 
 def _router(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
     # [n_expert, n_embd]: row e scores expert e. Random: experts are roughly equally popular.
-    return [rng.normal(0.0, ROUTER_STD, t.spec.shape).astype(np.float32)]
+    if ctx.routing.uniform:
+        return [rng.normal(0.0, ROUTER_STD, t.spec.shape).astype(np.float32)]
+    if ctx.router_rows is None:  # one for the file: layers come in order, each builds on the last
+        s = ctx.shape
+        ctx.router_rows = RouterRows(ctx.routing, s.n_expert, s.n_expert_used, ROUTER_STD, ctx.rng(3))
+    return [ctx.router_rows.next_layer(t.spec.shape)]
 
 
 def _rope_freqs(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
@@ -148,7 +156,7 @@ U32, F32, STR, BOOL = (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32,
 
 
 def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool,
-             tokenizer_from: str | os.PathLike[str] | None = None) -> list[KV]:
+             tokenizer_from: str | os.PathLike[str] | None = None, routing: Routing = Routing()) -> list[KV]:
     """general.*, {arch}.* as llama_model_base::load_hparams and each arch's
     load_arch_hparams read them (src/llama-model.cpp, src/models/*.cpp), then tokenizer.*."""
     K, a = gguf.Keys, shape.arch
@@ -183,6 +191,9 @@ def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool,
                 KV(K.LLM.EXPERT_USED_COUNT.format(arch=a), shape.n_expert_used, U32)]
     if shape.n_ff_exp:
         kvs.append(KV(K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=a), shape.n_ff_exp, U32))
+    if shape.n_expert:  # so that no synthetic hit rate passes for a real model's
+        kvs += [KV("hypura.synth.router_skew", routing.skew, F32),
+                KV("hypura.synth.router_layer_corr", routing.layer_corr, F32)]
     return kvs + tokenizer_kv(shape.n_vocab, tokenizer_from)
 
 
@@ -195,12 +206,14 @@ def write_synth(
     sparse: bool = False,
     seed: int = 0,
     tokenizer_from: str | os.PathLike[str] | None = None,
+    routing: Routing = Routing(),
     progress: Callable[[int, int], None] | None = None,
 ) -> SynthResult:
     """Write a random-weight GGUF of `shape` to `out` (via a `.part` file renamed at the end).
     `sparse`: header and tensor infos only, the data region a hole of the right size (reads
     as zeros: a header for planners and tests, not a model to run). `tokenizer_from`: a GGUF
-    whose tokenizer to copy instead of the default model's."""
+    whose tokenizer to copy instead of the default model's. `routing`: how MoE routers pick experts
+    (routing.py)."""
     t0 = time.perf_counter()
     shape = get_shape(shape) if isinstance(shape, str) else shape
     shape = shape.truncated(layers)
@@ -216,7 +229,7 @@ def write_synth(
     for t in tensors:
         infos.append(TensorInfo(t.spec.name, t.spec.shape, t.type, offset))
         offset += _pad(t.nbytes, ALIGNMENT)
-    head = header_bytes(metadata(shape, ftype, seed, sparse, tokenizer_from), infos, ALIGNMENT)
+    head = header_bytes(metadata(shape, ftype, seed, sparse, tokenizer_from, routing), infos, ALIGNMENT)
     total = len(head) + offset
 
     tmp = out.with_name(f".{out.name}.part")
@@ -229,7 +242,7 @@ def write_synth(
                 largest: dict[Q, int] = {}
                 for t in tensors:
                     largest[t.type] = max(largest.get(t.type, 0), t.nbytes)
-                _write_data(f, tensors, SynthContext(shape, seed, largest), total, progress)
+                _write_data(f, tensors, SynthContext(shape, seed, largest, routing), total, progress)
             if f.seek(0, os.SEEK_END) != total:
                 raise AssertionError(f"wrote {f.tell()} bytes, expected {total}")
         os.replace(tmp, out)
