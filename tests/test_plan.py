@@ -257,3 +257,26 @@ def test_greedy_is_a_layer_prefix(model):
     sol = greedy(model_units(h), budgets_for(H200, "1GiB"), rates_for(H200))
     on_gpu = sorted({u.layer for u, t in zip(model_units(h).units, sol.tiers) if t == "gpu" and u.layer >= 0})
     assert on_gpu == list(range(8 - len(on_gpu), 8))
+
+
+@pytest.mark.parametrize("ram", ["64GiB", "16GiB"])
+def test_plan_reserves_the_slots_the_runtime_lays_out(model, ram):
+    """The planner's pool and disk-slot memory is exactly what runtime/stream_layout.py assigns:
+    layers round-robin over the slots in graph order, each slot as large as its largest layer."""
+    from collections import defaultdict
+
+    from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
+
+    plan = plan_model(model("llama3.3-70b"), H200, gpu_mem="8GiB", ram=ram)
+    layout = StreamLayout.of(plan, gpu=True)
+    for pool, tier, part in ((GPU_POOL, "gpu", "pool"), (HOST_POOL, "ram", "staging")):
+        per_layer = defaultdict(int)
+        for s in layout.tensors.values():
+            if s.pool == pool:
+                per_layer[s.layer] += s.nbytes
+        per_slot = defaultdict(int)
+        for layer, nbytes in per_layer.items():
+            slot = layout.layer_slot[(pool, layer)]
+            per_slot[slot] = max(per_slot[slot], nbytes)
+        assert sum(per_slot.values()) == plan.memory[tier][part]
+    assert layout.tensors  # the budgets make it stream

@@ -98,9 +98,10 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
                      str(count[tier]), str(plan.expert_cache[tier])])
     out += _table(rows)
     out.append("")
-    pool = (f"{plan.pool_slots} GPU slots x {fmt_size(plan.pool_slot_bytes)}" if plan.pool_slots else "no GPU pool")
-    staging = (f"{plan.staging_slots} pinned RAM staging slots x {fmt_size(plan.staging_slot_bytes)}"
-               if plan.staging_slots else "no disk staging")
+    pool = (f"{plan.pool_slots} GPU slots, {fmt_size(plan.memory[GPU]['pool'])} (largest "
+            f"{fmt_size(plan.pool_slot_bytes)})" if plan.pool_slots else "no GPU pool")
+    staging = (f"{plan.staging_slots} RAM slots for disk layers, {fmt_size(plan.memory[RAM]['staging'])} (largest "
+               f"{fmt_size(plan.staging_slot_bytes)})" if plan.staging_slots else "no disk slots")
     out.append(f"streams  {pool}; {staging}; prefetch depth {plan.prefetch_depth}")
     out += describe_prediction(plan)
     out.append("")

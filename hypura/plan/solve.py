@@ -92,9 +92,16 @@ class _Problem:
             range(len(mu.units)),
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
 
-    def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> int:
-        """Largest bytes one layer must have in a slot: its selected dense units plus the k
-        largest selected experts (a token needs at most k experts of a layer)."""
+    def slots_need(self, tiers, compute, select: Callable[[str, str], bool]) -> list[int]:
+        """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
+        selected layers take the n slots round-robin in graph order, a slot as large as its largest."""
+        need = self.stage_need(tiers, compute, select)
+        stages = sorted(need)
+        return [max((need[s] for s in stages[i::self.n_slots]), default=0) for i in range(self.n_slots)]
+
+    def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
+        """Bytes each layer must have in a slot: its selected dense units plus the k largest
+        selected experts (a token needs at most k experts of a layer)."""
         dense: dict[int, int] = defaultdict(int)
         experts: dict[int, list[int]] = defaultdict(list)
         for u, t, c in zip(self.mu.units, tiers, compute):
@@ -105,8 +112,7 @@ class _Problem:
             else:
                 dense[u.stage] += u.nbytes
         k = self.mu.dims.n_expert_used or 1
-        stages = dense.keys() | experts.keys()
-        return max((dense[s] + sum(sorted(experts[s], reverse=True)[:k]) for s in stages), default=0)
+        return {s: dense[s] + sum(sorted(experts[s], reverse=True)[:k]) for s in dense.keys() | experts.keys()}
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
         tiers = [RAM] * len(self.mu.units)
@@ -166,7 +172,8 @@ class _Problem:
         # layers spread out (any prefix interleaves with the rest), so the copy engine streams the
         # next GPU layer while the CPU computes the layers between; a layer's units stay together
         spread = _spread_order(sorted({units[i].stage for i in ram}))
-        movable += sorted(ram, key=lambda i: (spread[units[i].stage], i))
+        # attention first: its CPU compute beside a GPU KV cache costs two more hand-offs a layer
+        movable += sorted(ram, key=lambda i: (units[i].role != "attn", spread[units[i].stage], i))
         for i in movable:  # disk units first: on unified memory they need no link copy
             a = units[i].p * units[i].nbytes
             dl = a if tiers[i] == RAM or not r.unified else 0.0
@@ -180,7 +187,7 @@ class _Problem:
     def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str) -> Solution | _Shortfall:
         """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
         host compute buffer) grown until what the placement needs fits in what was reserved."""
-        b, n, units = self.b, self.n_slots, self.mu.units
+        b, units = self.b, self.mu.units
         config = (f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
         ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0)
@@ -195,13 +202,13 @@ class _Problem:
                                        pool, staging, host_buf)
             tiers = fill(gpu_cap, ram_cap)
             compute = self.split(tiers, kv_tier) if stream else [GPU if t == GPU else CPU for t in tiers]
-            slot = self.stage_need(tiers, compute, lambda t, c: t != GPU and c == GPU)
-            stage = self.stage_need(tiers, compute, lambda t, c: t == DISK)
+            slots = self.slots_need(tiers, compute, lambda t, c: t != GPU and c == GPU)
+            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK)
             cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
             need_host = self.buf if cpu_work else host_buf
-            if n * slot <= pool and n * stage <= staging and need_host <= host_buf:
+            if sum(slots) <= pool and sum(stages) <= staging and need_host <= host_buf:
                 break
-            pool, staging, host_buf = max(pool, n * slot), max(staging, n * stage), max(host_buf, need_host)
+            pool, staging, host_buf = max(pool, sum(slots)), max(staging, sum(stages)), max(host_buf, need_host)
         else:
             return self._shortfall(False, use_gpu, kv_tier, 0, b.ram + 1, pool, staging, host_buf)
         disk_left = sum(u.nbytes for u, t in zip(units, tiers) if t == DISK)
@@ -210,13 +217,13 @@ class _Problem:
         weights = {tier: sum(u.nbytes for u, t in zip(units, tiers) if t == tier) for tier in (GPU, RAM, DISK)}
         memory = {
             GPU: {"weights": weights[GPU], "kv": self.kv if kv_tier == GPU else 0,
-                  "compute": self.buf if use_gpu else 0, "pool": n * slot},
+                  "compute": self.buf if use_gpu else 0, "pool": sum(slots)},
             RAM: {"weights": weights[RAM], "kv": self.kv if kv_tier == RAM else 0,
-                  "compute": need_host, "staging": n * stage},
+                  "compute": need_host, "staging": sum(stages)},
             DISK: {"weights": weights[DISK]},
         }
         tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch)
-        return Solution(tuple(tiers), tuple(compute), kv_tier, slot, stage, memory, tr, predict(tr, self.r),
+        return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, predict(tr, self.r),
                         solver, config)
 
     def _shortfall(self, on_gpu: bool, use_gpu: bool, kv_tier: str, gpu_need: int, ram_need: int,
