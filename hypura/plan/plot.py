@@ -47,7 +47,7 @@ def write_png(path: str | os.PathLike, rgb: np.ndarray) -> Path:
     return path
 
 
-def _text(img: np.ndarray, x: int, y: int, text: str, scale: int = 2, color=_INK) -> int:
+def draw_text(img: np.ndarray, x: int, y: int, text: str, scale: int = 2, color=_INK) -> int:
     """Draw upper-cased text with its top-left at (x, y); returns the x after it."""
     for ch in text.upper():
         glyph = _FONT.get(ch)
@@ -84,14 +84,14 @@ def plot_plan(plan: Plan, path: str | os.PathLike) -> Path:
     img[top + plot_h, left - 1:left + n * bar] = _INK
 
     name = Path(plan.model).name.removesuffix(".gguf")
-    _text(img, 8, 8, f"{name}  {plan.mode}  {plan.prediction.decode_tok_s:.2f} tok/s")
+    draw_text(img, 8, 8, f"{name}  {plan.mode}  {plan.prediction.decode_tok_s:.2f} tok/s")
     x = 8
     for tier in (GPU, RAM, DISK):
         img[30:40, x:x + 10] = COLORS[tier]
         gib = plan.memory[tier]["weights"] / (1 << 30)
-        x = _text(img, x + 14, 30, f"{tier} {gib:.1f}GiB") + 16
-    _text(img, 4, top, f"{peak / (1 << 30):.1f}G" if peak >= 1 << 30 else f"{peak / (1 << 20):.0f}M")
-    _text(img, left, top + plot_h + 8, "layer 0")
+        x = draw_text(img, x + 14, 30, f"{tier} {gib:.1f}GiB") + 16
+    draw_text(img, 4, top, f"{peak / (1 << 30):.1f}G" if peak >= 1 << 30 else f"{peak / (1 << 20):.0f}M")
+    draw_text(img, left, top + plot_h + 8, "layer 0")
     last = f"{n - 1}"
-    _text(img, left + n * bar - 8 * len(last), top + plot_h + 8, last)
+    draw_text(img, left + n * bar - 8 * len(last), top + plot_h + 8, last)
     return write_png(path, img)
