@@ -10,6 +10,7 @@ import sys
 import click
 
 from hypura.bench import BenchSettings, run_bench
+from hypura.errors import HypuraError
 from hypura.model_file import read_header
 from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
@@ -43,6 +44,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     header = read_header(model)
     s = BenchSettings(n_prompt, n_gen, repetitions, threads or cores()[0])
     n_ctx = max(256, n_prompt + n_gen + 64)
+    if plan_file and (gpu_mem or ram):
+        raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
     plan = None
     if gpu_mem or ram:
         plan = plan_model(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
