@@ -51,7 +51,9 @@ def test_plan_streaming_from_disk_gives_the_same_logits(smollm2_path, reference,
         assert llm.plan.tensors_by_tier()["disk"] > 0
         assert any(p.pool_slot >= 0 for p in llm.placement.values())
         assert np.array_equal(prompt_logits(llm), reference)
-        assert llm.stats()["stream"]["bytes"]["disk"] > 0
+        stats = llm.stats()
+        assert stats["stream"]["bytes"]["disk"] > 0
+        assert stats["prefill"]["last_call_splits_ms"][0][1] == "CPU"  # the split profile: one CPU graph here
     finally:
         llm.close()
 

@@ -69,6 +69,13 @@ ffi.cdef(
     void hypura_stream_free(struct hypura_stream * stream);
     int32_t hypura_stream_add(struct hypura_stream * stream, const struct ggml_tensor * weight, int32_t unit);
     bool hypura_stream_failed(const struct hypura_stream * stream);
+    struct hypura_split_mark {
+        int64_t      t_us;
+        const char * backend;
+        const char * node;
+    };
+    void hypura_stream_profile(struct hypura_stream * stream, bool on);
+    int32_t hypura_stream_profile_read(struct hypura_stream * stream, struct hypura_split_mark * out, int32_t n);
     bool hypura_stream_eval(struct ggml_tensor * t, bool ask, void * stream);
     """
 )
@@ -96,6 +103,7 @@ ffi.cdef(
     struct ggml_context;
 
     size_t ggml_nbytes(const struct ggml_tensor * tensor);
+    int64_t ggml_time_us(void);
     const char * ggml_get_name(const struct ggml_tensor * tensor);
     struct ggml_context * ggml_init(struct ggml_init_params params);
     void ggml_free(struct ggml_context * ctx);
@@ -133,7 +141,7 @@ ffi.cdef(
     """
 )
 
-EXPECTED_API_VERSION = 2
+EXPECTED_API_VERSION = 3
 
 
 @functools.lru_cache(maxsize=None)

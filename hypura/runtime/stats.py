@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hypura.bindings.ffi import lib
 from hypura.plan.cost import DISK, RAM
 
 
@@ -22,6 +23,7 @@ class Phase:
     stall_s: float = 0.0
     bytes: dict = field(default_factory=dict)  # source tier -> bytes loaded into slots
     timeline: list = field(default_factory=list)
+    splits: list = field(default_factory=list)  # the latest call's graph splits: (ms, backend, first node)
 
     def summary(self) -> dict:
         per_tok = 1 / self.tokens if self.tokens else 0.0
@@ -34,6 +36,7 @@ class Phase:
             # achieved rates, averaged over the phase: RAM-sourced bytes crossed the host->GPU link
             "link_gbps": {"host_to_gpu": gbps.get(RAM, 0.0), "disk": gbps.get(DISK, 0.0)},
             "last_call_timeline_ms": self.timeline,
+            "last_call_splits_ms": self.splits,
         }
 
 
@@ -47,6 +50,8 @@ class RunStats:
         before = (dict(s.bytes), s.stall_s) if s else None
         if s:
             s.timeline.clear()
+            self.streamer.split_marks(0)  # drop what an earlier call left
+        t0_us = lib().ggml_time_us()
         t0 = time.perf_counter()
         decode_fn()
         dt = time.perf_counter() - t0
@@ -54,6 +59,7 @@ class RunStats:
         if s:  # the hooks of the latest call, in ms from its start: where a token's time goes
             phase.timeline = [(kind, layer, round(1e3 * (t - t0), 3)) for kind, layer, t in s.timeline]
             phase.timeline.append(("end", -1, round(1e3 * dt, 3)))
+            phase.splits = self.streamer.split_marks(t0_us)
         phase.calls, phase.tokens, phase.seconds = phase.calls + 1, phase.tokens + n_tokens, phase.seconds + dt
         if s:
             phase.stall_s += s.stall_s - before[1]

@@ -70,6 +70,7 @@ class LayerStreamer:
         self._after_cb = ffi.callback("hypura_unit_fn", self._after, error=-1, onerror=self._on_error)
         hooks = ffi.new("struct hypura_stream_hooks *", {"before": self._before_cb, "after": self._after_cb})
         self.c_stream = lib().hypura_stream_new(hooks)
+        lib().hypura_stream_profile(self.c_stream, True)  # one mark per graph split, read after each decode
 
     # --- load time -------------------------------------------------------------------------
     def fill(self, info: TensorInfo, tensor) -> None:
@@ -146,6 +147,14 @@ class LayerStreamer:
             self._submit(pool, nxt, slot)
 
     # --- after a decode -----------------------------------------------------------------------
+    def split_marks(self, t0_us: int) -> list:
+        """[(ms after t0_us, backend, first node)] of each graph split computed since the last read."""
+        out, buf = [], ffi.new("struct hypura_split_mark[256]")
+        while (n := lib().hypura_stream_profile_read(self.c_stream, buf, 256)) > 0:
+            out += [(round((m.t_us - t0_us) / 1e3, 3), ffi.string(m.backend).decode(), ffi.string(m.node).decode())
+                    for m in buf[0:n]]
+        return out
+
     def raise_pending(self) -> None:
         if self.error is not None or (self.c_stream != ffi.NULL and lib().hypura_stream_failed(self.c_stream)):
             error = self.error or HypuraError("streaming weights failed")
