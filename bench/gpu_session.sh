@@ -4,13 +4,13 @@
 # HYPURA_PROFILE=1, the machine profile. Logs and results go to $OUT.
 # Here first: mkdir -p .anchors .whl .device; cp ../shared/anchors/* .anchors/; wheels of
 # cffi, pycparser, gguf, diskcache and llama-cpp-python (built with LLAMA_BUILD=OFF) in .whl;
-# `hypura synth tiny-qwen3moe .device/tiny-qwen3moe.gguf`. There, with carry
+# `hypura synth tiny-qwen3moe .device/tiny-qwen3moe.gguf` (and tiny-llama). There, with carry
 # [".anchors", ".whl", ".device"]:  bash bench/gpu_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
 export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS=${HYPURA_BUILD_TARGETS:-llama}
-export PYTHONUNBUFFERED=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf
+export PYTHONUNBUFFERED=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf HYPURA_GPU_TEST_DENSE=$PWD/.device/tiny-llama.gguf
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
 start=$SECONDS
 lib=$(./build.sh lib 2> "$OUT/build.log") || { tail -40 "$OUT/build.log"; exit 1; }
