@@ -27,7 +27,7 @@ from hypura.runtime.placement import (  # noqa: E402
     Placement,
     PlacementPolicy,
 )
-from hypura.runtime.stats import RunStats  # noqa: E402
+from hypura.runtime.stats import RunStats, gpu_free  # noqa: E402
 from hypura.runtime.stream_layout import StreamLayout  # noqa: E402
 from hypura.runtime.streaming import LayerStreamer  # noqa: E402
 
@@ -92,6 +92,7 @@ class Llama(llama_cpp.Llama):
         if sum(x is not None for x in (self.plan, placement_policy, override_tensor)) > 1:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
         files = FileFiller([str(model_path)])
+        gpu_free_at_start = gpu_free()  # before anything of this model is on the GPU
         self._streamer: Optional[LayerStreamer] = None
         fill = files
         if self.plan is not None:
@@ -117,7 +118,7 @@ class Llama(llama_cpp.Llama):
             finally:
                 files.close()
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
-        self._stats = RunStats(self._streamer, self.plan)
+        self._stats = RunStats(self._streamer, self.plan, gpu_free_at_start)
         self._wrap_decode()
 
     def _apply_plan_params(self, layout: StreamLayout) -> None:
@@ -171,7 +172,8 @@ class Llama(llama_cpp.Llama):
 
     def stats(self, reset: bool = False) -> dict:
         """Since load (or the last reset): prefill and decode tok/s, streamed bytes per token from
-        each tier, stall ms per token, achieved GB/s per link, and the plan's prediction."""
+        each tier, stall ms per token, achieved GB/s per link, the plan's prediction, and memory
+        (RSS now and at peak, GPU memory taken since load began) beside the plan's budgets."""
         out = self._stats.summary()
         if reset:
             self._stats.reset()

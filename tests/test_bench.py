@@ -21,7 +21,9 @@ def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
     assert decode["tokens"] == 8  # the warm-up is not counted
     assert decode["streamed_bytes_per_token"]["disk"] > 0  # this budget streams layers from disk
     assert res["bound"]["decode_tok_s"] > 0 and res["bound_ratio"] > 0
-    assert "decode" in r.stdout and "bound" in r.stdout
+    mem = res["stats"]["memory"]
+    assert mem["rss_peak"] >= mem["rss"] > 0 and mem["budget"]["ram"] == 300 * 2**20 and mem["gpu_used"] is None
+    assert "decode" in r.stdout and "bound" in r.stdout and "RSS peak" in r.stdout
 
 
 def test_bench_errors_are_one_line(smollm2_path):

@@ -7,6 +7,7 @@ streamer's counters are differenced around it, so each phase gets its own bytes 
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -40,9 +41,30 @@ class Phase:
         }
 
 
+def gpu_free() -> int | None:
+    """Free memory of the first GPU now (None without one): differenced around a load, what it took."""
+    from hypura.profile.devices import list_devices
+
+    gpus = [d for d in list_devices() if d.kind == "GPU"]
+    return gpus[0].mem_free if gpus else None
+
+
+def memory_now(gpu_free_at_start: int | None) -> dict:
+    """Process memory against what the plan budgets: RSS now and at peak; GPU memory taken since start
+    (device-wide free memory, so other processes' use counts too)."""
+    import resource
+
+    import psutil
+
+    free = gpu_free() if gpu_free_at_start is not None else None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
+    return {"rss": psutil.Process().memory_info().rss, "rss_peak": peak,
+            "gpu_used": gpu_free_at_start - free if free is not None else None}
+
+
 class RunStats:
-    def __init__(self, streamer=None, plan=None):
-        self.streamer, self.plan = streamer, plan
+    def __init__(self, streamer=None, plan=None, gpu_free_at_start: int | None = None):
+        self.streamer, self.plan, self.gpu_free_at_start = streamer, plan, gpu_free_at_start
         self.prefill, self.decode = Phase(), Phase()
 
     def timed(self, decode_fn, n_tokens: int) -> None:
@@ -74,6 +96,9 @@ class RunStats:
         if self.streamer is not None:
             out["stream"] = self.streamer.stats.as_dict()
         out["predicted"] = _predicted(self.plan)
+        out["memory"] = memory_now(self.gpu_free_at_start)
+        if self.plan is not None:
+            out["memory"]["budget"] = {t: self.plan.memory[t]["budget"] for t in ("gpu", "ram")}
         return out
 
 
@@ -98,6 +123,13 @@ def describe(summary: dict) -> list[str]:
         links = ", ".join(f"{k} {v:.1f} GB/s" for k, v in ph["link_gbps"].items() if v) or "-"
         lines.append(f"{name}: {ph['tok_s']:.2f} tok/s over {ph['tokens']} tokens; streamed per token: {streamed}; "
                      f"stall {ph['stall_ms_per_token']:.1f} ms/token; links {links}")
+    mem = summary.get("memory")
+    if mem:
+        gpu = f", GPU taken {mem['gpu_used'] / 2**30:.2f} GiB" if mem.get("gpu_used") is not None else ""
+        budget = mem.get("budget")
+        lines.append(f"memory: RSS peak {mem['rss_peak'] / 2**30:.2f} GiB{gpu}"
+                     + (f" (budgets: ram {budget['ram'] / 2**30:.2f}, gpu {budget['gpu'] / 2**30:.2f} GiB)"
+                        if budget else ""))
     pr = summary.get("predicted")
     if pr:
         lines.append(f"plan predicts decode {pr['decode_tok_s']:.2f} tok/s ({pr['decode_limit']}), "
