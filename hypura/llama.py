@@ -8,7 +8,7 @@ every tensor's placement goes through `hypura.runtime.placement.LoaderHooks`.
 from __future__ import annotations
 
 import ctypes
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.bindings.library import point_llama_cpp_at_our_library
@@ -29,7 +29,7 @@ from hypura.runtime.placement import (  # noqa: E402
 )
 from hypura.runtime.stats import RunStats, gpu_free  # noqa: E402
 from hypura.runtime.stream_layout import StreamLayout  # noqa: E402
-from hypura.runtime.streaming import LayerStreamer  # noqa: E402
+from hypura.runtime.streaming import LayerStreamer, Router  # noqa: E402
 
 
 def _params_with_overrides(name: str) -> property:
@@ -64,6 +64,7 @@ class Llama(llama_cpp.Llama):
         ram: Union[int, str, None] = None,
         plan=None,
         param_overrides: Optional[dict] = None,
+        on_route: Optional[Callable[[int, "np.ndarray"], None]] = None,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
@@ -79,6 +80,8 @@ class Llama(llama_cpp.Llama):
         param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
             params structs that llama-cpp-python does not expose (e.g. load_mode,
             flash_attn_type), set over its defaults.
+        on_route: MoE models: called as on_route(layer, ids) with each layer's chosen experts
+            ([n_tokens, n_expert_used] int32) once per layer and batch, before the expert matmuls.
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
@@ -95,18 +98,21 @@ class Llama(llama_cpp.Llama):
         gpu_free_at_start = gpu_free()  # before anything of this model is on the GPU
         self._streamer: Optional[LayerStreamer] = None
         fill = files
+        layout = StreamLayout.empty()
         if self.plan is not None:
             layout = plan_layout(self.plan)
             policy = plan_policy(self.plan, layout)
             self._apply_plan_params(layout)
-            if layout.tensors:
-                self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth)
-                fn, user_data = streamer.eval_callback()
-                self._param_overrides["context_params"].update(
-                    cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn), cb_eval_user_data=user_data)
-                fill = lambda info, t: (streamer.fill if info.name in layout.tensors else files)(info, t)  # noqa: E731
         else:
             policy = placement_policy or overrides_policy(override_tensor)
+        router = Router.of(self.header, on_route) if on_route is not None else None
+        if layout.tensors or router:
+            self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,
+                                                      router)
+            fn, user_data = streamer.eval_callback()
+            self._param_overrides.setdefault("context_params", {}).update(
+                cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn), cb_eval_user_data=user_data)
+            fill = lambda info, t: (streamer.fill if info.name in layout.tensors else files)(info, t)  # noqa: E731
         hooks = LoaderHooks(policy, fill)
         with hooks:
             try:

@@ -82,7 +82,7 @@ def _routing_trace(folder, routing: Routing, n_threads: int):
     write_synth("tiny-qwen3moe", path, routing=routing)
     trace = RoutingTrace(16, 4)
     llm = hypura.Llama(str(path), n_ctx=1024, n_batch=512, logits_all=True, n_threads=n_threads, verbose=False,
-                       param_overrides={"context_params": trace.context_params()})
+                       on_route=trace.record)
     try:
         llm.eval([int(t) for t in np.random.default_rng(1).integers(0, llm.n_vocab(), 480)])
     finally:

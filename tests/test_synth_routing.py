@@ -42,7 +42,7 @@ def _trace(path, n_threads):
     h = read_header(path)
     trace = RoutingTrace(int(h.get("expert_count")), int(h.get("expert_used_count")))
     llm = hypura.Llama(str(path), n_ctx=1024, n_batch=512, logits_all=True,  # every token through the last layer
-                       n_threads=n_threads, verbose=False, param_overrides={"context_params": trace.context_params()})
+                       n_threads=n_threads, verbose=False, on_route=trace.record)
     try:
         llm.eval([int(t) for t in np.random.default_rng(0).integers(0, llm.n_vocab(), N_TOKENS)])
     finally:
@@ -84,3 +84,24 @@ def test_routing_knobs_are_recorded(traces):
     h = read_header(traces["skewed"])
     assert h.metadata["hypura.synth.router_skew"] == pytest.approx(2.0)
     assert h.metadata["hypura.synth.router_layer_corr"] == 0.0
+
+
+def test_the_router_hook_sees_every_token_and_changes_nothing(traces, n_threads, smollm2_path):
+    tokens = [int(t) for t in np.random.default_rng(3).integers(0, 4000, 64)]
+    trace = RoutingTrace(16, 4)
+    logits = []
+    for hook in (None, trace.record):
+        llm = hypura.Llama(str(traces["skewed"]), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False,
+                           on_route=hook)
+        try:
+            llm.eval(tokens)
+            logits.append(np.array(llm.scores[: len(tokens)], copy=True))
+        finally:
+            llm.close()
+    assert np.array_equal(*logits)
+    for layer in (0, 1):
+        sel = trace.selections(layer)
+        assert sel.shape == (len(tokens), 4) and sel.min() >= 0 and sel.max() < 16
+        assert all(len(set(row)) == 4 for row in sel)  # top-k picks distinct experts
+    with pytest.raises(HypuraError, match="no MoE router"):
+        hypura.Llama(str(smollm2_path), verbose=False, on_route=trace.record)

@@ -59,16 +59,19 @@ ffi.cdef(
     struct ggml_tensor * hypura_model_tensor(const struct llama_model * model, const char * name);
 
     typedef int32_t (*hypura_unit_fn)(int32_t unit, void * user_data);
+    typedef int32_t (*hypura_route_fn)(int32_t layer, struct ggml_tensor * selected, void * user_data);
     struct hypura_stream_hooks {
-        hypura_unit_fn before;
-        hypura_unit_fn after;
-        void *         user_data;
+        hypura_unit_fn  before;
+        hypura_unit_fn  after;
+        hypura_route_fn routed;
+        void *          user_data;
     };
     struct hypura_stream;
     struct hypura_stream * hypura_stream_new(const struct hypura_stream_hooks * hooks);
     void hypura_stream_free(struct hypura_stream * stream);
     int32_t hypura_stream_add(struct hypura_stream * stream, const struct ggml_tensor * weight, int32_t unit);
     bool hypura_stream_failed(const struct hypura_stream * stream);
+    int32_t hypura_stream_add_router(struct hypura_stream * stream, int32_t layer);
     struct hypura_split_mark {
         int64_t      t_us;
         const char * backend;
@@ -141,7 +144,7 @@ ffi.cdef(
     """
 )
 
-EXPECTED_API_VERSION = 3
+EXPECTED_API_VERSION = 4
 
 
 @functools.lru_cache(maxsize=None)

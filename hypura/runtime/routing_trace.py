@@ -1,11 +1,11 @@
 """Which experts an MoE model's routers select, token by token: a diagnostic for synthetic routing
 (hypura/synth/routing.py) and a reference trace for expert-cache counters.
 
-Installed as the context's cb_eval, it observes only the `ffn_moe_topk-<layer>` nodes (llama.cpp's
-build_moe_ffn): each observation makes the scheduler synchronize once per layer, fine for a trace,
-not for serving. The ids are read with ggml_backend_tensor_get, never through the data pointer.
-`ffn_moe_topk` is a view of the first k columns of an [n_expert, n_tokens] argsort, so its bytes
-span n_expert ids per token, of which the first k are the selected ones.
+`selected_ids` reads a router's choice from llama.cpp's `ffn_moe_topk` tensor with
+ggml_backend_tensor_get, never through its data pointer. That tensor is a view of the first k
+columns of an [n_expert, n_tokens] argsort, so its bytes span n_expert ids per token, of which the
+first k are the selected ones. `RoutingTrace.record` is an `on_route` callback for hypura.Llama,
+which the compute hooks call once per MoE layer and graph (one synchronization per layer).
 """
 
 from __future__ import annotations
@@ -16,33 +16,22 @@ import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 
-TOPK_NODE = "ffn_moe_topk-"
+
+def selected_ids(tensor, n_expert: int, k: int) -> np.ndarray:
+    """[n_tokens, k] expert ids held by an ffn_moe_topk view (struct ggml_tensor *)."""
+    n = lib().ggml_nbytes(tensor) // 4
+    ids = np.zeros(n + n_expert - k, np.int32)  # the last token's row ends after its k ids
+    lib().ggml_backend_tensor_get(tensor, ffi.from_buffer(ids), 0, 4 * n)
+    return ids.reshape(-1, n_expert)[:, :k]
 
 
 class RoutingTrace:
     def __init__(self, n_expert: int, n_used: int):
-        import llama_cpp
-
         self.n_expert, self.k = n_expert, n_used
         self.calls: dict[int, list[np.ndarray]] = defaultdict(list)  # layer -> [n_tokens, k] per graph
-        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval)  # keep alive with the context
 
-    def _eval(self, tensor, ask: bool, _user_data) -> bool:
-        t = ffi.cast("struct ggml_tensor *", tensor)
-        name = ffi.string(lib().ggml_get_name(t)).decode()
-        if not name.startswith(TOPK_NODE):
-            return False
-        if ask:
-            return True
-        n = lib().ggml_nbytes(t) // 4
-        ids = np.zeros(n + self.n_expert - self.k, np.int32)  # the last token's row ends after its k ids
-        lib().ggml_backend_tensor_get(t, ffi.from_buffer(ids), 0, 4 * n)
-        self.calls[int(name[len(TOPK_NODE):])].append(ids.reshape(-1, self.n_expert)[:, : self.k].copy())
-        return True
-
-    def context_params(self) -> dict:
-        """For hypura.Llama(param_overrides={"context_params": ...})."""
-        return {"cb_eval": self.callback, "cb_eval_user_data": None}
+    def record(self, layer: int, ids: np.ndarray) -> None:
+        self.calls[layer].append(np.array(ids, copy=True))
 
     def selections(self, layer: int) -> np.ndarray:
         """[tokens, k] expert ids chosen at `layer`, over every graph computed so far."""

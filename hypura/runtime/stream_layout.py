@@ -33,6 +33,10 @@ class StreamLayout:
     layer_slot: dict  # (pool, layer) -> slot
 
     @classmethod
+    def empty(cls) -> StreamLayout:
+        return cls({}, {}, {})
+
+    @classmethod
     def of(cls, plan: Plan, gpu: bool) -> StreamLayout:
         tensors = {}
         for t in plan.tensors:

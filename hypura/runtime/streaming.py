@@ -14,6 +14,7 @@ llama_decode, with the GIL taken by cffi)
   - prefetch: walk the layers after L in graph order, cyclically (the next token starts over),
     up to the plan's prefetch depth; submit each one not in its slot while its slot is free;
     stop at the first whose slot is busy, so loads stay in graph order.
+  - routed(layer, ids), with a Router: the layer's chosen experts, handed to its callback.
   A Python error in a hook is stored, the hook returns -1 and C stops calling; the Llama raises it
   after the decode that hit it (`raise_pending`), so no logits computed from missing weights leak.
   One loader thread does the I/O (transfers.py); the hooks only submit and wait.
@@ -23,12 +24,17 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
+from hypura.model_file import ModelHeader
 from hypura.plan.cost import DISK, RAM
 from hypura.runtime.placement import FileFiller, TensorInfo
+from hypura.runtime.routing_trace import selected_ids
 from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
 from hypura.runtime.transfers import Piece, Transfers
 
@@ -51,9 +57,27 @@ class StreamStats:
                 "stall_s": self.stall_s, "waits": self.waits}
 
 
+@dataclass(frozen=True)
+class Router:
+    """Report each MoE layer's chosen experts: callback(layer, ids [n_tokens, n_used]), once per layer
+    and graph, after the router ran and before the expert matmuls (include/hypura.h, router hook)."""
+
+    callback: Callable[[int, np.ndarray], None]
+    n_expert: int
+    n_used: int
+    layers: tuple[int, ...]
+
+    @classmethod
+    def of(cls, header: ModelHeader, callback) -> Router:
+        layers = tuple(sorted({t.layer for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")}))
+        if not layers:
+            raise HypuraError(f"{header.path.name} has no MoE router: on_route needs an MoE model")
+        return cls(callback, int(header.get("expert_count")), int(header.get("expert_used_count")), layers)
+
+
 class LayerStreamer:
-    def __init__(self, layout: StreamLayout, files: FileFiller, depth: int):
-        self.layout, self.files, self.depth = layout, files, depth
+    def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None):
+        self.layout, self.files, self.depth, self.router = layout, files, depth, router
         self.stats = StreamStats()
         self.error: Optional[BaseException] = None
         gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
@@ -68,8 +92,12 @@ class LayerStreamer:
         self.tickets: dict[tuple[str, int], object] = {}
         self._before_cb = ffi.callback("hypura_unit_fn", self._before, error=-1, onerror=self._on_error)
         self._after_cb = ffi.callback("hypura_unit_fn", self._after, error=-1, onerror=self._on_error)
-        hooks = ffi.new("struct hypura_stream_hooks *", {"before": self._before_cb, "after": self._after_cb})
+        self._routed_cb = ffi.callback("hypura_route_fn", self._routed, error=-1, onerror=self._on_error)
+        hooks = ffi.new("struct hypura_stream_hooks *",
+                        {"before": self._before_cb, "after": self._after_cb, "routed": self._routed_cb})
         self.c_stream = lib().hypura_stream_new(hooks)
+        for layer in router.layers if router else ():
+            lib().hypura_stream_add_router(self.c_stream, layer)
         lib().hypura_stream_profile(self.c_stream, True)  # one mark per graph split, read after each decode
 
     # --- load time -------------------------------------------------------------------------
@@ -124,6 +152,11 @@ class LayerStreamer:
         self.stats.timeline.append(("after", layer, time.perf_counter()))
         self.free[pool][self.layout.layer_slot[(pool, layer)]] = True
         self._prefetch(pool, layer)
+        return 0
+
+    def _routed(self, layer: int, selected, _user_data) -> int:
+        r = self.router
+        r.callback(layer, selected_ids(selected, r.n_expert, r.n_used))
         return 0
 
     def _submit(self, pool: str, layer: int, slot: int) -> None:
