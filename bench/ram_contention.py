@@ -15,7 +15,7 @@ import time
 import hypura  # noqa: F401  (our library before numpy)
 import gguf
 from hypura.bindings.ffi import ffi, lib
-from hypura.runtime.transfers import first_gpu
+from hypura.profile.devices import first_gpu
 
 COPY_BYTES = 1 << 30
 

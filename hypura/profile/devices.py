@@ -71,9 +71,19 @@ def list_devices() -> list[Device]:
     return out
 
 
+def first_gpu():
+    """The ggml device of the first discrete GPU (what Tier.GPU places on), None without one."""
+    ffi, L = _lib()
+    for i in range(L.ggml_backend_dev_count()):
+        dev = L.ggml_backend_dev_get(i)
+        if L.ggml_backend_dev_type(dev) == L.GGML_BACKEND_DEVICE_TYPE_GPU:
+            return dev
+    return None
+
+
 def has_gpu() -> bool:
     """A discrete GPU that llama.cpp can place tensors on (what Tier.GPU needs)."""
-    return any(d.kind == "GPU" for d in list_devices())
+    return first_gpu() is not None
 
 
 def _best_rate(fn, nbytes: int, repeats: int) -> float:

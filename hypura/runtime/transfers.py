@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Optional
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan.cost import DISK
+from hypura.profile.devices import first_gpu
 from hypura.profile.knobs import DIRECT_ALIGN
 from hypura.runtime.direct_io import DirectReader
 from hypura.runtime.stream_layout import GPU_POOL
@@ -59,15 +59,6 @@ class Ticket:
             lib().ggml_backend_event_synchronize(self.event)
 
 
-def first_gpu():
-    L = lib()
-    for i in range(L.ggml_backend_dev_count()):
-        dev = L.ggml_backend_dev_get(i)
-        if L.ggml_backend_dev_type(dev) == L.GGML_BACKEND_DEVICE_TYPE_GPU:
-            return dev
-    return None
-
-
 class Transfers:
     pread = staticmethod(os.preadv)  # what disk reads call (tests inject faults here)
 
@@ -87,7 +78,6 @@ class Transfers:
         self.staging_free = L.ggml_backend_event_new(self.gpu) if gpu_disk else ffi.NULL
         self._readers: dict[tuple[int, bool], DirectReader] = {}
         self._jobs: queue.Queue = queue.Queue()
-        self.busy_s = 0.0  # loader time spent reading and issuing, for stats
         self._whole_buf: Optional[bytearray] = None
         self._thread = threading.Thread(target=self._run, name="hypura-loader", daemon=True)
         self._thread.start()
@@ -112,7 +102,6 @@ class Transfers:
             if job is None:
                 return
             pool, ticket, pieces = job
-            t0 = time.perf_counter()
             try:
                 for p in pieces:
                     self._load(pool, p)
@@ -120,7 +109,6 @@ class Transfers:
                     lib().ggml_backend_event_record(ticket.event, self.backend)
             except BaseException as e:  # handed to the compute thread: never lost here
                 ticket.error = e
-            self.busy_s += time.perf_counter() - t0
             ticket.done.set()
 
     def _load(self, pool: str, p: Piece) -> None:
