@@ -1,68 +1,93 @@
 #!/usr/bin/env bash
-# The tier runtime's evidence on the lent H200 (issue #4), in two device calls made back to back
-# (the machine stays warm 30 s between calls; /tmp survives while it does):
-#   bash bench/h200_tier_runtime.sh setup        # synth models (background), CUDA build, GPU tests
-#   bash bench/h200_tier_runtime.sh zero|contention|hybrid|disk   # the measurements, below
-# carry [".anchors", ".whl", ".device"]. One build serves both sides: our patched library with no
-# hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
+# The tier runtime's evidence on the lent H200 (issue #4). One device call runs several phases:
+#   bash bench/h200_tier_runtime.sh setup zero hybrid auto ...    (then `pack`, last)
+# carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
+# library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
+# A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
+# into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, a later call skips the build.
+# $OUT takes 8 files: results gather in $RES and `pack` archives them as one.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
 export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-M70=/tmp/l70.gguf M14=/tmp/q14.gguf PROFILE=bench/results/h200-profile-2026-12-02.json T=16
+M70=/tmp/l70.gguf M14=/tmp/q14.gguf PROFILE=${PROFILE:-bench/results/h200-profile-2026-12-02.json} T=16
 TOK=.device/tiny-llama.gguf
+KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
 hy() { python3 -m hypura.cli.main "$@"; }
+libdir() { cat /tmp/hypura-lib; }
+synth_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
 
-case "${1:?setup|bench}" in
-setup)
-    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
+phase() {
+[ -f /tmp/hypura-lib ] && export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)  # a prebuilt one's RPATH is gone
+case "$1" in
+setup)  # wheels, models (background), the library (prebuilt or built), GPU tests
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$RES/gpu.txt"
+    { lscpu | grep -iE "numa|model name|^cpu\(s\)"; df -h /tmp; free -g; } > "$RES/machine.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-    # the models: written in the background while the library builds
     setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK > /tmp/synth70.log 2>&1;
         python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; echo done > /tmp/synth.rc" \
         > /dev/null 2>&1 &
     start=$SECONDS
-    lib=$(./build.sh lib 2> "$OUT/build.log") || { tail -40 "$OUT/build.log"; exit 1; }
-    echo "build: $((SECONDS - start)) s, lib: $lib" | tee -a "$OUT/summary.txt"
-    echo "$lib" > /tmp/hypura-lib
-    HYPURA_LIB_DIR=$lib HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf \
+    if ls .prebuilt/lib-$KEY.tar.xz.part* > /dev/null 2>&1; then
+        mkdir -p /tmp/prebuilt && cat .prebuilt/lib-$KEY.tar.xz.part* | tar xJf - -C /tmp/prebuilt || exit 1
+        echo /tmp/prebuilt > /tmp/hypura-lib
+        echo "prebuilt library $KEY" | tee -a "$RES/summary.txt"
+    else
+        lib=$(./build.sh lib 2> "$RES/build.log") || { tail -40 "$RES/build.log"; exit 1; }
+        echo "build: $((SECONDS - start)) s, lib: $lib" | tee -a "$RES/summary.txt"
+        echo "$lib" > /tmp/hypura-lib
+        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench | xz -T16 -3) | split -b 15M -d - "$OUT/lib-$KEY.tar.xz.part"
+    fi
+    export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)
+    HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf \
         HYPURA_GPU_TEST_DENSE=$PWD/$TOK PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
-        python3 -m pytest -v -rA -p no:cacheprovider tests/test_gpu_placement.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15
-    cat /tmp/synth70.log /tmp/synth14.log 2>/dev/null | tail -3
+        python3 -m pytest -v -rA -p no:cacheprovider tests/test_gpu_placement.py > "$RES/pytest-gpu.txt" 2>&1
+    tail -3 "$RES/pytest-gpu.txt"
     ;;
 zero)  # everything resident: llama-bench (same build, hooks off) vs hypura bench
-    lib=$(cat /tmp/hypura-lib); export HYPURA_LIB_DIR=$lib
-    while [ ! -f /tmp/synth.rc ]; do sleep 5; done
-    "$lib/llama-bench" -m $M14 -ngl 99 -p 512 -n 128 -r 3 -o json > "$OUT/vanilla-q14-ngl99.json" 2> /dev/null
-    hy bench $M14 -p 512 -n 128 -r 3 -t $T --json "$OUT/hypura-q14-resident.json" 2>&1 | tail -3
+    synth_done
+    "$(libdir)/llama-bench" -m $M14 -ngl 99 -p 512 -n 128 -r 3 -o json > "$RES/vanilla-q14-ngl99.json" 2> /dev/null
+    grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-q14-ngl99.json"
+    hy bench $M14 -p 512 -n 128 -r 3 -t $T --json "$RES/hypura-q14-resident.json" 2>&1 | tail -3
     ;;
 contention)  # do pinned host->GPU copies slow the CPU's decode?
-    lib=$(cat /tmp/hypura-lib); export HYPURA_LIB_DIR=$lib
-    python3 bench/ram_contention.py "$lib/llama-bench" $M70 "$OUT/ram-contention.json" | tail -12
+    synth_done
+    python3 bench/ram_contention.py "$(libdir)/llama-bench" $M70 "$RES/ram-contention.json" | tail -12
     ;;
-hybrid)  # (a) 8 GiB GPU, 64 GiB RAM: vanilla partial offload vs plans (auto, then diagnostic variants)
-    lib=$(cat /tmp/hypura-lib); export HYPURA_LIB_DIR=$lib
-    "$lib/llama-bench" -m $M70 -ngl 14 -t $T -p 0 -n 16 -r 3 -o json > "$OUT/vanilla-l70-ngl14.json" 2> /dev/null
-    grep -o '"avg_ts": [0-9.]*' "$OUT/vanilla-l70-ngl14.json"
-    for v in ${VARIANTS:-auto}; do
-        echo "== $v"
-        hy bench $M70 --plan bench/plans/l70-g8-r64-$v.json -p 0 -n ${NGEN:-8} -r 2 -t $T \
-            --json "$OUT/hypura-l70-g8-r64-$v.json" 2>&1 | tail -3
+vanilla70)  # (a)'s baseline: llama.cpp's best partial offload within 8 GiB
+    synth_done
+    "$(libdir)/llama-bench" -m $M70 -ngl 14 -t $T -p 0 -n ${NGEN:-16} -r 3 -o json > "$RES/vanilla-l70-ngl14.json" 2> /dev/null
+    grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-l70-ngl14.json"
+    ;;
+plans)  # (a) with plan files: PLANS="bench/plans/x.json ..."
+    synth_done
+    for p in ${PLANS:?}; do
+        echo "== $p"
+        hy bench $M70 --plan "$p" -p 0 -n ${NGEN:-16} -r ${REPS:-2} -t $T \
+            --json "$RES/hypura-l70-$(basename "$p")" 2>&1 | tail -3
     done
     ;;
 auto)  # (a) with the plan the planner makes from the budgets
-    lib=$(cat /tmp/hypura-lib); export HYPURA_LIB_DIR=$lib
-    hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n ${NGEN:-8} -r 2 -t $T --profile $PROFILE \
-        --json "$OUT/hypura-l70-g8-r64-planner.json" 2>&1 | tail -4
-    ;;
-facts)
-    { lscpu | grep -iE "numa|model name|^cpu\(s\)"; df -h /tmp; free -g; } | tee "$OUT/machine.txt"
+    synth_done
+    hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n ${NGEN:-16} -r ${REPS:-3} -t $T --profile $PROFILE \
+        --json "$RES/hypura-l70-g8-r64-planner.json" 2>&1 | tail -5
     ;;
 disk)  # (b) 8 GiB GPU, 16 GiB RAM: part of the model streams from disk, page cache dropped first
-    lib=$(cat /tmp/hypura-lib); export HYPURA_LIB_DIR=$lib
+    synth_done
     sync; echo 3 > /proc/sys/vm/drop_caches
     hy bench $M70 --gpu-mem 8GiB --ram 16GiB -p 0 -n 3 -r 2 -t $T --profile $PROFILE \
-        --json "$OUT/hypura-l70-g8-r16.json" 2>&1 | tail -4
+        --json "$RES/hypura-l70-g8-r16.json" 2>&1 | tail -5
     ;;
+pack)
+    cp /tmp/synth*.log "$RES/" 2> /dev/null
+    tar czf "$OUT/results.tgz" -C "$RES" .
+    ;;
+*) echo "unknown phase $1"; exit 2 ;;
 esac
+}
+
+for p in "$@"; do
+    echo "### $p $(date +%T)"
+    phase "$p" || { phase pack; exit 1; }
+done
