@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The tier runtime's evidence on the lent H200 (issue #4). One device call runs several phases:
-#   bash bench/h200_tier_runtime.sh setup zero hybrid auto ...    (then `pack`, last)
+# Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
+#   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
+#   phases: setup | zero | contention | vanilla70 | plans | auto | disk | synthmoe | moe | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -11,12 +12,13 @@ OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
 export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-M70=/tmp/l70.gguf M14=/tmp/q14.gguf PROFILE=${PROFILE:-bench/results/h200-profile-2026-12-02.json} T=16
+M70=/tmp/l70.gguf M14=/tmp/q14.gguf PROFILE=${PROFILE:-bench/results/h200-profile-2026-12-02.json} T=${T:-16}
 TOK=.device/tiny-llama.gguf
 KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
 hy() { python3 -m hypura.cli.main "$@"; }
 libdir() { cat /tmp/hypura-lib; }
 synth_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
+SYNTH14=${SYNTH14:-1}  # 0: skip the 14B (the zero-overhead model) to leave disk for others
 
 phase() {
 [ -f /tmp/hypura-lib ] && export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)  # a prebuilt one's RPATH is gone
@@ -26,7 +28,7 @@ setup)  # wheels, models (background), the library (prebuilt or built), GPU test
     { lscpu | grep -iE "numa|model name|^cpu\(s\)"; df -h /tmp; free -g; } > "$RES/machine.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
     setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK > /tmp/synth70.log 2>&1;
-        python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; echo done > /tmp/synth.rc" \
+        [ $SYNTH14 = 1 ] && python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; echo done > /tmp/synth.rc" \
         > /dev/null 2>&1 &
     start=$SECONDS
     if ls .prebuilt/lib-$KEY.tar.xz.part* > /dev/null 2>&1; then
@@ -71,7 +73,21 @@ plans)  # (a) with plan files: PLANS="bench/plans/x.json ..."
 auto)  # (a) with the plan the planner makes from the budgets
     synth_done
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n ${NGEN:-16} -r ${REPS:-3} -t $T --profile $PROFILE \
-        --json "$RES/hypura-l70-g8-r64-planner.json" 2>&1 | tail -5
+        --json "$RES/hypura-l70-g8-r64-planner${TAG:-}.json" 2>&1 | tail -5
+    ;;
+moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all but 7 layers' on the GPU,
+       # 4 GiB) beside Hypura's expert cache sized by --gpu-mem 4GiB
+    m=${MOE:?}; tag=$(basename "$m" .gguf)
+    "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe 48,41 -t $T -p 0 -n 32 -r 3 -o json > "$RES/vanilla-$tag.json" 2> /dev/null
+    grep -o '"n_cpu_moe": [0-9]*\|"avg_ts": [0-9.]*' "$RES/vanilla-$tag.json"
+    hy bench "$m" --gpu-mem 4GiB --expert-slots -1 -p 0 -n 32 -r 3 -t $T --json "$RES/hypura-$tag-g4.json" 2>&1 | tail -5
+    ;;
+synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB)
+    rm -f $M70
+    python3 -m hypura.cli.main synth qwen3-30b-a3b /tmp/q3u.gguf --tokenizer-from $TOK > "$RES/synth-q3u.log" 2>&1 &
+    python3 -m hypura.cli.main synth qwen3-30b-a3b /tmp/q3s.gguf --router-skew 1.0 --router-layer-corr 0.5 \
+        --tokenizer-from $TOK > "$RES/synth-q3s.log" 2>&1
+    wait
     ;;
 disk)  # (b) 8 GiB GPU, 16 GiB RAM: part of the model streams from disk, page cache dropped first
     synth_done

@@ -19,6 +19,8 @@ import llama_cpp  # noqa: E402
 
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
+from hypura.runtime.coactivation import CoactivationPredictor, model_key  # noqa: E402
+from hypura.runtime.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.plan_policy import plan_layout, plan_policy, resolve_plan  # noqa: E402
 from hypura.runtime.placement import (  # noqa: E402
@@ -26,7 +28,10 @@ from hypura.runtime.placement import (  # noqa: E402
     LoaderHooks,
     Placement,
     PlacementPolicy,
+    Tier,
 )
+from hypura.profile.devices import has_gpu  # noqa: E402
+from hypura.runtime.transfers import Transfers  # noqa: E402
 from hypura.runtime.stats import RunStats, gpu_free  # noqa: E402
 from hypura.runtime.stream_layout import StreamLayout  # noqa: E402
 from hypura.runtime.streaming import LayerStreamer, Router  # noqa: E402
@@ -65,6 +70,7 @@ class Llama(llama_cpp.Llama):
         plan=None,
         param_overrides: Optional[dict] = None,
         on_route: Optional[Callable[[int, "np.ndarray"], None]] = None,
+        expert_cache: Union[ExpertCacheSettings, int, None] = None,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
@@ -82,6 +88,9 @@ class Llama(llama_cpp.Llama):
             flash_attn_type), set over its defaults.
         on_route: MoE models: called as on_route(layer, ids) with each layer's chosen experts
             ([n_tokens, n_expert_used] int32) once per layer and batch, before the expert matmuls.
+        expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
+            memory (host memory without a GPU) that decode computes from; the stacked experts stay
+            in host memory and load into slots on demand or ahead (hypura.runtime.expert_streaming).
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
@@ -105,7 +114,14 @@ class Llama(llama_cpp.Llama):
             self._apply_plan_params(layout)
         else:
             policy = placement_policy or overrides_policy(override_tensor)
-        router = Router.of(self.header, on_route) if on_route is not None else None
+        self._experts: Optional[ExpertStreamer] = None
+        self._expert_copies: Optional[Transfers] = None
+        self._on_route = on_route
+        if isinstance(expert_cache, int):
+            expert_cache = ExpertCacheSettings(slots=expert_cache)
+        if expert_cache is not None:
+            policy = self._experts_in_host(policy)
+        router = Router.of(self.header, self._route) if on_route is not None or expert_cache else None
         if layout.tensors or router:
             self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,
                                                       router)
@@ -124,8 +140,40 @@ class Llama(llama_cpp.Llama):
             finally:
                 files.close()
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
+        if expert_cache is not None:
+            self._start_experts(expert_cache, router)
         self._stats = RunStats(self._streamer, self.plan, gpu_free_at_start)
         self._wrap_decode()
+
+    # --- expert caches ---------------------------------------------------------------------------
+    def _experts_in_host(self, policy: PlacementPolicy) -> PlacementPolicy:
+        """The stacked experts go to plain host memory (pinned with a GPU), the loads' source; without a
+        GPU, no repacked CPU buffers (their layout is not ggml's, so slices could not be copied)."""
+        gpu = has_gpu()
+        model = self._param_overrides.setdefault("model_params", {})
+        if gpu:  # read, not mapped: with mmap, llama.cpp maps what would be pinned (copies 6x slower)
+            model.setdefault("n_gpu_layers", -1)
+            model.setdefault("load_mode", llama_cpp.LLAMA_LOAD_MODE_NONE)
+        else:
+            model["use_extra_bufts"] = False
+        tier = Tier.PINNED if gpu else Tier.HOST
+        return lambda info: Placement(tier=tier) if info.name.endswith(EXPERT_NAMES) else policy(info)
+
+    def _start_experts(self, settings: ExpertCacheSettings, router: Router) -> None:
+        gpu = has_gpu()
+        model = ffi.cast("struct llama_model *", ctypes.cast(self.model, ctypes.c_void_p).value)
+        self._predictor_key = model_key(self.header)
+        predictor = CoactivationPredictor.load(self._predictor_key, len(router.layers), router.n_expert)
+        self._expert_copies = Transfers([], {}, False, copy_stream=True) if gpu else None
+        self._caches_of = model
+        self._experts = ExpertStreamer(model, self.header, router.layers, router.n_used, settings,
+                                       Tier.GPU if gpu else Tier.HOST, self._expert_copies, predictor)
+
+    def _route(self, layer: int, ids) -> None:
+        if self._experts is not None:
+            self._experts.serve(layer, ids)
+        if self._on_route is not None:
+            self._on_route(layer, ids)
 
     def _apply_plan_params(self, layout: StreamLayout) -> None:
         """A plan decides what -ngl and --no-kv-offload would: every layer's work on the GPU when it
@@ -181,8 +229,13 @@ class Llama(llama_cpp.Llama):
         each tier, stall ms per token, achieved GB/s per link, the plan's prediction, and memory
         (RSS now and at peak, GPU memory taken since load began) beside the plan's budgets."""
         out = self._stats.summary()
+        experts = self.__dict__.get("_experts")
+        if experts is not None:
+            out["experts"] = experts.summary()
         if reset:
             self._stats.reset()
+            if experts is not None:
+                experts.reset_stats()
         return out
 
     def close(self) -> None:
@@ -190,9 +243,22 @@ class Llama(llama_cpp.Llama):
         try:
             if streamer is not None:
                 streamer.transfers.close()  # loads in flight finish before the pool they write is freed
+            self._close_experts()
         finally:
             super().close()
             self._close_streamer()
+            model, self._caches_of = self.__dict__.get("_caches_of"), None
+            if model is not None:
+                lib().hypura_expert_caches_free(model)  # after the context computing from them, with the model
+
+    def _close_experts(self) -> None:
+        """Loads finish, the predictor's counts persist; the caches go with the model (after the context)."""
+        experts, copies = self.__dict__.get("_experts"), self.__dict__.get("_expert_copies")
+        self._experts = self._expert_copies = None
+        if copies is not None:
+            copies.close()
+        if experts is not None and experts.predictor is not None:
+            experts.predictor.save(self._predictor_key)
 
     def _close_streamer(self) -> None:
         # after the context: it calls into the stream until freed

@@ -73,3 +73,22 @@ def prompt_logits():
         return np.array(llm.scores[: len(tokens)], copy=True)
 
     return logits
+
+
+def _synth(tmp_path_factory, shape: str) -> Path:
+    from hypura.synth import write_synth
+
+    path = tmp_path_factory.mktemp("synth") / f"{shape}.gguf"
+    write_synth(shape, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3moe(tmp_path_factory) -> Path:
+    """An MoE model (16 experts, top-4, 2 layers) with random weights."""
+    return _synth(tmp_path_factory, "tiny-qwen3moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return _synth(tmp_path_factory, "tiny-llama")

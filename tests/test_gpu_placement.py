@@ -134,3 +134,32 @@ def test_streamed_gpu_layers_give_the_same_logits(dense_model, tier, slots):
         assert st["loads"] > 0 and st["bytes"].get(tier, 0) > 0
     finally:
         llm.close()
+
+
+def _decode_logits(llm, tokens):
+    llm.reset()
+    out = []
+    for t in tokens:
+        llm.eval([t])
+        out.append(np.array(llm.scores[llm.n_tokens - 1], copy=True))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("slots", [4, 6, 16])
+def test_expert_caches_on_the_gpu_give_the_same_logits(moe_model, slots):
+    """Decode from GPU expert slots (loaded from pinned RAM on demand and ahead) against every expert
+    resident on the GPU: the same CUDA kernels read the same bytes, so not a bit may change."""
+    kwargs = dict(n_ctx=256, logits_all=True, verbose=False)
+    resident = hypura.Llama(str(moe_model), n_gpu_layers=-1, **kwargs)
+    tokens = resident.tokenize(b"The quick brown fox jumps over the lazy dog. " * 3)
+    want = _decode_logits(resident, tokens)
+    resident.close()
+    llm = hypura.Llama(str(moe_model), expert_cache=slots, **kwargs)
+    try:
+        assert llm.tensor_buffer("blk.0.ffn_up_exps.weight") == "CUDA_Host"
+        assert np.array_equal(_decode_logits(llm, tokens), want)
+        ex = llm.stats()["experts"]
+        assert ex["accesses"] == len(tokens) * 4 * 2  # every token, both layers, k = 4
+        assert ex["hit_rate"].get("gpu", 0) > 0 and ex["loaded_bytes"]["demand"] > 0
+    finally:
+        llm.close()

@@ -80,6 +80,17 @@ ffi.cdef(
     void hypura_stream_profile(struct hypura_stream * stream, bool on);
     int32_t hypura_stream_profile_read(struct hypura_stream * stream, struct hypura_split_mark * out, int32_t n);
     bool hypura_stream_eval(struct ggml_tensor * t, bool ask, void * stream);
+
+    struct hypura_expert_cache {
+        struct ggml_tensor * experts[3];
+        struct ggml_tensor * slots[3];
+        struct ggml_tensor * ids;
+        int32_t n_slots;
+        int32_t max_tokens;
+    };
+    const struct hypura_expert_cache * hypura_expert_cache_new(
+        const struct llama_model * model, int32_t layer, int32_t n_slots, int32_t max_tokens, int32_t tier);
+    void hypura_expert_caches_free(const struct llama_model * model);
     """
 )
 
@@ -106,6 +117,7 @@ ffi.cdef(
     struct ggml_context;
 
     size_t ggml_nbytes(const struct ggml_tensor * tensor);
+    void * ggml_get_data(const struct ggml_tensor * tensor);
     int64_t ggml_time_us(void);
     const char * ggml_get_name(const struct ggml_tensor * tensor);
     struct ggml_context * ggml_init(struct ggml_init_params params);
@@ -144,7 +156,7 @@ ffi.cdef(
     """
 )
 
-EXPECTED_API_VERSION = 4
+EXPECTED_API_VERSION = 5
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,6 +14,8 @@ from hypura.errors import HypuraError
 from hypura.model_file import read_header
 from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
+from hypura.plan.budget import parse_size
+from hypura.runtime.expert_streaming import slots_for_budget
 from hypura.runtime.stats import describe
 
 
@@ -32,9 +34,12 @@ from hypura.runtime.stats import describe
               help="Flash attention, as llama-bench's -fa (llama-cpp-python's default is off).")
 @click.option("--profile", "profile_spec", metavar="FILE|NAME",
               help="Machine profile to plan with (default: this machine's).")
+@click.option("--expert-slots", type=click.IntRange(-1), default=None,
+              help="MoE: an expert cache of this many slots a layer in GPU memory, the experts pinned in RAM "
+                   "(-1: as many as --gpu-mem leaves beside the other tensors); llama.cpp places the rest.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
-          profile_spec, json_out) -> None:
+          profile_spec, expert_slots, json_out) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound."""
     import llama_cpp
 
@@ -47,7 +52,14 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     if plan_file and (gpu_mem or ram):
         raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
     plan = None
-    if gpu_mem or ram:
+    if expert_slots is not None:
+        if plan_file or ram:
+            raise HypuraError("--expert-slots sizes the GPU cache itself: give --gpu-mem only")
+        if expert_slots < 0:
+            if not gpu_mem:
+                raise HypuraError("--expert-slots -1 needs --gpu-mem")
+            expert_slots = slots_for_budget(header, parse_size(gpu_mem))
+    elif gpu_mem or ram:
         plan = plan_model(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
                           settings=PlanSettings(n_ctx=n_ctx))
     elif plan_file:
@@ -58,7 +70,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
           "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[flash_attn]
     llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=s.n_threads,
                 n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False,
-                param_overrides={"context_params": {"flash_attn_type": fa}})
+                param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=expert_slots)
     try:
         result = run_bench(llm, llm.plan, s, say)
     finally:
@@ -66,6 +78,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     result["model"] = str(model)
     result["machine"] = {"host": platform.node(), "python": sys.version.split()[0]}
     result["budgets"] = {"gpu_mem": gpu_mem, "ram": ram}
+    result["expert_slots"] = expert_slots
     result["flash_attn"] = flash_attn
     if llm.plan is not None:
         result["plan"] = {"mode": llm.plan.mode, "config": llm.plan.config, "memory": llm.plan.memory,

@@ -123,6 +123,15 @@ def describe(summary: dict) -> list[str]:
         links = ", ".join(f"{k} {v:.1f} GB/s" for k, v in ph["link_gbps"].items() if v) or "-"
         lines.append(f"{name}: {ph['tok_s']:.2f} tok/s over {ph['tokens']} tokens; streamed per token: {streamed}; "
                      f"stall {ph['stall_ms_per_token']:.1f} ms/token; links {links}")
+    ex = summary.get("experts")
+    if ex and ex["accesses"]:
+        n = max(summary["decode"]["tokens"], 1)
+        hits = ", ".join(f"{t} {r:.3f}" for t, r in sorted(ex["hit_rate"].items()))
+        pf = ex["prefetch"]
+        lines.append(f"experts: {ex['slots_per_layer']} slots x {ex['layers']} layers ({ex['policy']}); hit rate {hits}; "
+                     f"prefetch precision {pf['precision']:.2f}, recall {pf['recall']:.2f}; loaded per decode token "
+                     f"{sum(ex['loaded_bytes'].values()) / n / 1e6:.1f} MB; stall {1e3 * ex['stall_s'] / n:.2f} ms, "
+                     f"router hooks {1e3 * ex['hook_s'] / n:.2f} ms per token")
     mem = summary.get("memory")
     if mem:
         gpu = f", GPU taken {mem['gpu_used'] / 2**30:.2f} GiB" if mem.get("gpu_used") is not None else ""

@@ -43,6 +43,7 @@ class Piece:
     file_offset: int
     nbytes: int
     pinned: object = None  # RAM source: its pinned copy
+    at: int = 0  # where in the tensor the bytes go (an expert's slot in a stacked slot tensor)
 
 
 class Ticket:
@@ -62,17 +63,18 @@ class Ticket:
 class Transfers:
     pread = staticmethod(os.preadv)  # what disk reads call (tests inject faults here)
 
-    def __init__(self, paths: list[str], slots: dict, gpu_disk: bool):
-        """slots: pool -> slot count; gpu_disk: some GPU-pool layer streams from disk."""
+    def __init__(self, paths: list[str], slots: dict, gpu_disk: bool, copy_stream: bool = False):
+        """slots: pool -> slot count; gpu_disk: some GPU-pool layer streams from disk; copy_stream:
+        start the GPU copy stream even without GPU pool slots (expert caches make their own events)."""
         L = lib()
         self.paths = paths
-        self.gpu = first_gpu() if slots.get(GPU_POOL) else None
-        self.backend, self.events, self._buffers = ffi.NULL, {}, []
+        self.gpu = first_gpu() if slots.get(GPU_POOL) or copy_stream else None
+        self.backend, self.events, self._buffers, self._own_events = ffi.NULL, {}, [], []
         if self.gpu is not None:
             self.backend = L.ggml_backend_dev_init(self.gpu, ffi.NULL)
             if self.backend == ffi.NULL:
                 raise HypuraError("cannot start a copy stream on the GPU")
-            for slot in range(slots[GPU_POOL]):
+            for slot in range(slots.get(GPU_POOL, 0)):
                 self.events[slot] = L.ggml_backend_event_new(self.gpu)
         self.staging = self.pinned(STREAM_REQUEST_BYTES + DIRECT_ALIGN, "disk staging") if gpu_disk else None
         self.staging_free = L.ggml_backend_event_new(self.gpu) if gpu_disk else ffi.NULL
@@ -92,9 +94,19 @@ class Transfers:
         return ffi.cast("uint8_t *", L.ggml_backend_buffer_get_base(buf))
 
     def submit(self, pool: str, slot: int, pieces: list[Piece]) -> Ticket:
-        ticket = Ticket(self.events[slot] if pool == GPU_POOL else ffi.NULL)
+        return self.submit_with(self.events[slot] if pool == GPU_POOL else ffi.NULL, pool, pieces)
+
+    def submit_with(self, event, pool: str, pieces: list[Piece]) -> Ticket:
+        """Load `pieces`, then record `event` (NULL: none) on the copy stream; FIFO with submit()."""
+        ticket = Ticket(event)
         self._jobs.put((pool, ticket, pieces))
         return ticket
+
+    def new_event(self):
+        """An event of the copy stream's GPU, freed with this object."""
+        ev = lib().ggml_backend_event_new(self.gpu)
+        self._own_events.append(ev)
+        return ev
 
     def _run(self) -> None:
         while True:
@@ -114,7 +126,8 @@ class Transfers:
     def _load(self, pool: str, p: Piece) -> None:
         L = lib()
         if p.source != DISK:
-            L.ggml_backend_tensor_set_async(self.backend, p.tensor, p.pinned, 0, p.nbytes)
+            # whole tensors: pieces held back in a window did not shorten the hand-offs (H200, RESULTS.md)
+            L.ggml_backend_tensor_set_async(self.backend, p.tensor, p.pinned, p.at, p.nbytes)
             return
         if pool != GPU_POOL:
             # one set of the whole tensor: a repacking CPU buffer type (llama.cpp's choice for the
@@ -158,10 +171,11 @@ class Transfers:
         self._readers.clear()
         if self.backend != ffi.NULL:
             L.ggml_backend_synchronize(self.backend)
-        for ev in [*self.events.values(), self.staging_free]:
+        for ev in [*self.events.values(), *self._own_events, self.staging_free]:
             if ev != ffi.NULL:
                 L.ggml_backend_event_free(ev)
         self.events.clear()
+        self._own_events.clear()
         self.staging_free = ffi.NULL
         for buf in self._buffers:
             L.ggml_backend_buffer_free(buf)

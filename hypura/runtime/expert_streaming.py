@@ -1,0 +1,209 @@
+"""Expert streaming: MoE layers compute small batches (decode) from a cache of expert slots.
+
+Protocol (include/hypura.h "Expert caches" and the router hook; all on the thread running llama_decode)
+  Each MoE layer L has n_slots slots: slot tensors beside its stacked expert tensors, in GPU memory
+  (host memory without a GPU). `slot_of[L]` maps an expert to the slot holding its bytes, or about
+  to once L's loads in flight complete. The stacked tensors stay in host memory (pinned with a GPU):
+  the source of every load, and what batches larger than max_tokens compute from.
+  routed(L, selected [n_tokens, k]) fires after L's router ran, before L's expert matmuls:
+  - wait for L's loads in flight (prefetches issued at the MoE layer before L);
+  - a selected expert found in a slot is a hit; any other takes the slot of the policy's victim
+    (never one holding an expert this batch needs) and is loaded now (a demand load), waited for;
+  - write L's slot ids: row t, column i -> the slot of selected[t, i];
+  - prefetch for the next MoE layer: the co-activation predictor's top experts, into its slots,
+    not waited for. Its slots are free to overwrite: nothing reads them before its own hook waited.
+  Batches of more than max_tokens tokens compute from the stacked experts: the hook leaves them be.
+  With a GPU, loads run on Transfers' loader thread (copy stream, one event per layer); without
+  one they are copies on this thread. Counters follow ../shared/DESIGN.md (expert_cache.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from hypura.bindings.ffi import ffi, lib
+from hypura.errors import HypuraError
+from hypura.plan.cost import RAM
+from hypura.runtime.coactivation import CoactivationPredictor
+from hypura.runtime.expert_cache import DEFAULT_POLICY, CacheStats, LayerCache
+from hypura.runtime.placement import Tier
+from hypura.runtime.transfers import Piece, Transfers
+
+# host buffer types whose bytes are ggml's plain layout: slices of them copy into slots as they are
+PLAIN_HOST_BUFFERS = ("CPU", "CPU_Mapped", "CUDA_Host")
+
+
+@dataclass(frozen=True)
+class ExpertCacheSettings:
+    slots: int  # per MoE layer
+    max_tokens: int = 1  # batches up to this many tokens use the cache (decode); needs slots >= k * max_tokens
+    policy: str = DEFAULT_POLICY
+    prefetch: int = -1  # experts prefetched for the next layer; -1: k (one token's worth)
+
+
+class _Layer:
+    def __init__(self, c_cache, n_slots: int, policy: str):
+        self.c = c_cache
+        self.cache = LayerCache(n_slots, policy)
+        self.slot_of: dict[int, int] = {}
+        self.free = list(range(n_slots - 1, -1, -1))
+        self.ticket = None  # the latest load submitted (the copy stream is FIFO: it covers the earlier ones)
+        self.event = ffi.NULL
+        # per stacked tensor: (slot tensor, address of expert 0, bytes of one expert)
+        self.parts = [(c_cache.slots[i], ffi.cast("uint8_t *", lib().ggml_get_data(c_cache.experts[i])),
+                       lib().ggml_nbytes(c_cache.slots[i]) // n_slots)
+                      for i in range(3) if c_cache.experts[i] != ffi.NULL]
+
+    def take_slot(self, expert: int, pinned: set) -> Optional[int]:
+        """A slot for `expert` (evicting the policy's victim outside `pinned`), None if none can be had."""
+        before = set(self.cache.resident)
+        if not self.cache.insert(expert, pinned):
+            return None
+        gone = before - set(self.cache.resident)
+        slot = self.slot_of.pop(gone.pop()) if gone else self.free.pop()
+        self.slot_of[expert] = slot
+        return slot
+
+
+class ExpertStreamer:
+    def __init__(self, model, header, layers: tuple[int, ...], n_used: int, s: ExpertCacheSettings,
+                 tier: Tier, transfers: Optional[Transfers], predictor: Optional[CoactivationPredictor]):
+        """model: struct llama_model * (loaded); layers: the MoE layers in graph order."""
+        if s.slots < n_used * s.max_tokens:
+            raise HypuraError(f"an expert cache needs at least {n_used * s.max_tokens} slots a layer "
+                              f"({n_used} experts a token x {s.max_tokens} tokens), got {s.slots}")
+        self.settings, self.k, self.transfers, self.predictor = s, n_used, transfers, predictor
+        self.tier_name = "gpu" if tier == Tier.GPU else "host slots"  # where hits are served
+        self.order = layers
+        self.next_layer = dict(zip(layers, layers[1:]))
+        self.layers: dict[int, _Layer] = {}
+        for layer in layers:
+            for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+                full = f"blk.{layer}.{name}.weight"
+                buft = lib().hypura_model_tensor_buft(model, full.encode())
+                if buft != ffi.NULL and ffi.string(buft).decode() not in PLAIN_HOST_BUFFERS:
+                    raise HypuraError(f"expert caches load from the stacked experts in plain host memory; "
+                                      f"'{full}' is in {ffi.string(buft).decode()}")
+            c = lib().hypura_expert_cache_new(model, layer, s.slots, s.max_tokens, int(tier))
+            if c == ffi.NULL:
+                raise HypuraError(f"cannot make an expert cache of {s.slots} slots for layer {layer} "
+                                  "(not enough memory, or experts llama.cpp keeps merged or biased)")
+            self.layers[layer] = _Layer(c, s.slots, s.policy)
+            if transfers is not None:
+                self.layers[layer].event = transfers.new_event()
+        self.stats = CacheStats()
+        self.loaded_bytes = {"demand": 0, "prefetch": 0}
+        self.stall_s = 0.0
+        self.hook_s = 0.0
+        self._last: Optional[np.ndarray] = None  # the previous MoE layer's selection, for the predictor
+        self._last_layer = -1
+
+    # --- the router hook ----------------------------------------------------------------------
+    def serve(self, layer: int, selected: np.ndarray) -> None:
+        if len(selected) > self.settings.max_tokens:
+            return  # a larger batch computes from the stacked experts: no cache access, not counted
+        t0 = time.perf_counter()
+        ly = self.layers[layer]
+        self._wait(ly)
+        needed = set(int(e) for e in selected.ravel())
+        demand = []
+        self.stats.accesses += selected.size
+        for e in needed:
+            uses = int(np.count_nonzero(selected == e))
+            if e in ly.slot_of:
+                self.stats.hits[self.tier_name] += uses
+                if e in ly.cache.prefetched:
+                    ly.cache.prefetched.discard(e)
+                    self.stats.prefetch_used += 1
+            else:
+                self.stats.hits[RAM] += uses
+                slot = ly.take_slot(e, needed)
+                if slot is None:
+                    raise HypuraError(f"layer {layer}: no slot left for expert {e} ({len(needed)} needed at once)")
+                demand.append((e, slot))
+            ly.cache.touch(e)
+        if demand:
+            self._load(ly, demand, "demand")
+            self._wait(ly)
+        ids = np.array([[ly.slot_of[int(e)] for e in row] for row in selected], np.int32)
+        lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
+        self._predict(layer, selected)
+        self.hook_s += time.perf_counter() - t0
+
+    def _predict(self, layer: int, selected: np.ndarray) -> None:
+        p = self.predictor
+        if p is None:
+            return
+        if self._last is not None and self._last_layer >= 0 and len(self._last) == len(selected):
+            for prev, cur in zip(self._last, selected):
+                p.observe(self._moe_index(self._last_layer), prev, cur)
+        self._last, self._last_layer = selected, layer
+        nxt = self.next_layer.get(layer)
+        if nxt is None:
+            return
+        m = self.k if self.settings.prefetch < 0 else self.settings.prefetch
+        guess = p.predict(self._moe_index(layer), np.unique(selected), m)
+        ly, todo = self.layers[nxt], []
+        for e in guess:
+            if e in ly.slot_of:
+                continue
+            slot = ly.take_slot(e, set(guess))
+            if slot is None:
+                break
+            ly.cache.prefetched.add(e)
+            self.stats.prefetched += 1
+            todo.append((e, slot))
+        if todo:
+            self._load(ly, todo, "prefetch")
+
+    def _moe_index(self, layer: int) -> int:
+        return self.order.index(layer)
+
+    # --- loads ------------------------------------------------------------------------------
+    def _load(self, ly: _Layer, experts: list[tuple[int, int]], kind: str) -> None:
+        pieces = [Piece(f"expert {e}", slots, RAM, 0, 0, size, pinned=src + e * size, at=slot * size)
+                  for e, slot in experts for slots, src, size in ly.parts]
+        self.loaded_bytes[kind] += sum(p.nbytes for p in pieces)
+        if self.transfers is None:
+            for p in pieces:
+                lib().ggml_backend_tensor_set(p.tensor, p.pinned, p.at, p.nbytes)
+            return
+        ly.ticket = self.transfers.submit_with(ly.event, "experts", pieces)
+
+    def _wait(self, ly: _Layer) -> None:
+        if ly.ticket is not None:
+            t0 = time.perf_counter()
+            ly.ticket.wait()
+            ly.ticket = None
+            self.stall_s += time.perf_counter() - t0
+
+    # --- stats --------------------------------------------------------------------------------
+    def summary(self) -> dict:
+        out = self.stats.as_dict()
+        out.update(slots_per_layer=self.settings.slots, layers=len(self.layers), policy=self.settings.policy,
+                   loaded_bytes=dict(self.loaded_bytes), stall_s=self.stall_s, hook_s=self.hook_s)
+        return out
+
+    def reset_stats(self) -> None:
+        self.stats = CacheStats()
+        self.loaded_bytes = {"demand": 0, "prefetch": 0}
+        self.stall_s = self.hook_s = 0.0
+
+
+EXPERT_NAMES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+# GPU memory the slots leave for llama.cpp's compute buffers, the KV cache of a short context and
+# CUDA's own allocations (cuBLAS workspace)
+GPU_RESERVE = 768 << 20
+
+
+def slots_for_budget(header, gpu_budget: int, reserve: int = GPU_RESERVE) -> int:
+    """Slots per MoE layer that fit a GPU budget beside every non-expert tensor (which stays on the GPU)."""
+    expert_bytes = sum(t.nbytes // t.shape[2] for t in header.tensors if t.name.endswith(EXPERT_NAMES))
+    if not expert_bytes:
+        raise HypuraError(f"{header.path.name} has no stacked experts: expert caches are for MoE models")
+    other = sum(t.nbytes for t in header.tensors if not t.name.endswith(EXPERT_NAMES))
+    return max(0, (gpu_budget - other - reserve) // expert_bytes)  # expert_bytes: one expert of every layer

@@ -1,0 +1,91 @@
+"""Expert caches on the CPU (slots in host memory): the same protocol as on the GPU (router hook,
+slot ids, loads, prefetch), checked for bitwise logits, exact hit counts and persisted statistics."""
+
+import numpy as np
+import pytest
+
+import hypura
+from hypura.errors import HypuraError
+from hypura.model_file import read_header
+from hypura.runtime.coactivation import CoactivationPredictor, model_key
+from hypura.runtime.expert_streaming import ExpertCacheSettings, slots_for_budget
+from hypura.runtime.routing_trace import RoutingTrace
+
+K, LAYERS = 4, (0, 1)  # tiny-qwen3moe: top-4 of 16 experts, 2 MoE layers
+TEXT = b"The quick brown fox jumps over the lazy dog. " * 3
+
+
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # co-activation counts land here
+
+
+def _decode(model, n_threads=1, **kwargs):
+    """Token-by-token logits (every batch is a decode batch: the cache serves it), the routing and stats."""
+    trace = RoutingTrace(16, K)
+    llm = hypura.Llama(str(model), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False,
+                       on_route=trace.record, **kwargs)
+    try:
+        llm.reset()
+        out = []
+        for t in llm.tokenize(TEXT):
+            llm.eval([t])
+            out.append(np.array(llm.scores[llm.n_tokens - 1], copy=True))
+        return np.array(out), trace, llm.stats().get("experts")
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen3moe):
+    # plain host buffers (no repacking), as the cache runs use: the same CPU kernels throughout
+    logits, trace, _ = _decode(tiny_qwen3moe, param_overrides={"model_params": {"use_extra_bufts": False}})
+    return logits, trace
+
+
+@pytest.mark.parametrize("slots,policy", [(4, "lru"), (6, "decay"), (9, "lfu"), (16, "decay")])
+def test_logits_equal_for_any_cache_size(tiny_qwen3moe, reference, slots, policy):
+    logits, _, ex = _decode(tiny_qwen3moe, expert_cache=ExpertCacheSettings(slots=slots, policy=policy))
+    assert np.array_equal(logits, reference[0])
+    assert ex["accesses"] == len(logits) * K * len(LAYERS)
+    assert 0 < ex["loaded_bytes"]["demand"]
+
+
+def test_hit_counts_match_a_hand_computed_trace(tiny_qwen3moe, reference):
+    _, trace = reference
+    # 16 slots hold every expert: each (layer, expert) misses once, at its first use
+    _, _, ex = _decode(tiny_qwen3moe, expert_cache=ExpertCacheSettings(slots=16, prefetch=0))
+    accesses = sum(trace.selections(layer).size for layer in LAYERS)
+    first_uses = sum(len(np.unique(trace.selections(layer))) for layer in LAYERS)
+    assert ex["accesses"] == accesses
+    assert ex["hit_rate"]["host slots"] == pytest.approx(1 - first_uses / accesses)
+    # k slots with LRU hold exactly the previous token's experts: hits are the overlaps
+    _, _, ex = _decode(tiny_qwen3moe, expert_cache=ExpertCacheSettings(slots=K, policy="lru", prefetch=0))
+    hits = sum(len(set(a) & set(b)) for layer in LAYERS
+               for a, b in zip(trace.selections(layer), trace.selections(layer)[1:]))
+    assert ex["hit_rate"]["host slots"] == pytest.approx(hits / accesses)
+    assert ex["prefetch"]["issued"] == 0
+
+
+def test_coactivation_counts_persist_and_warm_start(tiny_qwen3moe, reference):
+    key = model_key(read_header(tiny_qwen3moe))
+    assert not CoactivationPredictor.path_for(key).exists()
+    _decode(tiny_qwen3moe, expert_cache=6)
+    saved = CoactivationPredictor.load(key, len(LAYERS), 16).counts
+    n_tokens = len(reference[1].selections(0))
+    assert saved.sum() == n_tokens * K * K  # layer 0 -> 1: every token's k x k pairs
+    _, _, ex = _decode(tiny_qwen3moe, expert_cache=6)  # warm: predictions from the first run
+    assert ex["prefetch"]["issued"] > 0 and ex["prefetch"]["precision"] > 0
+    assert CoactivationPredictor.load(key, len(LAYERS), 16).counts.sum() == 2 * saved.sum()
+    CoactivationPredictor.reset(key)
+    assert not CoactivationPredictor.path_for(key).exists()
+
+
+def test_bad_settings_are_clear_errors(tiny_qwen3moe, tiny_llama):
+    with pytest.raises(HypuraError, match="at least 4 slots"):
+        hypura.Llama(str(tiny_qwen3moe), n_ctx=64, verbose=False, expert_cache=3)
+    with pytest.raises(HypuraError, match="no MoE router"):
+        hypura.Llama(str(tiny_llama), n_ctx=64, verbose=False, expert_cache=8)
+    with pytest.raises(HypuraError, match="no stacked experts"):
+        slots_for_budget(read_header(tiny_llama), 1 << 30)
+    assert slots_for_budget(read_header(tiny_qwen3moe), 1 << 40) > 1000
