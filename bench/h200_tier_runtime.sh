@@ -18,7 +18,7 @@ KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
 hy() { python3 -m hypura.cli.main "$@"; }
 libdir() { cat /tmp/hypura-lib; }
 synth_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
-SYNTH14=${SYNTH14:-1}  # 0: skip the 14B (the zero-overhead model) to leave disk for others
+SYNTH14=${SYNTH14:-1} SYNTH70=${SYNTH70:-1}  # 0: skip that model (disk space, time)
 
 phase() {
 [ -f /tmp/hypura-lib ] && export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)  # a prebuilt one's RPATH is gone
@@ -27,7 +27,7 @@ setup)  # wheels, models (background), the library (prebuilt or built), GPU test
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$RES/gpu.txt"
     { lscpu | grep -iE "numa|model name|^cpu\(s\)"; df -h /tmp; free -g; } > "$RES/machine.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-    setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK > /tmp/synth70.log 2>&1;
+    setsid nohup bash -c "[ $SYNTH70 = 1 ] && python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK > /tmp/synth70.log 2>&1;
         [ $SYNTH14 = 1 ] && python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; echo done > /tmp/synth.rc" \
         > /dev/null 2>&1 &
     start=$SECONDS
@@ -80,7 +80,10 @@ moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all b
     m=${MOE:?}; tag=$(basename "$m" .gguf)
     "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe 48,41 -t $T -p 0 -n 32 -r 3 -o json > "$RES/vanilla-$tag.json" 2> /dev/null
     grep -o '"n_cpu_moe": [0-9]*\|"avg_ts": [0-9.]*' "$RES/vanilla-$tag.json"
-    hy bench "$m" --gpu-mem 4GiB --expert-slots -1 -p 0 -n 32 -r 3 -t $T --json "$RES/hypura-$tag-g4.json" 2>&1 | tail -5
+    for slots in ${SLOTS:--1}; do  # -1: as many as 4 GiB holds
+        hy bench "$m" --gpu-mem 4GiB --expert-slots $slots -p 0 -n 32 -r 3 -t $T \
+            --json "$RES/hypura-$tag-g4-s$slots.json" 2>&1 | tail -4
+    done
     ;;
 synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB)
     rm -f $M70

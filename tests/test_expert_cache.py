@@ -1,13 +1,15 @@
 """Expert caches, their counters and the co-activation predictor: against hand-computed routing traces,
 persisted statistics, and a real routing trace of a synthetic MoE model."""
 
+import math
+
 import numpy as np
 import pytest
 
 import hypura
 from hypura.model_file import read_header
 from hypura.runtime.coactivation import CoactivationPredictor, model_key
-from hypura.runtime.expert_cache import TieredExpertCache, expected_hit_rate
+from hypura.runtime.expert_cache import LayerCache, TieredExpertCache, expected_hit_rate
 from hypura.runtime.routing_trace import RoutingTrace
 from hypura.synth.routing import Routing
 from hypura.synth.writer import write_synth
@@ -129,3 +131,16 @@ def test_predictor_beats_popularity_on_a_real_routing_trace(correlated):
     # measured: 0.50 against 0.24 for the 4 most popular experts (chance: 4/16)
     assert predicted > 0.42 and predicted > static + 0.15
     assert len(model_key(h)) == 24 and model_key(h) == model_key(read_header(h.path))
+
+
+def test_decay_keeps_its_order_across_rescaling():
+    """Scores rescale every 512 half-lives; the order must stay that of decayed frequencies."""
+    c = LayerCache(3, "decay")
+    for _ in range(40000):  # 625 half-lives: one rescale
+        for e in (0, 1):
+            c.touch(e)
+    c.insert(2, set())
+    c.touch(2)
+    assert all(math.isfinite(v) for v in c.resident.values())
+    assert c.resident[0] < c.resident[1]  # 1 was touched last
+    assert c.resident[2] < c.resident[0]  # one recent access weighs less than many

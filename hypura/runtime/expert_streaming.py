@@ -20,6 +20,7 @@ Protocol (include/hypura.h "Expert caches" and the router hook; all on the threa
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -78,7 +79,7 @@ class ExpertStreamer:
                               f"({n_used} experts a token x {s.max_tokens} tokens), got {s.slots}")
         self.settings, self.k, self.transfers, self.predictor = s, n_used, transfers, predictor
         self.tier_name = "gpu" if tier == Tier.GPU else "host slots"  # where hits are served
-        self.order = layers
+        self.index = {layer: i for i, layer in enumerate(layers)}  # the predictor counts MoE layers in order
         self.next_layer = dict(zip(layers, layers[1:]))
         self.layers: dict[int, _Layer] = {}
         for layer in layers:
@@ -109,11 +110,12 @@ class ExpertStreamer:
         t0 = time.perf_counter()
         ly = self.layers[layer]
         self._wait(ly)
-        needed = set(int(e) for e in selected.ravel())
+        rows = selected.tolist()  # plain ints: this runs once per MoE layer and token
+        uses = Counter(e for row in rows for e in row)
+        needed = set(uses)
         demand = []
         self.stats.accesses += selected.size
-        for e in needed:
-            uses = int(np.count_nonzero(selected == e))
+        for e, uses in uses.items():
             if e in ly.slot_of:
                 self.stats.hits[self.tier_name] += uses
                 if e in ly.cache.prefetched:
@@ -129,7 +131,8 @@ class ExpertStreamer:
         if demand:
             self._load(ly, demand, "demand")
             self._wait(ly)
-        ids = np.array([[ly.slot_of[int(e)] for e in row] for row in selected], np.int32)
+        slot_of = ly.slot_of
+        ids = np.array([[slot_of[e] for e in row] for row in rows], np.int32)
         lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
         self._predict(layer, selected)
         self.hook_s += time.perf_counter() - t0
@@ -140,13 +143,13 @@ class ExpertStreamer:
             return
         if self._last is not None and self._last_layer >= 0 and len(self._last) == len(selected):
             for prev, cur in zip(self._last, selected):
-                p.observe(self._moe_index(self._last_layer), prev, cur)
+                p.observe(self.index[self._last_layer], prev, cur)
         self._last, self._last_layer = selected, layer
         nxt = self.next_layer.get(layer)
-        if nxt is None:
-            return
         m = self.k if self.settings.prefetch < 0 else self.settings.prefetch
-        guess = p.predict(self._moe_index(layer), np.unique(selected), m)
+        if nxt is None or m == 0:
+            return
+        guess = p.predict(self.index[layer], np.unique(selected), m)
         ly, todo = self.layers[nxt], []
         for e in guess:
             if e in ly.slot_of:
@@ -159,9 +162,6 @@ class ExpertStreamer:
             todo.append((e, slot))
         if todo:
             self._load(ly, todo, "prefetch")
-
-    def _moe_index(self, layer: int) -> int:
-        return self.order.index(layer)
 
     # --- loads ------------------------------------------------------------------------------
     def _load(self, ly: _Layer, experts: list[tuple[int, int]], kind: str) -> None:
