@@ -166,7 +166,7 @@ class Llama(llama_cpp.Llama):
         predictor = CoactivationPredictor.load(self._predictor_key, len(router.layers), router.n_expert)
         self._expert_copies = Transfers([], {}, False, copy_stream=True) if gpu else None
         self._caches_of = model
-        self._experts = ExpertStreamer(model, self.header, router.layers, router.n_used, settings,
+        self._experts = ExpertStreamer(model, router.layers, router.n_used, settings,
                                        Tier.GPU if gpu else Tier.HOST, self._expert_copies, predictor)
 
     def _route(self, layer: int, ids) -> None:

@@ -58,7 +58,8 @@ def _top_quarter_share(freq: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     out = {}
-    knobs = {"uniform": Routing(), "skewed": Routing(skew=2.0), "correlated": Routing(layer_corr=0.9)}
+    knobs = {"uniform": Routing(), "skewed": Routing(skew=2.0), "correlated": Routing(layer_corr=0.9),
+             "quiet blocks": Routing(out_scale=0.002)}
     for name, routing in knobs.items():
         path = tmp_path_factory.mktemp("routing") / f"{name}.gguf"
         write_synth("tiny-qwen3moe", path, routing=routing)
@@ -105,3 +106,11 @@ def test_the_router_hook_sees_every_token_and_changes_nothing(traces, n_threads,
         assert all(len(set(row)) == 4 for row in sel)  # top-k picks distinct experts
     with pytest.raises(HypuraError, match="no MoE router"):
         hypura.Llama(str(smollm2_path), verbose=False, on_route=trace.record)
+
+
+def test_quiet_block_outputs_keep_routing_uniform_at_every_layer(traces, n_threads):
+    """With the blocks' outputs scaled down, each layer's router sees its token's embedding, not the
+    context averages attention adds: skew 0 is uniform at the last layer too (default: ~0.40 there)."""
+    trace = _trace(traces["quiet blocks"], n_threads)
+    assert all(_top_quarter_share(trace.frequencies(layer)) < 0.36 for layer in (0, 1))  # measured 0.31, 0.30
+    assert read_header(traces["quiet blocks"]).get("hypura.synth.block_out_scale") == pytest.approx(0.002)

@@ -71,7 +71,7 @@ class _Layer:
 
 
 class ExpertStreamer:
-    def __init__(self, model, header, layers: tuple[int, ...], n_used: int, s: ExpertCacheSettings,
+    def __init__(self, model, layers: tuple[int, ...], n_used: int, s: ExpertCacheSettings,
                  tier: Tier, transfers: Optional[Transfers], predictor: Optional[CoactivationPredictor]):
         """model: struct llama_model * (loaded); layers: the MoE layers in graph order."""
         if s.slots < n_used * s.max_tokens:
@@ -115,14 +115,14 @@ class ExpertStreamer:
         needed = set(uses)
         demand = []
         self.stats.accesses += selected.size
-        for e, uses in uses.items():
+        for e, count in uses.items():
             if e in ly.slot_of:
-                self.stats.hits[self.tier_name] += uses
+                self.stats.hits[self.tier_name] += count
                 if e in ly.cache.prefetched:
                     ly.cache.prefetched.discard(e)
                     self.stats.prefetch_used += 1
             else:
-                self.stats.hits[RAM] += uses
+                self.stats.hits[RAM] += count
                 slot = ly.take_slot(e, needed)
                 if slot is None:
                     raise HypuraError(f"layer {layer}: no slot left for expert {e} ({len(needed)} needed at once)")

@@ -47,11 +47,12 @@ SCALES: dict[Q, BlockScales] = {
 }
 
 
-def random_blocks(qtype: Q, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    """`n_blocks` random valid blocks of `qtype`, as a flat uint8 array."""
+def random_blocks(qtype: Q, n_blocks: int, rng: np.random.Generator, std: float = TARGET_STD) -> np.ndarray:
+    """`n_blocks` random valid blocks of `qtype` whose weights have standard deviation ~`std`, as a
+    flat uint8 array."""
     if qtype in (Q.F16, Q.F32):
         dtype = np.float16 if qtype == Q.F16 else np.float32
-        return rng.normal(0.0, TARGET_STD, n_blocks).astype(dtype).view(np.uint8)
+        return rng.normal(0.0, std, n_blocks).astype(dtype).view(np.uint8)
     try:
         sc = SCALES[qtype]
     except KeyError:
@@ -59,7 +60,7 @@ def random_blocks(qtype: Q, n_blocks: int, rng: np.random.Generator) -> np.ndarr
     block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
     blocks = np.frombuffer(rng.bytes(n_blocks * block_bytes), np.uint8).reshape(n_blocks, block_bytes).copy()
     # per-block jitter so blocks differ in scale, as real ones do
-    d = sc.d * rng.uniform(0.5, 1.5, n_blocks)
+    d = sc.d * (std / TARGET_STD) * rng.uniform(0.5, 1.5, n_blocks)
     blocks[:, sc.d_at:sc.d_at + 2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
     if sc.m_at >= 0:
         m = (sc.m_per_d * d).astype(np.float16)
@@ -70,10 +71,10 @@ def random_blocks(qtype: Q, n_blocks: int, rng: np.random.Generator) -> np.ndarr
 class BlockPool:
     """2n random blocks of one type; a write takes up to n of them from a random start."""
 
-    def __init__(self, qtype: Q, rng: np.random.Generator, pool_bytes: int = POOL_BYTES):
+    def __init__(self, qtype: Q, rng: np.random.Generator, pool_bytes: int = POOL_BYTES, std: float = TARGET_STD):
         self.block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
         self.n_blocks = max(1, pool_bytes // self.block_bytes)
-        self.data = memoryview(random_blocks(qtype, 2 * self.n_blocks, rng))
+        self.data = memoryview(random_blocks(qtype, 2 * self.n_blocks, rng, std))
 
     def chunks(self, nbytes: int, rng: np.random.Generator) -> Iterator[memoryview]:
         """Slices totalling `nbytes` (a whole number of blocks), each at most the pool size."""

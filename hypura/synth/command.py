@@ -38,12 +38,17 @@ SHAPE is one of: {", ".join(SHAPES)}. The tiny-* shapes are for tests.
 @click.option("--router-layer-corr", type=float, default=0.0, show_default=True, metavar="R",
               help="MoE: correlation in [0, 1] of consecutive layers' routers, so that expert e at "
                    "layer l+1 tends to fire after expert e at layer l.")
+@click.option("--block-out-scale", type=float, default=1.0, show_default=True, metavar="S",
+              help="Std of the blocks' output projections (attn_output, ffn_down*) relative to the other "
+                   "weights. Small values (0.05) keep every layer's hidden state near its token's "
+                   "embedding, so routers act on token-specific states: the router knobs then hold at "
+                   "every layer, and skew 0 is uniformly random routing.")
 def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, seed: int,
-          tokenizer_from: Path | None, router_skew: float, router_layer_corr: float) -> None:
+          tokenizer_from: Path | None, router_skew: float, router_layer_corr: float, block_out_scale: float) -> None:
     show = sys.stderr.isatty() and not sparse
     progress = _Progress() if show else None
     r = write_synth(shape, out, layers=layers, ftype=ftype, sparse=sparse, seed=seed,
-                    tokenizer_from=tokenizer_from, routing=Routing(router_skew, router_layer_corr),
+                    tokenizer_from=tokenizer_from, routing=Routing(router_skew, router_layer_corr, block_out_scale),
                     progress=progress)
     if progress:
         progress.done()

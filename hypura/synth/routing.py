@@ -12,6 +12,15 @@ fresh noise. The residual stream changes little from one layer to the next, so e
 l+1 tends to fire when expert e fired at layer l: a co-activation pattern a predictor can learn
 (it is not told that the mapping is the identity). Correlation between consecutive tokens comes
 from the text (similar tokens, similar hidden states), not from weights, so it is not a knob.
+
+All of this assumes the router sees token-specific hidden states. In a random-weight model it does
+not by default: attention adds an average over the context that dwarfs the token's embedding and is
+nearly the same for consecutive tokens, so deeper routers keep picking the same few experts (a
+48-layer qwen3-30b-a3b shape: the top 18 of 128 experts take 0.46-0.87 of the selections by layer,
+against 0.14 for uniform routing). `out_scale` (--block-out-scale) scales the blocks' output
+projections down; at 0.002 every layer's router acts on its token's embedding, and the knobs above
+hold at every layer (measured: top 18 take 0.25-0.27 at skew 0, 0.36-0.38 at skew 0.5 against a
+target of 0.34, on 96 tokens).
 """
 
 from __future__ import annotations
@@ -33,8 +42,11 @@ MAX_FREQUENCY = 0.45  # zero-mean scores: even a huge row wins only when its sco
 class Routing:
     skew: float = 0.0  # Zipf exponent of expert popularity; 0: uniform
     layer_corr: float = 0.0  # correlation of router directions between consecutive layers
+    out_scale: float = 1.0  # std of the blocks' output projections, relative to the other weights
 
     def __post_init__(self):
+        if not 0.0 < self.out_scale <= 1.0:
+            raise HypuraError(f"--block-out-scale must be in (0, 1], got {self.out_scale}")
         if not (0.0 <= self.skew <= 4.0 and math.isfinite(self.skew)):
             raise HypuraError(f"--router-skew must be in [0, 4], got {self.skew}")
         if not 0.0 <= self.layer_corr <= 1.0:

@@ -81,24 +81,30 @@ class SynthContext:
     seed: int
     largest: dict[Q, int]  # bytes of the largest tensor of each type: no pool needs more
     routing: Routing = Routing()
-    pools: dict[Q, BlockPool] = field(default_factory=dict)
+    pools: dict[tuple[Q, float], BlockPool] = field(default_factory=dict)
     router_rows: RouterRows | None = None
 
     def rng(self, *key: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *key])
 
-    def pool(self, t: Q) -> BlockPool:
-        if t not in self.pools:
-            self.pools[t] = BlockPool(t, self.rng(1, int(t)), min(POOL_BYTES, self.largest[t]))
-        return self.pools[t]
+    def pool(self, t: Q, std: float = TARGET_STD) -> BlockPool:
+        if (t, std) not in self.pools:
+            key = (1, int(t)) if std == TARGET_STD else (4, int(t))
+            self.pools[(t, std)] = BlockPool(t, self.rng(*key), min(POOL_BYTES, self.largest[t]), std)
+        return self.pools[(t, std)]
 
 
 Buffer = memoryview | bytes | np.ndarray
 Producer = Callable[[PlannedTensor, SynthContext, np.random.Generator], Iterable[Buffer]]
 
 
+# the projections that write a block's result into the residual stream (Routing.out_scale scales them)
+OUTPUT_PROJECTIONS = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
+
+
 def _weights(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
-    return ctx.pool(t.type).chunks(t.nbytes, rng)
+    out = t.spec.name.endswith(OUTPUT_PROJECTIONS)
+    return ctx.pool(t.type, TARGET_STD * ctx.routing.out_scale if out else TARGET_STD).chunks(t.nbytes, rng)
 
 
 def _norm(t: PlannedTensor, ctx: SynthContext, rng: np.random.Generator) -> Iterable[Buffer]:
@@ -194,6 +200,8 @@ def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool,
     if shape.n_expert:  # so that no synthetic hit rate passes for a real model's
         kvs += [KV("hypura.synth.router_skew", routing.skew, F32),
                 KV("hypura.synth.router_layer_corr", routing.layer_corr, F32)]
+    if routing.out_scale != 1.0:
+        kvs += [KV("hypura.synth.block_out_scale", routing.out_scale, F32)]
     return kvs + tokenizer_kv(shape.n_vocab, tokenizer_from)
 
 
