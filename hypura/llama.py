@@ -168,6 +168,8 @@ class Llama(llama_cpp.Llama):
         self._caches_of = model
         self._experts = ExpertStreamer(model, router.layers, router.n_used, settings,
                                        Tier.GPU if gpu else Tier.HOST, self._expert_copies, predictor)
+        if self._on_route is None:  # hits need no Python; an on_route callback must see every batch
+            self._experts.attach(self._streamer.c_stream)
 
     def _route(self, layer: int, ids) -> None:
         if self._experts is not None:
@@ -196,6 +198,7 @@ class Llama(llama_cpp.Llama):
         def timed_decode(batch):
             self._stats.timed(lambda: decode(batch), batch.n_tokens())
             self.raise_stream_error()
+            self._drain_experts()
 
         ctx.decode = timed_decode
 
@@ -212,7 +215,14 @@ class Llama(llama_cpp.Llama):
 
         self._stats.timed(run, len(tokens))
         self.raise_stream_error()
+        self._drain_experts()
         return rc[0] == 0
+
+    def _drain_experts(self) -> None:
+        """Replay what the stream answered in C during the decode: counters exact, the log bounded."""
+        experts = self.__dict__.get("_experts")
+        if experts is not None:
+            experts.drain()
 
     def clear_memory(self) -> None:
         """Empty the KV cache (the next decode starts at position 0)."""

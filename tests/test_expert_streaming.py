@@ -20,11 +20,13 @@ def own_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # co-activation counts land here
 
 
-def _decode(model, n_threads=1, **kwargs):
-    """Token-by-token logits (every batch is a decode batch: the cache serves it), the routing and stats."""
+def _decode(model, n_threads=1, traced=False, **kwargs):
+    """Token-by-token logits (every batch is a decode batch: the cache serves it), the routing (traced:
+    through on_route, which makes every batch call Python) and stats. Untraced, the stream answers
+    batches of ready experts in C."""
     trace = RoutingTrace(16, K)
     llm = hypura.Llama(str(model), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False,
-                       on_route=trace.record, **kwargs)
+                       on_route=trace.record if traced else None, **kwargs)
     try:
         llm.reset()
         out = []
@@ -39,16 +41,21 @@ def _decode(model, n_threads=1, **kwargs):
 @pytest.fixture(scope="module")
 def reference(tiny_qwen3moe):
     # plain host buffers (no repacking), as the cache runs use: the same CPU kernels throughout
-    logits, trace, _ = _decode(tiny_qwen3moe, param_overrides={"model_params": {"use_extra_bufts": False}})
+    logits, trace, _ = _decode(tiny_qwen3moe, traced=True,
+                               param_overrides={"model_params": {"use_extra_bufts": False}})
     return logits, trace
 
 
-@pytest.mark.parametrize("slots,policy", [(4, "lru"), (6, "decay"), (9, "lfu"), (16, "decay")])
-def test_logits_equal_for_any_cache_size(tiny_qwen3moe, reference, slots, policy):
-    logits, _, ex = _decode(tiny_qwen3moe, expert_cache=ExpertCacheSettings(slots=slots, policy=policy))
+@pytest.mark.parametrize("slots,policy,traced", [(4, "lru", False), (6, "decay", False), (6, "decay", True),
+                                                 (9, "lfu", False), (16, "decay", False)])
+def test_logits_equal_for_any_cache_size(tiny_qwen3moe, reference, slots, policy, traced):
+    logits, trace, ex = _decode(tiny_qwen3moe, traced=traced,
+                                expert_cache=ExpertCacheSettings(slots=slots, policy=policy))
     assert np.array_equal(logits, reference[0])
     assert ex["accesses"] == len(logits) * K * len(LAYERS)
     assert 0 < ex["loaded_bytes"]["demand"]
+    if traced:  # the hook saw what the routers chose, as without a cache
+        assert all(np.array_equal(trace.selections(layer), reference[1].selections(layer)) for layer in LAYERS)
 
 
 def test_hit_counts_match_a_hand_computed_trace(tiny_qwen3moe, reference):

@@ -87,10 +87,15 @@ ffi.cdef(
         struct ggml_tensor * ids;
         int32_t n_slots;
         int32_t max_tokens;
+        int32_t n_expert;
+        int32_t * slot_of;
     };
     const struct hypura_expert_cache * hypura_expert_cache_new(
         const struct llama_model * model, int32_t layer, int32_t n_slots, int32_t max_tokens, int32_t tier);
     void hypura_expert_caches_free(const struct llama_model * model);
+    int32_t hypura_stream_add_expert_cache(struct hypura_stream * stream, int32_t layer,
+                                           const struct hypura_expert_cache * cache);
+    int32_t hypura_stream_log_read(struct hypura_stream * stream, int32_t * out, int32_t n);
     """
 )
 
@@ -156,7 +161,7 @@ ffi.cdef(
     """
 )
 
-EXPECTED_API_VERSION = 5
+EXPECTED_API_VERSION = 6
 
 
 @functools.lru_cache(maxsize=None)

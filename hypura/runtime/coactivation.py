@@ -46,6 +46,15 @@ class CoactivationPredictor:
         if 0 <= layer < len(self.counts):
             self.counts[layer][np.ix_(np.asarray(experts), np.asarray(next_experts))] += 1
 
+    def observe_many(self, observations) -> None:
+        """observe() for many (layer, experts, next experts) at once, all of one size k."""
+        obs = [(layer, a, b) for layer, a, b in observations if 0 <= layer < len(self.counts)]
+        if not obs:
+            return
+        layers = np.array([o[0] for o in obs])[:, None, None]
+        a, b = np.array([o[1] for o in obs]), np.array([o[2] for o in obs])
+        np.add.at(self.counts, (layers, a[:, :, None], b[:, None, :]), 1)
+
     def predict(self, layer: int, experts, m: int) -> list[int]:
         """The m experts most often seen at layer+1 after `experts` at `layer` (none learned: none)."""
         if not 0 <= layer < len(self.counts) or m <= 0:

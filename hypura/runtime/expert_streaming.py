@@ -3,20 +3,24 @@
 Protocol (include/hypura.h "Expert caches" and the router hook; all on the thread running llama_decode)
   Each MoE layer L has n_slots slots: slot tensors beside its stacked expert tensors, in GPU memory
   (host memory without a GPU). `slot_of[L]` maps an expert to the slot holding its bytes, or about
-  to once L's loads in flight complete. The stacked tensors stay in host memory (pinned with a GPU):
-  the source of every load, and what batches larger than max_tokens compute from.
-  routed(L, selected [n_tokens, k]) fires after L's router ran, before L's expert matmuls:
-  - wait for L's loads in flight (prefetches issued at the MoE layer before L);
-  - a selected expert found in a slot is a hit; any other takes the slot of the policy's victim
-    (never one holding an expert this batch needs) and is loaded now (a demand load), waited for;
-  - write L's slot ids: row t, column i -> the slot of selected[t, i];
-  - prefetch for the next MoE layer: the co-activation predictor's top experts, into its slots,
-    not waited for. Its slots are free to overwrite: nothing reads them before its own hook waited.
-  Batches of more than max_tokens tokens compute from the stacked experts: the hook leaves them be.
+  to once L's loads in flight complete; the C side's `slot_of` array lists only slots whose bytes
+  are ready (published after their load was waited for; unpublished before a slot is overwritten).
+  The stacked tensors stay in host memory (pinned with a GPU): the source of every load, and what
+  batches larger than max_tokens compute from.
+  - A batch whose selected experts all have ready slots is answered by the stream in C (slot ids
+    written, the access logged): no Python. The log is replayed here, in order, before anything
+    else is decided (policy scores, counters, co-activation counts).
+  - Any other batch calls routed(L, selected [n_tokens, k]) after L's router ran, before L's expert
+    matmuls: replay the log; wait for L's loads in flight (prefetches) and publish them; a selected
+    expert with a slot is a hit; any other takes the slot of the policy's victim (never one this
+    batch needs) and is loaded now (a demand load), waited for, published; write L's slot ids (row
+    t, column i -> the slot of selected[t, i]); then prefetch for the next MoE layer the
+    co-activation predictor's top experts into its slots, not waited for (its slots are free to
+    overwrite: nothing reads them before their own hook waited, and the C side sees them only then).
+  Batches of more than max_tokens tokens compute from the stacked experts: nothing to do.
   With a GPU, loads run on Transfers' loader thread (copy stream, one event per layer); without
   one they are copies on this thread. Counters follow ../shared/DESIGN.md (expert_cache.py).
 """
-
 from __future__ import annotations
 
 import time
@@ -51,6 +55,7 @@ class _Layer:
         self.c = c_cache
         self.cache = LayerCache(n_slots, policy)
         self.slot_of: dict[int, int] = {}
+        self.unpublished: list[tuple[int, int]] = []  # (expert, slot) loaded or loading, not in c.slot_of yet
         self.free = list(range(n_slots - 1, -1, -1))
         self.ticket = None  # the latest load submitted (the copy stream is FIFO: it covers the earlier ones)
         self.event = ffi.NULL
@@ -65,9 +70,22 @@ class _Layer:
         if not self.cache.insert(expert, pinned):
             return None
         gone = before - set(self.cache.resident)
-        slot = self.slot_of.pop(gone.pop()) if gone else self.free.pop()
+        if gone:
+            victim = gone.pop()
+            self.c.slot_of[victim] = -1  # before its slot is overwritten
+            slot = self.slot_of.pop(victim)
+        else:
+            slot = self.free.pop()
         self.slot_of[expert] = slot
+        self.unpublished.append((expert, slot))
         return slot
+
+    def publish(self) -> None:
+        """Loads waited for: the C side may serve these experts."""
+        for e, slot in self.unpublished:
+            if self.slot_of.get(e) == slot:
+                self.c.slot_of[e] = slot
+        self.unpublished.clear()
 
 
 class ExpertStreamer:
@@ -100,21 +118,82 @@ class ExpertStreamer:
         self.loaded_bytes = {"demand": 0, "prefetch": 0}
         self.stall_s = 0.0
         self.hook_s = 0.0
-        self._last: Optional[np.ndarray] = None  # the previous MoE layer's selection, for the predictor
+        self._last: list = []  # the previous MoE layer's selection, for the predictor
+        self._pending: list = []  # (predictor layer, experts there, experts at the next) to count
         self._last_layer = -1
+        self.stream, self._log = None, None
+
+    def attach(self, c_stream) -> None:
+        """Let the stream answer batches of ready experts in C (no routed() call for them)."""
+        for layer, ly in self.layers.items():
+            if lib().hypura_stream_add_expert_cache(c_stream, layer, ly.c) != 0:
+                raise HypuraError(f"cannot serve layer {layer}'s expert cache from the stream")
+        self.stream, self._log = c_stream, ffi.new("int32_t[]", 1 << 16)
 
     # --- the router hook ----------------------------------------------------------------------
     def serve(self, layer: int, selected: np.ndarray) -> None:
         if len(selected) > self.settings.max_tokens:
             return  # a larger batch computes from the stacked experts: no cache access, not counted
+        self.drain()
         t0 = time.perf_counter()
         ly = self.layers[layer]
         self._wait(ly)
         rows = selected.tolist()  # plain ints: this runs once per MoE layer and token
-        uses = Counter(e for row in rows for e in row)
-        needed = set(uses)
+        uses = self._account(ly, rows)
         demand = []
-        self.stats.accesses += selected.size
+        for e in uses:
+            if e not in ly.slot_of:
+                slot = ly.take_slot(e, set(uses))
+                if slot is None:
+                    raise HypuraError(f"layer {layer}: no slot left for expert {e} ({len(uses)} needed at once)")
+                demand.append((e, slot))
+            ly.cache.touch(e)
+        if demand:
+            self._load(ly, demand, "demand")
+            self._wait(ly)
+        ly.publish()
+        slot_of = ly.slot_of
+        ids = np.array([[slot_of[e] for e in row] for row in rows], np.int32)
+        lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
+        self._observe(layer, rows)
+        self._prefetch(layer, rows)
+        self.hook_s += time.perf_counter() - t0
+
+    def drain(self) -> None:
+        """Replay the accesses the stream answered in C since the last drain (all hits), in order."""
+        tier, p = self.tier_name, self.predictor
+        while self.stream is not None and (n := lib().hypura_stream_log_read(self.stream, self._log, len(self._log))):
+            log, at = ffi.unpack(self._log, n), 0
+            while at < n:
+                layer, n_tokens, k = log[at:at + 3]
+                rows = [log[at + 3 + t * k: at + 3 + (t + 1) * k] for t in range(n_tokens)]
+                at += 3 + n_tokens * k
+                ly = self.layers[layer]
+                self.stats.accesses += n_tokens * k
+                self.stats.hits[tier] += n_tokens * k
+                touch, prefetched = ly.cache.touch, ly.cache.prefetched
+                for row in rows:
+                    for e in row:
+                        touch(e)
+                        if prefetched and e in prefetched:
+                            prefetched.discard(e)
+                            self.stats.prefetch_used += 1
+                if p is not None and self._last_layer >= 0 and len(self._last) == n_tokens:
+                    for prev, cur in zip(self._last, rows):
+                        self._pending.append((self.index[self._last_layer], prev, cur))
+                self._last, self._last_layer = rows, layer
+        self._flush_observations()
+
+    def _flush_observations(self) -> None:
+        """Co-activation counts of the replayed accesses, added at once."""
+        if self._pending:
+            self.predictor.observe_many(self._pending)
+            self._pending.clear()
+
+    def _account(self, ly: _Layer, rows: list) -> Counter:
+        """Count a batch's accesses (one per token and selected expert) as hits or misses."""
+        uses = Counter(e for row in rows for e in row)
+        self.stats.accesses += sum(map(len, rows))
         for e, count in uses.items():
             if e in ly.slot_of:
                 self.stats.hits[self.tier_name] += count
@@ -123,33 +202,22 @@ class ExpertStreamer:
                     self.stats.prefetch_used += 1
             else:
                 self.stats.hits[RAM] += count
-                slot = ly.take_slot(e, needed)
-                if slot is None:
-                    raise HypuraError(f"layer {layer}: no slot left for expert {e} ({len(needed)} needed at once)")
-                demand.append((e, slot))
-            ly.cache.touch(e)
-        if demand:
-            self._load(ly, demand, "demand")
-            self._wait(ly)
-        slot_of = ly.slot_of
-        ids = np.array([[slot_of[e] for e in row] for row in rows], np.int32)
-        lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
-        self._predict(layer, selected)
-        self.hook_s += time.perf_counter() - t0
+        return uses
 
-    def _predict(self, layer: int, selected: np.ndarray) -> None:
+    def _observe(self, layer: int, rows: list) -> None:
+        """Co-activation counts: each token's experts at the previous MoE layer, then at this one."""
         p = self.predictor
-        if p is None:
-            return
-        if self._last is not None and self._last_layer >= 0 and len(self._last) == len(selected):
-            for prev, cur in zip(self._last, selected):
+        if p is not None and self._last_layer >= 0 and len(self._last) == len(rows):
+            for prev, cur in zip(self._last, rows):
                 p.observe(self.index[self._last_layer], prev, cur)
-        self._last, self._last_layer = selected, layer
+        self._last, self._last_layer = rows, layer
+
+    def _prefetch(self, layer: int, rows: list) -> None:
         nxt = self.next_layer.get(layer)
         m = self.k if self.settings.prefetch < 0 else self.settings.prefetch
-        if nxt is None or m == 0:
+        if self.predictor is None or nxt is None or m == 0:
             return
-        guess = p.predict(self.index[layer], np.unique(selected), m)
+        guess = self.predictor.predict(self.index[layer], sorted({e for row in rows for e in row}), m)
         ly, todo = self.layers[nxt], []
         for e in guess:
             if e in ly.slot_of:
@@ -183,12 +251,14 @@ class ExpertStreamer:
 
     # --- stats --------------------------------------------------------------------------------
     def summary(self) -> dict:
+        self.drain()
         out = self.stats.as_dict()
         out.update(slots_per_layer=self.settings.slots, layers=len(self.layers), policy=self.settings.policy,
                    loaded_bytes=dict(self.loaded_bytes), stall_s=self.stall_s, hook_s=self.hook_s)
         return out
 
     def reset_stats(self) -> None:
+        self.drain()
         self.stats = CacheStats()
         self.loaded_bytes = {"demand": 0, "prefetch": 0}
         self.stall_s = self.hook_s = 0.0
