@@ -119,6 +119,8 @@ class Llama(llama_cpp.Llama):
         self._on_route = on_route
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)
+        if expert_cache is None and self.plan is not None and self.plan.expert_slots:
+            expert_cache = ExpertCacheSettings(slots=self.plan.expert_slots)
         if expert_cache is not None:
             policy = self._experts_in_host(policy)
         router = Router.of(self.header, self._route) if on_route is not None or expert_cache else None

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from hypura.model_file import ModelHeader, read_header
 from hypura.plan.budget import Budgets, RateOverrides, budgets_for, fmt_size, parse_size, rates_for
 from hypura.plan.cost import Prediction, Rates, Traffic, predict, traffic
+from hypura.plan.experts import with_expert_cache
 from hypura.plan.plan import Plan, TensorPlacement, build_plan
 from hypura.plan.solve import PlanSettings, greedy, optimize
 from hypura.plan.units import ModelUnits, model_units
@@ -31,7 +32,7 @@ def plan_model(model: str | os.PathLike | ModelHeader, profile: MachineProfile, 
     budgets = budgets_for(profile, 0 if overrides.no_gpu else gpu_mem, ram, disk)
     rates = rates_for(profile, overrides)
     solution = SOLVERS[solver](mu, budgets, rates, settings)
-    return build_plan(str(header.path), mu, solution, settings, budgets, rates)
+    return with_expert_cache(build_plan(str(header.path), mu, solution, settings, budgets, rates), mu, expert_probs)
 
 
 __all__ = ["Budgets", "ModelUnits", "Plan", "PlanSettings", "Prediction", "RateOverrides", "Rates", "SOLVERS",

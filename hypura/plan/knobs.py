@@ -30,6 +30,10 @@ SPLIT_S = 30e-6
 # on the CPU (160 hand-offs) ran 61 ms a token slower than -ngl 14 (2) at about equal CPU bytes
 # (bench/RESULTS.md)
 STREAM_SPLIT_S = 380e-6
+# an expert cache's host round trip per MoE layer and token (router result read, slot ids written):
+# measured on the H200 (2026-12-02, qwen3-30b-a3b shape, 18 slots a layer): router hooks 6.2 ms a
+# token over 48 layers, 1.5 ms of it waiting for loads
+EXPERT_LAYER_S = 100e-6
 # attention reads on average this share of the context's KV cache per token (a session that fills
 # the context reads half of it on average)
 KV_READ_FILL = 0.5

@@ -103,6 +103,9 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
     staging = (f"{plan.staging_slots} RAM slots for disk layers, {fmt_size(plan.memory[RAM]['staging'])} (largest "
                f"{fmt_size(plan.staging_slot_bytes)})" if plan.staging_slots else "no disk slots")
     out.append(f"streams  {pool}; {staging}; prefetch depth {plan.prefetch_depth}")
+    if plan.expert_slots:
+        out.append(f"experts  cache of {plan.expert_slots} GPU slots a MoE layer, every expert in RAM; "
+                   f"predicted at a hit rate of {plan.expert_hit_rate:.2f}")
     out += describe_prediction(plan)
     out.append("")
     out.append("layers   (G gpu, R ram, D disk; lower case: the block is split across tiers)")

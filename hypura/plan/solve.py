@@ -167,8 +167,10 @@ class _Problem:
                                       link / r.link if r.link else (float("inf") if link else 0.0),
                                       disk / r.disk_read)
         best = time(g, c, link)
-        movable = [i for i, u in enumerate(units) if tiers[i] == DISK and not u.host_only]
-        ram = [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only]
+        # experts never stream through layer slots (the runtime would copy whole stacked tensors):
+        # an expert cache loads them one by one instead (plan/experts.py)
+        movable = [i for i, u in enumerate(units) if tiers[i] == DISK and not u.host_only and u.expert < 0]
+        ram = [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only and u.expert < 0]
         # layers spread out (any prefix interleaves with the rest), so the copy engine streams the
         # next GPU layer while the CPU computes the layers between; a layer's units stay together
         spread = _spread_order(sorted({units[i].stage for i in ram}))

@@ -40,7 +40,11 @@ class StreamLayout:
     def of(cls, plan: Plan, gpu: bool) -> StreamLayout:
         tensors = {}
         for t in plan.tensors:
-            pool = _pool_of(t.tier, t.compute, gpu)
+            # a stacked expert tensor is one buffer: some experts on the GPU beside others in RAM
+            # cannot be had, and streaming it whole would copy every expert: the CPU computes it from
+            # RAM (an expert cache, plan.expert_slots, is how experts reach the GPU one by one)
+            compute = CPU if t.experts and t.tier != GPU else t.compute
+            pool = _pool_of(t.tier, compute, gpu)
             if pool is not None:
                 layer = t.layer if t.layer >= 0 else plan.n_layer  # the output head runs after the blocks
                 tensors[t.name] = Streamed(t.name, layer, pool, DISK if t.tier == DISK else RAM, t.nbytes)
