@@ -43,11 +43,10 @@ class CoactivationPredictor:
         self.counts = np.zeros((max(n_layer - 1, 0), n_expert, n_expert), np.uint32)
 
     def observe(self, layer: int, experts, next_experts) -> None:
-        if 0 <= layer < len(self.counts):
-            self.counts[layer][np.ix_(np.asarray(experts), np.asarray(next_experts))] += 1
+        self.observe_many([(layer, experts, next_experts)])
 
     def observe_many(self, observations) -> None:
-        """observe() for many (layer, experts, next experts) at once, all of one size k."""
+        """Count many (layer, experts at it, experts at the next) at once, each list of one size k."""
         obs = [(layer, a, b) for layer, a, b in observations if 0 <= layer < len(self.counts)]
         if not obs:
             return

@@ -156,12 +156,13 @@ class ExpertStreamer:
         ids = np.array([[slot_of[e] for e in row] for row in rows], np.int32)
         lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
         self._observe(layer, rows)
+        self._flush_observations()
         self._prefetch(layer, rows)
         self.hook_s += time.perf_counter() - t0
 
     def drain(self) -> None:
         """Replay the accesses the stream answered in C since the last drain (all hits), in order."""
-        tier, p = self.tier_name, self.predictor
+        tier = self.tier_name
         while self.stream is not None and (n := lib().hypura_stream_log_read(self.stream, self._log, len(self._log))):
             log, at = ffi.unpack(self._log, n), 0
             while at < n:
@@ -178,14 +179,11 @@ class ExpertStreamer:
                         if prefetched and e in prefetched:
                             prefetched.discard(e)
                             self.stats.prefetch_used += 1
-                if p is not None and self._last_layer >= 0 and len(self._last) == n_tokens:
-                    for prev, cur in zip(self._last, rows):
-                        self._pending.append((self.index[self._last_layer], prev, cur))
-                self._last, self._last_layer = rows, layer
+                self._observe(layer, rows)
         self._flush_observations()
 
     def _flush_observations(self) -> None:
-        """Co-activation counts of the replayed accesses, added at once."""
+        """Co-activation counts noted since the last flush, added at once."""
         if self._pending:
             self.predictor.observe_many(self._pending)
             self._pending.clear()
@@ -205,11 +203,9 @@ class ExpertStreamer:
         return uses
 
     def _observe(self, layer: int, rows: list) -> None:
-        """Co-activation counts: each token's experts at the previous MoE layer, then at this one."""
-        p = self.predictor
-        if p is not None and self._last_layer >= 0 and len(self._last) == len(rows):
-            for prev, cur in zip(self._last, rows):
-                p.observe(self.index[self._last_layer], prev, cur)
+        """Note co-activations: each token's experts at the previous MoE layer, then at this one."""
+        if self.predictor is not None and self._last_layer >= 0 and len(self._last) == len(rows):
+            self._pending += [(self.index[self._last_layer], prev, cur) for prev, cur in zip(self._last, rows)]
         self._last, self._last_layer = rows, layer
 
     def _prefetch(self, layer: int, rows: list) -> None:
