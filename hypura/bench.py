@@ -44,7 +44,27 @@ def bound(plan: Optional[Plan]) -> Optional[dict]:
             "seconds_per_token": terms}
 
 
-def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: None) -> dict:
+def expert_cache_bound(header, rates, experts: dict) -> Optional[dict]:
+    """For a run with expert caches: tok/s if a decode token only read its weights from GPU memory (the
+    non-expert tensors and k experts a MoE layer) and loaded the experts it missed, as measured, over
+    PCIe, both at the profile's rates, one after the other (a layer's misses load before its experts
+    compute)."""
+    from hypura.runtime.expert_streaming import EXPERT_NAMES
+
+    if not experts or not rates.gpu_read or not rates.link:
+        return None
+    k = int(header.get("expert_used_count"))
+    read = sum(t.nbytes * (k / t.shape[2] if t.name.endswith(EXPERT_NAMES) else 1)
+               for t in header.tensors if t.name != "token_embd.weight")
+    tokens = experts["accesses"] / (k * experts["layers"])  # the decode tokens the caches served
+    loaded = sum(experts["loaded_bytes"].values()) / tokens if tokens else 0.0
+    terms = {"gpu": read / rates.gpu_read, "link": loaded / rates.link}
+    return {"decode_tok_s": 1 / sum(terms.values()), "limit": "expert cache at the measured hit rate",
+            "seconds_per_token": terms}
+
+
+def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: None, rates=None) -> dict:
+    """rates: the machine's (hypura.plan.Rates), for a run's bound without a plan (expert caches)."""
     rng = random.Random(s.seed)
 
     def decode_tokens(toks: list[int]) -> None:
@@ -82,9 +102,14 @@ def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: 
         if s.n_gen:
             tg.append(decode())
             progress(f"run {i + 1}/{s.repeats}: decode {tg[-1]:.2f} tok/s")
+    stats = llm.stats()
+    b = bound(plan) if plan is not None and not plan.expert_slots else None
+    if b is None and rates is not None:
+        b = expert_cache_bound(llm.header, rates, stats.get("experts"))
     out = {"settings": s.__dict__, "prefill_tok_s": spread(pp), "decode_tok_s": spread(tg),
-           "stats": llm.stats(), "bound": bound(plan)}
+           "stats": stats, "bound": b}
+    if b is not None and tg:
+        out["bound_ratio"] = statistics.median(tg) / b["decode_tok_s"]
     if plan is not None and tg:
-        out["bound_ratio"] = statistics.median(tg) / out["bound"]["decode_tok_s"]
         out["predicted_ratio"] = statistics.median(tg) / plan.prediction.decode_tok_s
     return out

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _bench(*args):
     return subprocess.run([sys.executable, "-m", "hypura.cli.main", "bench", *args],
@@ -31,3 +33,29 @@ def test_bench_errors_are_one_line(smollm2_path):
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "not both" in r.stderr
     r = _bench("/nonexistent.gguf")
     assert r.returncode == 1 and "no such file" in r.stderr
+
+
+def test_bench_runs_expert_caches_and_bounds_them(tiny_qwen3moe, tmp_path):
+    out = tmp_path / "bench.json"
+    r = _bench(str(tiny_qwen3moe), "--expert-slots", "6", "-p", "8", "-n", "8", "-r", "2", "-t", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    ex = json.loads(out.read_text())["stats"]["experts"]
+    # runs x (decode tokens x k x MoE layers + the prompt's last token at the last layer, where llama.cpp
+    # keeps only the rows it needs logits for: a one-token batch, which the cache serves)
+    assert ex["accesses"] == 2 * (8 * 4 * 2 + 1 * 4 * 1)
+    assert "experts: 6 slots x 2 layers" in r.stdout
+    assert _bench(str(tiny_qwen3moe), "--expert-slots", "-1").stderr.strip() == "error: --expert-slots -1 needs --gpu-mem"
+
+
+def test_the_expert_cache_bound_adds_gpu_reads_and_measured_loads(tiny_qwen3moe):
+    from hypura.bench import expert_cache_bound
+    from hypura.model_file import read_header
+    from hypura.plan.cost import Rates
+
+    h = read_header(tiny_qwen3moe)
+    rates = Rates(cpu_read=1e9, disk_read=1e9, gpu_read=1e12, link=1e10)
+    weights = sum(t.nbytes / (4 if "_exps" in t.name else 1) for t in h.tensors if t.name != "token_embd.weight")
+    b = expert_cache_bound(h, rates, {"accesses": 10 * 4 * 2, "layers": 2, "loaded_bytes": {"demand": 5e6, "prefetch": 0}})
+    assert b["seconds_per_token"]["gpu"] == pytest.approx(weights / 1e12)  # k / E = 4 / 16 of the experts
+    assert b["seconds_per_token"]["link"] == pytest.approx(5e5 / 1e10)  # 5 MB over 10 tokens
+    assert expert_cache_bound(h, Rates(cpu_read=1e9, disk_read=1e9), {"accesses": 1}) is None  # no GPU

@@ -14,7 +14,7 @@ from hypura.errors import HypuraError
 from hypura.model_file import read_header
 from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
-from hypura.plan.budget import parse_size
+from hypura.plan.budget import parse_size, rates_for
 from hypura.runtime.expert_streaming import slots_for_budget
 from hypura.runtime.stats import describe
 
@@ -72,7 +72,9 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
                 n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False,
                 param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=expert_slots)
     try:
-        result = run_bench(llm, llm.plan, s, say)
+        caches = expert_slots is not None or (llm.plan is not None and llm.plan.expert_slots)
+        rates = rates_for(machine_profile(profile_spec)) if caches else None  # their bound needs the rates
+        result = run_bench(llm, llm.plan, s, say, rates)
     finally:
         llm.close()
     result["model"] = str(model)
