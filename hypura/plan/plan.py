@@ -46,7 +46,7 @@ class Plan:
     n_layer: int
     n_ctx: int
     n_ubatch: int
-    mode: str  # full-resident | dense-ffn-streaming | expert-streaming | mixed
+    mode: str  # full-resident | dense-ffn-streaming | expert-streaming | expert-cache | mixed
     solver: str  # optimizer | greedy (the optimizer's best candidate may be the greedy one)
     config: str
     tensors: tuple[TensorPlacement, ...]
