@@ -266,3 +266,12 @@ def test_help_lists_flags_and_unsupported_ones():
     assert rc == 0
     for flag in (b"-ngl", b"-cnv", b"--gpu-mem", b"--stats", b"--plan", b"docs/cli.md"):
         assert flag in out
+
+
+def test_expert_slots_run_an_expert_cache_and_report_it(tiny_qwen3moe):
+    args = ["-m", str(tiny_qwen3moe), "-p", "Hello", "-n", "8", "-no-cnv", "-t", "1", "--temp", "0"]
+    rc, out, err = _run(HYPURA_CLI + args + ["--expert-slots", "6", "--stats"])
+    assert rc == 0, err
+    assert "hypura: experts: 6 slots x 2 layers" in err and out
+    rc, out, err = _run(HYPURA_CLI + args + ["--expert-slots", "0"])
+    _one_line_error(rc, out, err)

@@ -220,6 +220,8 @@ OPTIONS = [
      dict(metavar="SIZE", help="Hypura: GPU memory budget (e.g. 8GiB; used by the planner)")),
     (("--ram", "ram"), dict(metavar="SIZE", help="Hypura: RAM budget (used by the planner)")),
     (("--plan", "plan"), dict(metavar="FILE", help="Hypura: placement plan file")),
+    (("--expert-slots", "expert_slots"),
+     dict(metavar="N", help="Hypura: MoE expert cache of N slots a layer in GPU memory, experts pinned in RAM")),
     (("--stats", "stats"),
      dict(is_flag=True, default=False, help="Hypura: print placement and speed after the run")),
 ]

@@ -61,7 +61,7 @@ def load_model(s: Settings, model_path: str) -> Llama:
             override_tensor=list(s.override_tensor) or None,
             kv_overrides=dict(s.kv_overrides) or None, numa=_NUMA[s.numa],
             gpu_mem=s.gpu_mem, ram=s.ram, plan=str(s.plan) if s.plan else None,
-            verbose=True,
+            expert_cache=s.expert_slots, verbose=True,
         )
 
 

@@ -170,6 +170,10 @@ def build_settings(kw: dict) -> Settings:
     for key in ("gpu_mem", "ram"):
         if kw[key] is not None:
             s[key] = kw[key]
+    if kw["expert_slots"] is not None:
+        s["expert_slots"] = _convert("--expert-slots", kw["expert_slots"], stoi)
+        if s["expert_slots"] < 1:
+            raise value_error("--expert-slots", "error: --expert-slots must be at least 1")
     if kw["plan"] is not None:
         if not Path(kw["plan"]).is_file():
             raise value_error("--plan", f"error: failed to open file '{kw['plan']}'")

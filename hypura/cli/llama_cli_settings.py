@@ -143,4 +143,5 @@ class Settings:
     gpu_mem: Optional[str] = None
     ram: Optional[str] = None
     plan: Optional[Path] = None
+    expert_slots: Optional[int] = None
     stats: bool = False
