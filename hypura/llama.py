@@ -8,6 +8,7 @@ every tensor's placement goes through `hypura.runtime.placement.LoaderHooks`.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from typing import Callable, Iterable, Optional, Union
 
 from hypura.bindings.ffi import ffi, lib
@@ -168,10 +169,27 @@ class Llama(llama_cpp.Llama):
         predictor = CoactivationPredictor.load(self._predictor_key, len(router.layers), router.n_expert)
         self._expert_copies = Transfers([], {}, False, copy_stream=True) if gpu else None
         self._caches_of = model
+        settings = self._with_share_rates(settings) if gpu else settings
         self._experts = ExpertStreamer(model, router.layers, router.n_used, settings,
                                        Tier.GPU if gpu else Tier.HOST, self._expert_copies, predictor)
         if self._on_route is None:  # hits need no Python; an on_route callback must see every batch
             self._experts.attach(self._streamer.c_stream)
+
+    def _with_share_rates(self, settings: ExpertCacheSettings) -> ExpertCacheSettings:
+        """Misses split between the CPU and the copy engine by measured rates: the plan's, else this
+        machine's cached profile (`hypura profile`); with neither, every miss is loaded."""
+        if settings.cpu_rate:
+            return settings
+        rates = self.plan.rates if self.plan is not None else None
+        if rates is None:
+            from hypura.plan.budget import rates_for
+            from hypura.profile.store import load_cached
+
+            profile = load_cached()
+            rates = rates_for(profile) if profile is not None else None
+        if rates is None or not rates.link:
+            return settings
+        return dataclasses.replace(settings, cpu_rate=rates.cpu_read, link_rate=rates.link)
 
     def _route(self, layer: int, ids) -> None:
         if self._experts is not None:

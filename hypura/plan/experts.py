@@ -5,7 +5,8 @@ Same GPU bytes: the static plan's GPU-resident experts become slots, spread even
 layers, and every expert lives in RAM. A decode token then costs
   GPU reads: the non-expert GPU tensors, and k experts a layer from slots     / GPU rate
   + the non-expert tensors the plan leaves in RAM                               / CPU rate
-  + the missed experts, (1 - h) of them                                         / link rate
+  + the missed experts, (1 - h) of them, split between the CPU computing them
+    where they lie and the copy engine bringing them, both at once           / (CPU + link rate)
   + one host round trip per MoE layer (router result read, slot ids written)    EXPERT_LAYER_S
 with h the cache's hit rate: from routing frequencies when known (a cache of s slots holding the s
 most popular experts), else s / E (uniformly random routing, the worst case). The plan takes the
@@ -50,10 +51,14 @@ def with_expert_cache(plan: Plan, mu: ModelUnits, expert_probs: Mapping[int, Seq
     dense = [u for u in mu.units if u.expert < 0 and u.p >= 1.0]  # read by every token
     other_gpu = sum(u.nbytes for u in dense if plan.tier_of(u.tensors[0]) == GPU)
     other_cpu = sum(u.nbytes for u in dense if plan.tier_of(u.tensors[0]) != GPU)
-    nbytes = {GPU: other_gpu + used, CPU: other_cpu, "link": (1 - hit_rate) * used, DISK: 0}
-    seconds = {GPU: nbytes[GPU] / r.gpu_read, CPU: other_cpu / r.cpu_read, "link": nbytes["link"] / r.link, DISK: 0.0,
-               "overhead": len(layers) * knobs.EXPERT_LAYER_S + dims.n_layer * r.gpu_layer_s}
-    tok_s = 1 / sum(seconds.values())  # a layer's misses load before its experts compute: no overlap
+    missed = (1 - hit_rate) * used
+    to_cpu = missed * r.cpu_read / (r.cpu_read + r.link)  # the share that finishes with the copies
+    nbytes = {GPU: other_gpu + used, CPU: other_cpu + to_cpu, "link": missed - to_cpu, DISK: 0}
+    seconds = {GPU: nbytes[GPU] / r.gpu_read, CPU: nbytes[CPU] / r.cpu_read, "link": nbytes["link"] / r.link,
+               DISK: 0.0, "overhead": len(layers) * knobs.EXPERT_LAYER_S + dims.n_layer * r.gpu_layer_s}
+    # one after the other (a layer's misses are in before its experts compute), but the CPU's share
+    # of the misses and the copies run at once
+    tok_s = 1 / (seconds[GPU] + other_cpu / r.cpu_read + missed / (r.cpu_read + r.link) + seconds["overhead"])
     if tok_s <= plan.prediction.decode_tok_s:
         return plan
     prediction = Prediction(tok_s, max((GPU, CPU, "link"), key=seconds.get), plan.prediction.prefill_tok_s,
