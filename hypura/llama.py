@@ -178,6 +178,8 @@ class Llama(llama_cpp.Llama):
     def _with_share_rates(self, settings: ExpertCacheSettings) -> ExpertCacheSettings:
         """Misses split between the CPU and the copy engine by measured rates: the plan's, else this
         machine's cached profile (`hypura profile`); with neither, every miss is loaded."""
+        if not settings.cpu_threads:  # the CPU's share runs with the context's threads
+            settings = dataclasses.replace(settings, cpu_threads=self.n_threads)
         if settings.cpu_rate:
             return settings
         rates = self.plan.rates if self.plan is not None else None
