@@ -85,11 +85,13 @@ moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all b
             --json "$RES/hypura-$tag-g4-s$slots.json" 2>&1 | tail -4
     done
     ;;
-synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB)
+synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB): quiet block outputs, so
+           # routing follows the routers at every layer; q3u: uniformly random (the worst case)
     rm -f $M70
-    python3 -m hypura.cli.main synth qwen3-30b-a3b /tmp/q3u.gguf --tokenizer-from $TOK > "$RES/synth-q3u.log" 2>&1 &
-    python3 -m hypura.cli.main synth qwen3-30b-a3b /tmp/q3s.gguf --router-skew 1.0 --router-layer-corr 0.5 \
-        --tokenizer-from $TOK > "$RES/synth-q3s.log" 2>&1
+    python3 -m hypura.cli.main synth qwen3-30b-a3b /tmp/q3u.gguf --block-out-scale 0.002 \
+        --tokenizer-from $TOK > "$RES/synth-q3u.log" 2>&1 &
+    python3 -m hypura.cli.main synth qwen3-30b-a3b /tmp/q3s.gguf --block-out-scale 0.002 --router-skew 0.5 \
+        --router-layer-corr 0.5 --tokenizer-from $TOK > "$RES/synth-q3s.log" 2>&1
     wait
     ;;
 disk)  # (b) 8 GiB GPU, 16 GiB RAM: part of the model streams from disk, page cache dropped first
