@@ -102,6 +102,8 @@ def test_coactivation_counts_persist_and_warm_start(tiny_qwen3moe, reference):
 def test_bad_settings_are_clear_errors(tiny_qwen3moe, tiny_llama):
     with pytest.raises(HypuraError, match="at least 4 slots"):
         hypura.Llama(str(tiny_qwen3moe), n_ctx=64, verbose=False, expert_cache=3)
+    with pytest.raises(HypuraError, match="unknown expert cache policy 'foo'"):
+        ExpertCacheSettings(slots=6, policy="foo")
     with pytest.raises(HypuraError, match="no MoE router"):
         hypura.Llama(str(tiny_llama), n_ctx=64, verbose=False, expert_cache=8)
     with pytest.raises(HypuraError, match="no stacked experts"):

@@ -38,7 +38,7 @@ from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan.cost import RAM
 from hypura.runtime.coactivation import CoactivationPredictor
-from hypura.runtime.expert_cache import DEFAULT_POLICY, CacheStats, LayerCache
+from hypura.runtime.expert_cache import DEFAULT_POLICY, POLICIES, CacheStats, LayerCache
 from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Piece, Transfers
 
@@ -59,6 +59,12 @@ class ExpertCacheSettings:
     cpu_rate: float = 0.0
     link_rate: float = 1.0
     cpu_threads: int = 0  # threads for the CPU's share (0: ggml's default)
+
+    def __post_init__(self):  # checked before a model loads
+        if self.policy not in POLICIES:
+            raise HypuraError(f"unknown expert cache policy {self.policy!r}; known: {', '.join(POLICIES)}")
+        if self.max_tokens < 1 or self.cpu_rate < 0 or self.link_rate <= 0:
+            raise HypuraError("expert cache settings: max_tokens must be >= 1, cpu_rate >= 0, link_rate > 0")
 
 
 class _Layer:

@@ -71,7 +71,7 @@ class Router:
     def of(cls, header: ModelHeader, callback) -> Router:
         layers = tuple(sorted({t.layer for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")}))
         if not layers:
-            raise HypuraError(f"{header.path.name} has no MoE router: on_route needs an MoE model")
+            raise HypuraError(f"{header.path.name} has no MoE router: on_route and expert caches need an MoE model")
         return cls(callback, int(header.get("expert_count")), int(header.get("expert_used_count")), layers)
 
 
