@@ -231,7 +231,7 @@ class ExpertStreamer:
         """The missed experts the CPU computes: each goes to whichever of the CPU and the copy engine
         finishes its queue first (an expert costs its bytes over that path's rate)."""
         s = self.settings
-        if not s.cpu_rate:
+        if not s.cpu_rate or ly.c.cur == ffi.NULL:  # NULL: this architecture weights experts' inputs
             return set()
         size = sum(part[2] for part in ly.parts)
         cpu_s = link_s = 0.0
