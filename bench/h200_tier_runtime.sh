@@ -80,9 +80,11 @@ moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all b
     m=${MOE:?}; tag=$(basename "$m" .gguf)
     "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe 48,41 -t $T -p 0 -n 32 -r 3 -o json > "$RES/vanilla-$tag.json" 2> /dev/null
     grep -o '"n_cpu_moe": [0-9]*\|"avg_ts": [0-9.]*' "$RES/vanilla-$tag.json"
-    for slots in ${SLOTS:--1}; do  # -1: as many as 4 GiB holds
-        hy bench "$m" --gpu-mem 4GiB --expert-slots $slots -p 0 -n 32 -r 3 -t $T \
-            --json "$RES/hypura-$tag-g4-s$slots.json" 2>&1 | tail -4
+    for slots in ${SLOTS:--1}; do  # -1: as many as 4 GiB holds; misses copied only, then shared with the CPU
+        for share in no-cpu-share cpu-share; do
+            hy bench "$m" --gpu-mem 4GiB --expert-slots $slots --$share --profile $PROFILE -p 0 -n 32 -r 3 -t $T \
+                --json "$RES/hypura-$tag-g4-s$slots-$share.json" 2>&1 | tail -4
+        done
     done
     ;;
 synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB): quiet block outputs, so

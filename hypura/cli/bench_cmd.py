@@ -3,6 +3,7 @@ medians, spread, the bound and the plan's prediction."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import sys
@@ -15,7 +16,7 @@ from hypura.model_file import read_header
 from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
 from hypura.plan.budget import parse_size, rates_for
-from hypura.runtime.expert_streaming import slots_for_budget
+from hypura.runtime.expert_streaming import ExpertCacheSettings, slots_for_budget
 from hypura.runtime.stats import describe
 
 
@@ -37,9 +38,12 @@ from hypura.runtime.stats import describe
 @click.option("--expert-slots", type=click.IntRange(-1), default=None,
               help="MoE: an expert cache of this many slots a layer in GPU memory, the experts pinned in RAM "
                    "(-1: as many as --gpu-mem leaves beside the other tensors); llama.cpp places the rest.")
+@click.option("--cpu-share/--no-cpu-share", default=True, show_default=True,
+              help="With --expert-slots: the CPU computes a share of the missed experts beside the copies, "
+                   "by the profile's rates.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
-          profile_spec, expert_slots, json_out) -> None:
+          profile_spec, expert_slots, cpu_share, json_out) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound."""
     import llama_cpp
 
@@ -51,7 +55,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     n_ctx = max(256, n_prompt + n_gen + 64)
     if plan_file and (gpu_mem or ram):
         raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
-    plan = None
+    plan, cache = None, None
     if expert_slots is not None:
         if plan_file or ram:
             raise HypuraError("--expert-slots sizes the GPU cache itself: give --gpu-mem only")
@@ -59,6 +63,9 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
             if not gpu_mem:
                 raise HypuraError("--expert-slots -1 needs --gpu-mem")
             expert_slots = slots_for_budget(header, parse_size(gpu_mem))
+        r = rates_for(machine_profile(profile_spec))
+        share = cpu_share and bool(r.link)
+        cache = ExpertCacheSettings(expert_slots, cpu_rate=r.cpu_read if share else 0.0, link_rate=r.link or 1.0)
     elif gpu_mem or ram:
         plan = plan_model(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
                           settings=PlanSettings(n_ctx=n_ctx))
@@ -70,7 +77,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
           "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[flash_attn]
     llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=s.n_threads,
                 n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False,
-                param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=expert_slots)
+                param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache)
     try:
         caches = expert_slots is not None or (llm.plan is not None and llm.plan.expert_slots)
         rates = rates_for(machine_profile(profile_spec)) if caches else None  # their bound needs the rates
@@ -80,7 +87,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     result["model"] = str(model)
     result["machine"] = {"host": platform.node(), "python": sys.version.split()[0]}
     result["budgets"] = {"gpu_mem": gpu_mem, "ram": ram}
-    result["expert_slots"] = expert_slots
+    result["expert_cache"] = dataclasses.asdict(cache) if cache else None
     result["flash_attn"] = flash_attn
     if llm.plan is not None:
         result["plan"] = {"mode": llm.plan.mode, "config": llm.plan.config, "memory": llm.plan.memory,
