@@ -55,7 +55,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     n_ctx = max(256, n_prompt + n_gen + 64)
     if plan_file and (gpu_mem or ram):
         raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
-    plan, cache = None, None
+    plan, cache, rates = None, None, None
     if expert_slots is not None:
         if plan_file or ram:
             raise HypuraError("--expert-slots sizes the GPU cache itself: give --gpu-mem only")
@@ -63,9 +63,10 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
             if not gpu_mem:
                 raise HypuraError("--expert-slots -1 needs --gpu-mem")
             expert_slots = slots_for_budget(header, parse_size(gpu_mem))
-        r = rates_for(machine_profile(profile_spec))
-        share = cpu_share and bool(r.link)
-        cache = ExpertCacheSettings(expert_slots, cpu_rate=r.cpu_read if share else 0.0, link_rate=r.link or 1.0)
+        rates = rates_for(machine_profile(profile_spec))  # the CPU's share of misses, and the bound
+        share = cpu_share and bool(rates.link)
+        cache = ExpertCacheSettings(expert_slots, cpu_rate=rates.cpu_read if share else 0.0,
+                                    link_rate=rates.link or 1.0)
     elif gpu_mem or ram:
         plan = plan_model(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
                           settings=PlanSettings(n_ctx=n_ctx))
@@ -79,8 +80,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
                 n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False,
                 param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache)
     try:
-        caches = expert_slots is not None or (llm.plan is not None and llm.plan.expert_slots)
-        rates = rates_for(machine_profile(profile_spec)) if caches else None  # their bound needs the rates
+        if llm.plan is not None and llm.plan.expert_slots:
+            rates = llm.plan.rates  # what the plan's cache was sized with
         result = run_bench(llm, llm.plan, s, say, rates)
     finally:
         llm.close()

@@ -18,9 +18,9 @@ Protocol (include/hypura.h "Expert caches" and the router hook; all on the threa
     on the layer's input); the loads are waited for and published; write L's slot ids (row t,
     column i -> the slot of selected[t, i]) and keep/cpu_out (the CPU's outputs in their places;
     cpu_dirty keeps the stream's C path off the layer until they are reset); then prefetch for the
-    next MoE layer the
-    co-activation predictor's top experts into its slots, not waited for (its slots are free to
-    overwrite: nothing reads them before their own hook waited, and the C side sees them only then).
+    next MoE layer the co-activation predictor's top experts into its slots, not waited for (its
+    slots are free to overwrite: nothing reads them before their own hook waited, and the C side
+    sees them only then).
   Batches of more than max_tokens tokens compute from the stacked experts: nothing to do.
   With a GPU, loads run on Transfers' loader thread (copy stream, one event per layer); without
   one they are copies on this thread. Counters follow ../shared/DESIGN.md (expert_cache.py).
@@ -45,6 +45,7 @@ from hypura.runtime.transfers import Piece, Transfers
 # host buffer types whose bytes are ggml's plain layout: slices of them copy into slots as they are
 PLAIN_HOST_BUFFERS = ("CPU", "CPU_Mapped", "CUDA_Host")
 CPU_COMPUTED = "cpu"  # accesses whose expert the CPU computed from RAM
+EXPERT_NAMES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class _Layer:
         self.parts = [(c_cache.slots[i], ffi.cast("uint8_t *", lib().ggml_get_data(c_cache.experts[i])),
                        lib().ggml_nbytes(c_cache.slots[i]) // n_slots)
                       for i in range(3) if c_cache.experts[i] != ffi.NULL]
+        # cpu_out (F32 [n_embd, n_used, max_tokens]) over ids (I32 [n_used, max_tokens])
+        self.n_embd = lib().ggml_nbytes(c_cache.cpu_out) // lib().ggml_nbytes(c_cache.ids)
 
     def take_slot(self, expert: int, pinned: set) -> Optional[int]:
         """A slot for `expert` (evicting the policy's victim outside `pinned`), None if none can be had."""
@@ -118,8 +121,8 @@ class ExpertStreamer:
         self.next_layer = dict(zip(layers, layers[1:]))
         self.layers: dict[int, _Layer] = {}
         for layer in layers:
-            for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
-                full = f"blk.{layer}.{name}.weight"
+            for name in EXPERT_NAMES:
+                full = f"blk.{layer}.{name}"
                 buft = lib().hypura_model_tensor_buft(model, full.encode())
                 if buft != ffi.NULL and ffi.string(buft).decode() not in PLAIN_HOST_BUFFERS:
                     raise HypuraError(f"expert caches load from the stacked experts in plain host memory; "
@@ -185,7 +188,6 @@ class ExpertStreamer:
 
     def drain(self) -> None:
         """Replay the accesses the stream answered in C since the last drain (all hits), in order."""
-        tier = self.tier_name
         while self.stream is not None and (n := lib().hypura_stream_log_read(self.stream, self._log, len(self._log))):
             log, at = ffi.unpack(self._log, n), 0
             while at < n:
@@ -193,15 +195,8 @@ class ExpertStreamer:
                 rows = [log[at + 3 + t * k: at + 3 + (t + 1) * k] for t in range(n_tokens)]
                 at += 3 + n_tokens * k
                 ly = self.layers[layer]
-                self.stats.accesses += n_tokens * k
-                self.stats.hits[tier] += n_tokens * k
-                touch, prefetched = ly.cache.touch, ly.cache.prefetched
-                for row in rows:
-                    for e in row:
-                        touch(e)
-                        if prefetched and e in prefetched:
-                            prefetched.discard(e)
-                            self.stats.prefetch_used += 1
+                for e in self._account(ly, rows):  # all hits, counted and touched as serve() does
+                    ly.cache.touch(e)
                 self._observe(layer, rows)
         self._flush_observations()
 
@@ -250,12 +245,11 @@ class ExpertStreamer:
             return None
         L, c = lib(), ly.c
         n_tokens, k = len(rows), len(rows[0])
-        n_embd = L.ggml_nbytes(c.cpu_out) // 4 // (k * c.max_tokens)
-        x = np.empty((n_tokens, n_embd), np.float32)
+        x = np.empty((n_tokens, ly.n_embd), np.float32)
         L.ggml_backend_tensor_get(c.cur, ffi.from_buffer(x), 0, x.nbytes)
         some = next(iter(on_cpu))
         ids = np.array([[e if e in on_cpu else some for e in row] for row in rows], np.int32)
-        out = np.empty((n_tokens, k, n_embd), np.float32)
+        out = np.empty((n_tokens, k, ly.n_embd), np.float32)
         if L.hypura_expert_cache_cpu(c, ffi.from_buffer("float[]", x), ffi.from_buffer("int32_t[]", ids), n_tokens,
                                      ffi.from_buffer("float[]", out), self.settings.cpu_threads) != 0:
             raise HypuraError("the CPU could not compute its share of the experts")
@@ -266,9 +260,9 @@ class ExpertStreamer:
         c, L = ly.c, lib()
         if cpu_out is None and not c.cpu_dirty:
             return
-        n_tokens, k = len(rows), len(rows[0])
+        k = len(rows[0])
         keep = np.ones((c.max_tokens, k), np.float32)
-        out = np.zeros((c.max_tokens, k, L.ggml_nbytes(c.cpu_out) // 4 // (k * c.max_tokens)), np.float32)
+        out = np.zeros((c.max_tokens, k, ly.n_embd), np.float32)
         for t, row in enumerate(rows):
             for i, e in enumerate(row):
                 if e in on_cpu:
@@ -335,7 +329,6 @@ class ExpertStreamer:
         self.stall_s = self.hook_s = 0.0
 
 
-EXPERT_NAMES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 # GPU memory the slots leave for llama.cpp's compute buffers, the KV cache of a short context and
 # CUDA's own allocations (cuBLAS workspace)
 GPU_RESERVE = 768 << 20
