@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | zero | contention | vanilla70 | plans | auto | disk | synthmoe | moe | pack
+#   phases: setup | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | moe | moeplan | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -75,6 +75,11 @@ auto)  # (a) with the plan the planner makes from the budgets
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n ${NGEN:-16} -r ${REPS:-3} -t $T --profile $PROFILE \
         --json "$RES/hypura-l70-g8-r64-planner${TAG:-}.json" 2>&1 | tail -5
     ;;
+pinnedab)  # (a)'s "before": the CPU's compute buffer pinned (queued behind weight copies), same plan
+    synth_done
+    python3 bench/pinned_compute_ab.py $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n ${NGEN:-16} -r ${REPS:-3} -t $T \
+        --profile $PROFILE --json "$RES/hypura-l70-g8-r64-planner-pinned${TAG:-}.json" 2>&1 | tail -5
+    ;;
 moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all but 7 layers' on the GPU,
        # 4 GiB) beside Hypura's expert cache sized by --gpu-mem 4GiB
     m=${MOE:?}; tag=$(basename "$m" .gguf)
@@ -86,6 +91,16 @@ moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all b
                 --json "$RES/hypura-$tag-g4-s$slots-$share.json" 2>&1 | tail -4
         done
     done
+    ;;
+queueing)  # does an activation copy wait behind weight copies? (PyTorch/CuPy of the image, no Hypura)
+    python3 bench/copy_queueing.py "$RES/copy-queueing.json" 2>&1 | tail -8
+    ;;
+moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GPU, 24 GiB RAM, beside -ncmoe 41
+    m=${MOE:?}; tag=$(basename "$m" .gguf)
+    "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe 41 -t $T -p 0 -n 32 -r 3 -o json > "$RES/vanilla-$tag-ncmoe41.json" 2> /dev/null
+    grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-$tag-ncmoe41.json"
+    hy bench "$m" --gpu-mem 4GiB --ram 24GiB --profile $PROFILE -p 0 -n 32 -r 3 -t $T \
+        --json "$RES/hypura-$tag-g4-r24-planner.json" 2>&1 | tail -5
     ;;
 synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB): quiet block outputs, so
            # routing follows the routers at every layer; q3u: uniformly random (the worst case)

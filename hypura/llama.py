@@ -34,7 +34,7 @@ from hypura.runtime.placement import (  # noqa: E402
 from hypura.profile.devices import has_gpu  # noqa: E402
 from hypura.runtime.transfers import Transfers  # noqa: E402
 from hypura.runtime.stats import RunStats, gpu_free  # noqa: E402
-from hypura.runtime.stream_layout import StreamLayout  # noqa: E402
+from hypura.runtime.stream_layout import GPU_POOL, StreamLayout  # noqa: E402
 from hypura.runtime.streaming import LayerStreamer, Router  # noqa: E402
 
 
@@ -133,6 +133,8 @@ class Llama(llama_cpp.Llama):
                 cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn), cb_eval_user_data=user_data)
             fill = lambda info, t: (streamer.fill if info.name in layout.tensors else files)(info, t)  # noqa: E731
         hooks = LoaderHooks(policy, fill)
+        # weight copies queue on the host->GPU copy engine: a pinned activation copy would wait behind them
+        lib().hypura_cpu_compute_pageable(has_gpu() and (bool(layout.layers(GPU_POOL)) or expert_cache is not None))
         with hooks:
             try:
                 super().__init__(model_path, *args, **kwargs)
@@ -142,6 +144,7 @@ class Llama(llama_cpp.Llama):
                 raise
             finally:
                 files.close()
+                lib().hypura_cpu_compute_pageable(False)
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
         if expert_cache is not None:
             self._start_experts(expert_cache, router)
@@ -169,29 +172,18 @@ class Llama(llama_cpp.Llama):
         predictor = CoactivationPredictor.load(self._predictor_key, len(router.layers), router.n_expert)
         self._expert_copies = Transfers([], {}, False, copy_stream=True) if gpu else None
         self._caches_of = model
-        settings = self._with_share_rates(settings) if gpu else settings
+        settings = self._with_share_threads(settings) if gpu else settings
         self._experts = ExpertStreamer(model, router.layers, router.n_used, settings,
                                        Tier.GPU if gpu else Tier.HOST, self._expert_copies, predictor)
         if self._on_route is None:  # hits need no Python; an on_route callback must see every batch
             self._experts.attach(self._streamer.c_stream)
 
-    def _with_share_rates(self, settings: ExpertCacheSettings) -> ExpertCacheSettings:
-        """Misses split between the CPU and the copy engine by measured rates: the plan's, else this
-        machine's cached profile (`hypura profile`); with neither, every miss is loaded."""
-        if not settings.cpu_threads:  # the CPU's share runs with the context's threads
-            settings = dataclasses.replace(settings, cpu_threads=self.n_threads)
-        if settings.cpu_rate:
-            return settings
-        rates = self.plan.rates if self.plan is not None else None
-        if rates is None:
-            from hypura.plan.budget import rates_for
-            from hypura.profile.store import load_cached
-
-            profile = load_cached()
-            rates = rates_for(profile) if profile is not None else None
-        if rates is None or not rates.link:
-            return settings
-        return dataclasses.replace(settings, cpu_rate=rates.cpu_read, link_rate=rates.link)
+    def _with_share_threads(self, settings: ExpertCacheSettings) -> ExpertCacheSettings:
+        """The CPU's share of the misses runs with the context's threads. It is opt-in (settings.cpu_rate):
+        on the H200 it made decode slower with every routing measured (bench/RESULTS.md, 2026-12-03)."""
+        if settings.cpu_rate and not settings.cpu_threads:
+            return dataclasses.replace(settings, cpu_threads=self.n_threads)
+        return settings
 
     def _route(self, layer: int, ids) -> None:
         if self._experts is not None:

@@ -55,6 +55,7 @@ ffi.cdef(
     };
     int32_t hypura_api_version(void);
     void hypura_loader_hooks_set(const struct hypura_loader_hooks * hooks);
+    void hypura_cpu_compute_pageable(bool pageable);
     const char * hypura_model_tensor_buft(const struct llama_model * model, const char * name);
     struct ggml_tensor * hypura_model_tensor(const struct llama_model * model, const char * name);
 
@@ -167,7 +168,7 @@ ffi.cdef(
     """
 )
 
-EXPECTED_API_VERSION = 7
+EXPECTED_API_VERSION = 8
 
 
 @functools.lru_cache(maxsize=None)

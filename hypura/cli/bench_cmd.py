@@ -38,9 +38,9 @@ from hypura.runtime.stats import describe
 @click.option("--expert-slots", type=click.IntRange(-1), default=None,
               help="MoE: an expert cache of this many slots a layer in GPU memory, the experts pinned in RAM "
                    "(-1: as many as --gpu-mem leaves beside the other tensors); llama.cpp places the rest.")
-@click.option("--cpu-share/--no-cpu-share", default=True, show_default=True,
+@click.option("--cpu-share/--no-cpu-share", default=False, show_default=True,
               help="With --expert-slots: the CPU computes a share of the missed experts beside the copies, "
-                   "by the profile's rates.")
+                   "by the profile's rates (measured slower on the H200 so far).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
           profile_spec, expert_slots, cpu_share, json_out) -> None:

@@ -5,8 +5,8 @@ Same GPU bytes: the static plan's GPU-resident experts become slots, spread even
 layers, and every expert lives in RAM. A decode token then costs
   GPU reads: the non-expert GPU tensors, and k experts a layer from slots     / GPU rate
   + the non-expert tensors the plan leaves in RAM                               / CPU rate
-  + the missed experts, (1 - h) of them, split between the CPU computing them
-    where they lie and the copy engine bringing them, both at once           / (CPU + link rate)
+  + the missed experts, (1 - h) of them, brought by the copy engine            / link rate
+    (the runtime can have the CPU compute a share of them, but that measured slower so far)
   + one host round trip per MoE layer (router result read, slot ids written)    EXPERT_LAYER_S
 with h the cache's hit rate: from routing frequencies when known (a cache of s slots holding the s
 most popular experts), else s / E (uniformly random routing, the worst case). The plan takes the
@@ -52,13 +52,11 @@ def with_expert_cache(plan: Plan, mu: ModelUnits, expert_probs: Mapping[int, Seq
     other_gpu = sum(u.nbytes for u in dense if plan.tier_of(u.tensors[0]) == GPU)
     other_cpu = sum(u.nbytes for u in dense if plan.tier_of(u.tensors[0]) != GPU)
     missed = (1 - hit_rate) * used
-    to_cpu = missed * r.cpu_read / (r.cpu_read + r.link)  # the share that finishes with the copies
-    nbytes = {GPU: other_gpu + used, CPU: other_cpu + to_cpu, "link": missed - to_cpu, DISK: 0}
+    nbytes = {GPU: other_gpu + used, CPU: other_cpu, "link": missed, DISK: 0}
     seconds = {GPU: nbytes[GPU] / r.gpu_read, CPU: nbytes[CPU] / r.cpu_read, "link": nbytes["link"] / r.link,
                DISK: 0.0, "overhead": len(layers) * knobs.EXPERT_LAYER_S + dims.n_layer * r.gpu_layer_s}
-    # one after the other (a layer's misses are in before its experts compute), but the CPU's share
-    # of the misses and the copies run at once
-    tok_s = 1 / (seconds[GPU] + other_cpu / r.cpu_read + missed / (r.cpu_read + r.link) + seconds["overhead"])
+    # one after the other: a layer's misses are in before its experts compute
+    tok_s = 1 / sum(seconds.values())
     if tok_s <= plan.prediction.decode_tok_s:
         return plan
     prediction = Prediction(tok_s, max((GPU, CPU, "link"), key=seconds.get), plan.prediction.prefill_tok_s,

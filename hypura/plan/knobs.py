@@ -26,14 +26,20 @@ CPU_LAYER_S = 20e-6
 # consistent with llama.cpp's -ot exps=CPU runs in DESIGN.md (64-96 hand-offs a token)
 SPLIT_S = 30e-6
 # the same with the streamer's eval callback installed (every split synchronized, CPU threads idle
-# while the GPU works): fit on the H200 (2026-12-02), 80 blocks with attention on the GPU and the FFN
-# on the CPU (160 hand-offs) ran 61 ms a token slower than -ngl 14 (2) at about equal CPU bytes
-# (bench/RESULTS.md)
-STREAM_SPLIT_S = 380e-6
-# an expert cache's host round trip per MoE layer and token (router result read, slot ids written):
-# measured on the H200 (2026-12-02, qwen3-30b-a3b shape, 18 slots a layer): router hooks 6.2 ms a
-# token over 48 layers, 1.5 ms of it waiting for loads
-EXPERT_LAYER_S = 100e-6
+# while the GPU works, activations handed over through pageable memory): fit on the H200
+# (2026-12-03), the 70B hybrid's 44 GPU splits took 20.8 ms a token beyond their weight waits, 9.9 ms
+# of it reading weights and 4.6 ms per-layer costs, for 88 hand-offs (bench/RESULTS.md). The
+# 2026-12-02 fit (380 us) was made while pinned hand-offs queued behind weight copies
+STREAM_SPLIT_S = 70e-6
+# pinned host->GPU copies run at this share of their measured rate while the CPU decodes beside them
+# (both read RAM): H200, 2026-12-03, 70B hybrid plan, 48.2 GB/s over the decode against 54.1 GB/s
+# for a lone 1 GiB copy in the same lease (bench/RESULTS.md)
+LINK_BESIDE_CPU = 0.89
+# an expert cache's host round trip per MoE layer and token (router result read, slot ids written, the
+# Python hook): measured on the H200 (2026-12-03, qwen3-30b-a3b shape, 18 slots a layer, routing that
+# spreads over the experts): router hooks beyond their waits for loads took 12.0 and 8.0 ms a token
+# over 48 layers (250 and 167 us); with nearly all hits (2026-12-02) 4.7 ms (98 us)
+EXPERT_LAYER_S = 210e-6
 # attention reads on average this share of the context's KV cache per token (a session that fills
 # the context reads half of it on average)
 KV_READ_FILL = 0.5

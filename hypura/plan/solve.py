@@ -88,9 +88,17 @@ class _Problem:
         self.n_slots = settings.prefetch_depth + 1
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
+        # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
+        # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
+        self.expert_groups: dict[int, list[int]] = defaultdict(list)
+        for i, u in enumerate(mu.units):
+            if u.expert >= 0 and not u.host_only:
+                self.expert_groups[u.stage].append(i)
+        mean_p = {s: sum(mu.units[i].p for i in g) / len(g) for s, g in self.expert_groups.items()}
+        density = lambda i: mean_p[mu.units[i].stage] if mu.units[i].expert >= 0 else mu.units[i].p  # noqa: E731
         self.density_order = sorted(
             range(len(mu.units)),
-            key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+            key=lambda i: (-density(i), knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
 
     def slots_need(self, tiers, compute, select: Callable[[str, str], bool]) -> list[int]:
         """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
@@ -115,18 +123,27 @@ class _Problem:
         return {s: dense[s] + sum(sorted(experts[s], reverse=True)[:k]) for s in dense.keys() | experts.keys()}
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
-        tiers = [RAM] * len(self.mu.units)
+        units = self.mu.units
+        tiers = [RAM] * len(units)
+        placed: set[int] = set()
         for i in self.density_order:
-            u = self.mu.units[i]
-            if u.host_only:
-                continue  # reserved in RAM up front
-            if u.nbytes <= gpu_cap and (not self.b.unified or u.nbytes <= ram_cap):
-                tiers[i], gpu_cap = GPU, gpu_cap - u.nbytes
-                ram_cap -= u.nbytes if self.b.unified else 0
-            elif u.nbytes <= ram_cap:
-                ram_cap -= u.nbytes
+            u = units[i]
+            if u.host_only or i in placed:
+                continue  # host_only: reserved in RAM up front
+            group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
+            size = sum(units[j].nbytes for j in group)
+            if size <= gpu_cap and (not self.b.unified or size <= ram_cap):
+                for j in group:
+                    tiers[j] = GPU
+                gpu_cap -= size
+                ram_cap -= size if self.b.unified else 0
             else:
-                tiers[i] = DISK
+                for j in group:
+                    if units[j].nbytes <= ram_cap:
+                        ram_cap -= units[j].nbytes
+                    else:
+                        tiers[j] = DISK
+            placed.update(group)
         return tiers
 
     def fill_like_ngl(self, gpu_cap: int, ram_cap: int) -> list[str]:
@@ -164,7 +181,8 @@ class _Problem:
         acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * self.kv
         g, c, link = acc[GPU], acc[CPU], 0.0
         time = lambda g, c, link: max(g / r.gpu_read + c / r.cpu_read,  # noqa: E731
-                                      link / r.link if r.link else (float("inf") if link else 0.0),
+                                      link / (r.link_beside_cpu if c else r.link) if r.link
+                                      else (float("inf") if link else 0.0),
                                       disk / r.disk_read)
         best = time(g, c, link)
         # experts never stream through layer slots (the runtime would copy whole stacked tensors):
