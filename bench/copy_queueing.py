@@ -1,8 +1,8 @@
 """Does a small host->GPU copy (an activation at a CPU->GPU hand-off) wait behind a large weight copy
 running on another stream? Latency of a 64 KiB copy, idle and while a 1 GiB pinned copy is in flight,
-for several ways of issuing either; and a kernel reading mapped pinned memory (no copy engine).
+for several ways of issuing either.
 
-    python3 bench/copy_queueing.py OUT.json      (GPU machine; uses PyTorch and CuPy of its image)
+    python3 bench/copy_queueing.py OUT.json      (GPU machine; uses the PyTorch of its image)
 
 Prediction if the copy engine is one FIFO: the busy latency is about the big copy's remaining time
 (~15 ms of its ~19 ms), whatever the streams; if engines run streams concurrently: ~0.05 ms.
@@ -63,28 +63,7 @@ def main(out: str) -> None:
         "h2d pageable, other stream": (small_h2d(small_pageable, small_stream), small_stream),
         "d2h pinned, other stream": (small_d2h, small_stream),
     }
-    try:
-        import cupy
-
-        mapped = cupy.cuda.runtime.hostAlloc(SMALL, 2)  # cudaHostAllocMapped
-        dptr = cupy.cuda.runtime.hostGetDevicePointer(mapped, 0)
-        src_view = cupy.ndarray((SMALL,), cupy.uint8, cupy.cuda.MemoryPointer(
-            cupy.cuda.UnownedMemory(dptr, SMALL, None), 0))
-        dst = cupy.empty(SMALL, cupy.uint8)
-        cp_stream = cupy.cuda.Stream(non_blocking=True)
-
-        def kernel_read():
-            with cp_stream:
-                cupy.add(src_view, 0, out=dst)
-
-        kernel_read()
-        cp_stream.synchronize()
-        cases["kernel reads mapped pinned memory"] = (kernel_read, cp_stream)
-        engines = cupy.cuda.runtime.getDeviceProperties(0)["asyncEngineCount"]
-    except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
-        engines = f"cupy unavailable: {e}"
-
-    results = {"async_engine_count": engines, "gpu": torch.cuda.get_device_name(0)}
+    results = {"gpu": torch.cuda.get_device_name(0)}
     big_whole()
     big_stream.synchronize()
     results["big_copy_ms"] = statistics.median(timed(big_whole, big_stream) for _ in range(REPS))
@@ -104,7 +83,7 @@ def main(out: str) -> None:
             row[label] = statistics.median(lat)
         results[name] = row
         print(name, {k: round(v, 3) for k, v in row.items()})
-    print("big copy", round(results["big_copy_ms"], 2), "ms; async engines", engines)
+    print("big copy", round(results["big_copy_ms"], 2), "ms")
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
 

@@ -4,6 +4,8 @@
     python3 bench/pinned_compute_ab.py MODEL --gpu-mem 8GiB --ram 64GiB ... --json FILE
 """
 
+import sys
+
 import hypura.llama as hypura_llama
 from hypura.cli.main import main
 
@@ -21,7 +23,5 @@ class _KeepPinned:
 if __name__ == "__main__":
     real = hypura_llama.lib
     hypura_llama.lib = lambda: _KeepPinned(real())
-    import sys
-
     sys.argv = ["hypura", "bench", *sys.argv[1:]]
     main()

@@ -21,6 +21,7 @@ import llama_cpp  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
 from hypura.runtime.coactivation import CoactivationPredictor, model_key  # noqa: E402
+from hypura.runtime.expert_paging import ExpertPager, paged_tensors  # noqa: E402
 from hypura.runtime.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.plan_policy import plan_layout, plan_policy, resolve_plan  # noqa: E402
@@ -109,9 +110,16 @@ class Llama(llama_cpp.Llama):
         self._streamer: Optional[LayerStreamer] = None
         fill = files
         layout = StreamLayout.empty()
+        self._pager: Optional[ExpertPager] = None
         if self.plan is not None:
             layout = plan_layout(self.plan)
-            policy = plan_policy(self.plan, layout)
+            paged = paged_tensors(self.plan)
+            if paged:
+                n_used = int(self.header.get("expert_used_count"))
+                self._pager = ExpertPager(self.plan, [str(model_path)], n_used)
+                # slices are written in ggml's plain layout: no repacking CPU buffer types
+                self._param_overrides.setdefault("model_params", {})["use_extra_bufts"] = False
+            policy = plan_policy(self.plan, layout, paged)
             self._apply_plan_params(layout)
         else:
             policy = placement_policy or overrides_policy(override_tensor)
@@ -124,18 +132,27 @@ class Llama(llama_cpp.Llama):
             expert_cache = ExpertCacheSettings(slots=self.plan.expert_slots)
         if expert_cache is not None:
             policy = self._experts_in_host(policy)
-        router = Router.of(self.header, self._route) if on_route is not None or expert_cache else None
+        router = (Router.of(self.header, self._route)
+                  if on_route is not None or expert_cache or self._pager is not None else None)
         if layout.tensors or router:
             self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,
                                                       router)
+            if self._pager is not None:
+                self._pager.tally = streamer.stats
             fn, user_data = streamer.eval_callback()
             self._param_overrides.setdefault("context_params", {}).update(
                 cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn), cb_eval_user_data=user_data)
-            fill = lambda info, t: (streamer.fill if info.name in layout.tensors else files)(info, t)  # noqa: E731
+            pager = self._pager
+
+            def fill(info, t):
+                if info.name in layout.tensors:
+                    return streamer.fill(info, t)
+                return (pager.fill if pager is not None and info.name in pager.tensors else files)(info, t)
         hooks = LoaderHooks(policy, fill)
-        # weight copies queue on the host->GPU copy engine: a pinned activation copy would wait behind them
-        lib().hypura_cpu_compute_pageable(has_gpu() and (bool(layout.layers(GPU_POOL)) or expert_cache is not None))
+        copies_to_gpu = has_gpu() and (bool(layout.layers(GPU_POOL)) or expert_cache is not None)
         with hooks:
+            # weight copies queue on the host->GPU copy engine: a pinned activation copy would wait behind them
+            lib().hypura_cpu_compute_pageable(copies_to_gpu)
             try:
                 super().__init__(model_path, *args, **kwargs)
             except Exception:
@@ -186,6 +203,8 @@ class Llama(llama_cpp.Llama):
         return settings
 
     def _route(self, layer: int, ids) -> None:
+        if self._pager is not None:  # first: the experts must be in RAM before anything computes from them
+            self._pager.page_in(layer, ids)
         if self._experts is not None:
             self._experts.serve(layer, ids)
         if self._on_route is not None:
@@ -256,6 +275,9 @@ class Llama(llama_cpp.Llama):
         experts = self.__dict__.get("_experts")
         if experts is not None:
             out["experts"] = experts.summary()
+        pager = self.__dict__.get("_pager")
+        if pager is not None:
+            out["expert_paging"] = pager.summary()
         if reset:
             self._stats.reset()
             if experts is not None:
@@ -270,6 +292,9 @@ class Llama(llama_cpp.Llama):
             self._close_experts()
         finally:
             super().close()
+            pager, self._pager = self.__dict__.get("_pager"), None
+            if pager is not None:
+                pager.close()
             self._close_streamer()
             model, self._caches_of = self.__dict__.get("_caches_of"), None
             if model is not None:

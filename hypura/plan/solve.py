@@ -8,7 +8,8 @@ byte of higher p into a faster tier (GPU > RAM > disk) never increases any path 
 (an exchange argument: GPU reads faster than the CPU, RAM faster than disk). So for fixed memory
 reservations the optimum fills the tiers in order of p (ties: knobs.ROLE_RANK, then graph order),
 skipping a unit that does not fit for the next that does: exact for the fractional relaxation,
-within one unit per tier for the integer problem. What the fill cannot see is enumerated: where the
+within one unit per tier for the integer problem. A layer's experts enter the GPU together, at their
+mean p: they are one stacked tensor, which llama.cpp keeps in one buffer. What the fill cannot see is enumerated: where the
 KV cache lives (GPU or RAM), whether GPU pool slots are reserved for streaming (slots cost GPU
 memory that resident weights could use), and whether to use the GPU at all (a budget too small for
 its buffers; tiny models). For each such config, the non-resident units are split

@@ -2,7 +2,8 @@
 
 gpu -> GPU-resident; ram computed by the CPU -> host memory, as `-ot X=CPU` places it; streamed
 tensors (ram computed on the GPU, and disk) -> their pool slot (stream_layout.py), filled by the
-layer streamer, never mapped from the file.
+layer streamer, never mapped from the file; stacked experts with experts on disk -> host memory,
+filled by the expert pager (expert_paging.py).
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ def plan_layout(plan: Plan) -> StreamLayout:
     return StreamLayout.of(plan, gpu)
 
 
-def plan_policy(plan: Plan, layout: StreamLayout) -> PlacementPolicy:
+def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset()) -> PlacementPolicy:
+    """paged: stacked expert tensors with disk experts (expert_paging.py), host memory filled by Python."""
     def policy(info: TensorInfo) -> Placement:
         streamed = layout.tensors.get(info.name)
         if streamed is not None:
             return Placement(tier=Tier.GPU if streamed.pool == GPU_POOL else Tier.HOST,
                              pool_slot=layout.slot_of(info.name))
+        if info.name in paged:
+            return Placement(tier=Tier.HOST, defer=True)
         return Placement(tier=Tier.GPU if plan.placement(info.name).tier == GPU else Tier.HOST)
 
     return policy

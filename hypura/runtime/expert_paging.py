@@ -1,0 +1,204 @@
+"""Disk-tier experts, read when a router selects them.
+
+A stacked expert tensor whose plan keeps some experts on disk lives in plain host memory that the
+CPU computes from, like a RAM-tier one. Its RAM experts are written at load. Its disk experts are
+read from the file (O_DIRECT) only when a router selects them, and dropped again (MADV_DONTNEED:
+their pages leave the process) once more than a budget of them is resident. So decode reads
+from disk only the experts it uses, as the cost model counts them (p x bytes), instead of whole
+stacked tensors.
+
+Protocol
+  - Load time, the loader's thread: `fill(info, tensor)` is the fill hook of these (deferred) tensors.
+    It writes the RAM experts' slices and leaves the disk experts' pages untouched (never resident).
+  - Compute time, on the thread running llama_decode: `page_in(layer, ids)` runs in the router hook,
+    after the router ran and before the expert matmuls. It reads the selected disk experts that are
+    not resident and waits for them (the matmuls need them), then evicts least recently used ones
+    that this batch does not use. A batch that needs more than the budget (prefill selects most
+    experts) keeps them all until the next layer's call.
+  - The reads of one call run at once on `READERS` worker threads, a file reader (and its aligned
+    staging buffer) each, made on the worker itself; a slice is written by exactly one worker, and
+    page_in touches the bookkeeping only after all of them finished. Small requests (an expert's
+    slice of one stacked tensor is ~1 MB) leave one reader latency-bound.
+  - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypura.bindings.ffi import ffi, lib
+from hypura.plan import Plan
+from hypura.plan.cost import DISK
+from hypura.runtime.placement import FileFiller, TensorInfo
+
+READERS = 4  # concurrent expert reads: enough to keep an NVMe queue busy with ~1 MB requests
+_MADV_DONTNEED = 4  # Linux; elsewhere evicted experts stay resident (their bytes stay valid)
+_PAGE = 4096
+
+
+def paged_tensors(plan: Plan) -> set[str]:
+    """Stacked expert tensors with experts on disk: host memory, paged by expert."""
+    return {t.name for t in plan.tensors if t.experts and DISK in t.experts}
+
+
+@dataclass
+class PagingStats:
+    accesses: int = 0  # (token, selected expert) pairs whose expert the plan keeps on disk
+    hits: int = 0  # of those, found resident
+    reads: int = 0  # experts read from disk
+    bytes: int = 0
+    evictions: int = 0
+    resident_peak: int = 0
+    by_layer: dict = field(default_factory=lambda: defaultdict(int))  # layer -> experts read
+
+    def as_dict(self) -> dict:
+        return {"accesses": self.accesses, "hits": self.hits, "reads": self.reads, "bytes": self.bytes,
+                "evictions": self.evictions, "resident_peak": self.resident_peak}
+
+
+@dataclass
+class _Stack:
+    info: TensorInfo
+    tensor: object  # struct ggml_tensor *, in a host buffer
+    expert_bytes: int
+
+
+class ExpertPager:
+    def __init__(self, plan: Plan, paths: list[str], n_used: int):
+        """Budget: n_used experts of the largest layer for each layer in flight (the prefetch depth
+        and the one computing), what the plan reserves as disk staging."""
+        self.paths = paths
+        self.files = FileFiller(paths)  # the loader's thread, at load
+        self._local = threading.local()
+        self._worker_files: list[FileFiller] = []
+        self._workers = ThreadPoolExecutor(READERS, thread_name_prefix="hypura-experts")
+        self.tensors = paged_tensors(plan)
+        # layer -> experts the plan keeps on disk (any of the layer's stacked tensors)
+        self.on_disk: dict[int, set[int]] = defaultdict(set)
+        expert_bytes: dict[int, int] = defaultdict(int)  # layer -> one expert's bytes over its stacks
+        for t in plan.tensors:
+            if t.name in self.tensors:
+                self.on_disk[t.layer] |= {e for e, tier in enumerate(t.experts) if tier == DISK}
+                expert_bytes[t.layer] += t.nbytes // len(t.experts)
+        self.budget = (plan.prefetch_depth + 1) * n_used * max(expert_bytes.values(), default=0)
+        self.stacks: dict[int, list[_Stack]] = defaultdict(list)
+        self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
+        self.resident_bytes = 0
+        self.stats = PagingStats()
+        self.tally = None  # the layer streamer's StreamStats: disk bytes and stall land in the per-token figures
+        self._madvise = _libc_madvise()
+
+    # --- load time -----------------------------------------------------------------------------
+    def fill(self, info: TensorInfo, tensor) -> None:
+        n_expert = info.shape[2]
+        stack = _Stack(info, tensor, info.nbytes // n_expert)
+        self.stacks[info.layer].append(stack)
+        disk = self.on_disk[info.layer]
+        for first, last in _runs([e for e in range(n_expert) if e not in disk]):  # RAM experts, in runs
+            self._read(stack, first, last - first + 1)
+
+    # --- compute time (the protocol above) -------------------------------------------------------
+    def page_in(self, layer: int, ids: np.ndarray) -> None:
+        disk = self.on_disk.get(layer)
+        if not disk:
+            return
+        selected = [int(e) for e in ids.ravel()]
+        used = {e for e in selected if e in disk}
+        self.stats.accesses += sum(e in disk for e in selected)
+        t0, read_before = time.perf_counter(), self.stats.bytes
+        missing = []
+        for e in sorted(used):
+            key = (layer, e)
+            if key in self.resident:
+                self.resident.move_to_end(key)
+                self.stats.hits += sum(x == e for x in selected)
+            else:
+                missing.append(e)
+        reads = [self._workers.submit(self._read_on_worker, stack, e) for e in missing for stack in self.stacks[layer]]
+        for r in reads:
+            r.result()  # raises a failed read here, on the compute thread
+        for e in missing:
+            size = sum(stack.expert_bytes for stack in self.stacks[layer])
+            self.resident[(layer, e)] = size
+            self.resident_bytes += size
+            self.stats.reads += 1
+            self.stats.bytes += size
+            self.stats.by_layer[layer] += 1
+        self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
+        if self.tally is not None and self.stats.bytes > read_before:  # compute waited for these reads
+            self.tally.bytes[DISK] += self.stats.bytes - read_before
+            self.tally.stall_s += time.perf_counter() - t0
+            self.tally.waits += 1
+        self._evict(keep={(layer, e) for e in used})
+
+    def _evict(self, keep: set) -> None:
+        for key in list(self.resident):
+            if self.resident_bytes <= self.budget:
+                return
+            if key in keep:
+                continue
+            self.resident_bytes -= self.resident.pop(key)
+            self.stats.evictions += 1
+            layer, e = key
+            for stack in self.stacks[layer]:
+                self._drop(stack, e)
+
+    def _read(self, stack: _Stack, first: int, count: int, files: FileFiller | None = None) -> None:
+        info, at = stack.info, first * stack.expert_bytes
+        part = TensorInfo(info.name, info.ggml_type, info.shape, info.file_offset + at, count * stack.expert_bytes,
+                          info.file_idx, info.layer, info.default_tier, info.default_buft)
+        tensor = stack.tensor
+        (files or self.files).read(part, lambda piece, pos: lib().ggml_backend_tensor_set(
+            tensor, ffi.from_buffer(piece), at + pos, len(piece)))
+
+    def _read_on_worker(self, stack: _Stack, expert: int) -> None:
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = FileFiller(self.paths)
+            self._worker_files.append(files)
+        self._read(stack, expert, 1, files)
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True)
+        for files in (self.files, *self._worker_files):
+            files.close()
+
+    def _drop(self, stack: _Stack, expert: int) -> None:
+        """Give the pages that lie wholly inside the expert's slice back to the OS."""
+        if self._madvise is None:
+            return
+        base = int(ffi.cast("uintptr_t", lib().ggml_get_data(stack.tensor))) + expert * stack.expert_bytes
+        lo, hi = -(-base // _PAGE) * _PAGE, (base + stack.expert_bytes) // _PAGE * _PAGE
+        if hi > lo:
+            self._madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
+
+    def summary(self) -> dict:
+        return {**self.stats.as_dict(), "budget": self.budget, "resident": self.resident_bytes,
+                "hit_rate": self.stats.hits / self.stats.accesses if self.stats.accesses else 0.0}
+
+
+def _runs(values: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of sorted ints as (first, last)."""
+    out: list[tuple[int, int]] = []
+    for v in values:
+        if out and out[-1][1] == v - 1:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return out
+
+
+def _libc_madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return fn

@@ -1,0 +1,115 @@
+"""Disk-tier experts read by selection (hypura.runtime.expert_paging) on the CPU: bitwise logits, disk
+reads only for selected experts counted against a hand-made routing trace, the budget, read errors."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import hypura
+from hypura.errors import HypuraError
+from hypura.plan import RateOverrides, plan_model
+from hypura.profile import resolve_profile
+from hypura.runtime import expert_paging
+from hypura.runtime.direct_io import DiskReadError
+from hypura.runtime.placement import FileFiller
+from hypura.runtime.routing_trace import RoutingTrace
+
+K, N_EXPERT, LAYERS = 4, 16, (0, 1)  # tiny-qwen3moe
+TEXT = b"The quick brown fox jumps over the lazy dog. " * 3
+ON_DISK = frozenset(range(1, N_EXPERT, 2))  # odd experts live on disk
+
+
+def _plan(model):
+    """A CPU plan with every stacked expert tensor's odd experts on disk."""
+    plan = plan_model(model, resolve_profile("h200-design"), overrides=RateOverrides(no_gpu=True))
+
+    def with_disk(t):
+        if not t.experts:
+            return t
+        experts = tuple("disk" if e in ON_DISK else "ram" for e in range(N_EXPERT))
+        return dataclasses.replace(t, tier="disk", experts=experts)
+
+    return dataclasses.replace(plan, tensors=tuple(map(with_disk, plan.tensors)))
+
+
+def _decode(llm):
+    llm.reset()
+    out = []
+    for t in llm.tokenize(TEXT):
+        llm.eval([t])
+        out.append(np.array(llm.scores[llm.n_tokens - 1], copy=True))
+    return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen3moe):
+    trace = RoutingTrace(N_EXPERT, K)
+    llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1, verbose=False,
+                       on_route=trace.record, param_overrides={"model_params": {"use_extra_bufts": False}})
+    try:
+        return _decode(llm), trace
+    finally:
+        llm.close()
+
+
+class _RecordingFiles(FileFiller):
+    """Notes every byte range read from the model file (the pager's readers are FileFillers)."""
+
+    ranges: list = []
+
+    def read(self, info, sink):
+        _RecordingFiles.ranges.append((info.file_offset, info.file_offset + info.nbytes))
+        super().read(info, sink)
+
+
+def _disk_expert_ranges(pager):
+    return [(s.info.file_offset + e * s.expert_bytes, s.info.file_offset + (e + 1) * s.expert_bytes)
+            for layer, stacks in pager.stacks.items() for s in stacks for e in pager.on_disk[layer]]
+
+
+def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch):
+    want, trace = reference
+    monkeypatch.setattr(expert_paging, "FileFiller", _RecordingFiles)
+    _RecordingFiles.ranges = []
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
+                       verbose=False)
+    try:
+        assert llm._pager is not None and set(llm._pager.on_disk) == set(LAYERS)
+        # loading read the RAM experts only: no read touched a disk expert's bytes
+        at_load = list(_RecordingFiles.ranges)
+        assert at_load and not any(lo < b and a < hi for lo, hi in at_load for a, b in _disk_expert_ranges(llm._pager))
+        assert llm._pager.stats.reads == 0
+        got = _decode(llm)
+        assert np.array_equal(got, want)
+        paging = llm.stats()["expert_paging"]
+        layer_bytes = {layer: sum(s.expert_bytes for s in stacks) for layer, stacks in llm._pager.stacks.items()}
+        read_bytes = sum(n * layer_bytes[layer] for layer, n in llm._pager.stats.by_layer.items())
+    finally:
+        llm.close()
+    # against the routing trace: every selection of a disk expert is an access; one that was resident when
+    # its token came is a hit (with a budget of 3 tokens' experts a layer, only recently used ones are)
+    accesses = sum(int(e) in ON_DISK for layer in LAYERS for row in trace.selections(layer) for e in row)
+    assert paging["accesses"] == accesses > 0
+    assert 0 < paging["reads"] <= accesses - paging["hits"]
+    assert paging["bytes"] == read_bytes  # whole experts of all three stacked tensors, nothing else
+    assert paging["evictions"] > 0 and paging["resident"] <= paging["budget"]
+    assert paging["resident_peak"] <= paging["budget"] + K * max(layer_bytes.values())  # a batch's own experts
+
+
+def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe):
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
+
+    class FailingFiles:
+        def read(self, info, sink):
+            raise DiskReadError(f"{info.name}: injected read error")
+
+        def close(self):
+            pass
+
+    try:
+        llm._pager._read_on_worker = lambda stack, expert: llm._pager._read(stack, expert, 1, FailingFiles())
+        with pytest.raises(HypuraError, match="injected read error"):
+            llm.eval(llm.tokenize(b"Hello"))
+    finally:
+        llm.close()
