@@ -35,7 +35,7 @@ from hypura.runtime.placement import (  # noqa: E402
 from hypura.profile.devices import has_gpu  # noqa: E402
 from hypura.runtime.transfers import Transfers  # noqa: E402
 from hypura.runtime.stats import RunStats, gpu_free  # noqa: E402
-from hypura.runtime.stream_layout import GPU_POOL, StreamLayout  # noqa: E402
+from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout  # noqa: E402
 from hypura.runtime.streaming import LayerStreamer, Router  # noqa: E402
 
 
@@ -116,7 +116,9 @@ class Llama(llama_cpp.Llama):
             paged = paged_tensors(self.plan)
             if paged:
                 n_used = int(self.header.get("expert_used_count"))
-                self._pager = ExpertPager(self.plan, [str(model_path)], n_used)
+                # the plan's disk staging, less what the host pool's slots take for dense disk layers
+                budget = self.plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
+                self._pager = ExpertPager(self.plan, [str(model_path)], n_used, budget)
                 # slices are written in ggml's plain layout: no repacking CPU buffer types
                 self._param_overrides.setdefault("model_params", {})["use_extra_bufts"] = False
             policy = plan_policy(self.plan, layout, paged)

@@ -93,8 +93,8 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     assert paging["accesses"] == accesses > 0
     assert 0 < paging["reads"] <= accesses - paging["hits"]
     assert paging["bytes"] == read_bytes  # whole experts of all three stacked tensors, nothing else
-    assert paging["evictions"] > 0 and paging["resident"] <= paging["budget"]
-    assert paging["resident_peak"] <= paging["budget"] + K * max(layer_bytes.values())  # a batch's own experts
+    assert paging["evictions"] > 0  # room is made before a read: RSS never holds more than the budget
+    assert paging["resident"] <= paging["resident_peak"] <= paging["budget"]
 
 
 def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe):

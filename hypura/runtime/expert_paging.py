@@ -11,9 +11,9 @@ Protocol
   - Load time, the loader's thread: `fill(info, tensor)` is the fill hook of these (deferred) tensors.
     It writes the RAM experts' slices and leaves the disk experts' pages untouched (never resident).
   - Compute time, on the thread running llama_decode: `page_in(layer, ids)` runs in the router hook,
-    after the router ran and before the expert matmuls. It reads the selected disk experts that are
-    not resident and waits for them (the matmuls need them), then evicts least recently used ones
-    that this batch does not use. A batch that needs more than the budget (prefill selects most
+    after the router ran and before the expert matmuls. It first evicts least recently used
+    experts that this batch does not use until the missing ones fit the budget, then reads them and
+    waits (the matmuls need them). A batch that needs more than the budget (prefill selects most
     experts) keeps them all until the next layer's call.
   - The reads of one call run at once on `READERS` worker threads, a file reader (and its aligned
     staging buffer) each, made on the worker itself; a slice is written by exactly one worker, and
@@ -72,9 +72,8 @@ class _Stack:
 
 
 class ExpertPager:
-    def __init__(self, plan: Plan, paths: list[str], n_used: int):
-        """Budget: n_used experts of the largest layer for each layer in flight (the prefetch depth
-        and the one computing), what the plan reserves as disk staging."""
+    def __init__(self, plan: Plan, paths: list[str], n_used: int, budget: int):
+        """budget: RAM bytes for resident disk experts (at least n_used experts of the largest layer)."""
         self.paths = paths
         self.files = FileFiller(paths)  # the loader's thread, at load
         self._local = threading.local()
@@ -88,7 +87,7 @@ class ExpertPager:
             if t.name in self.tensors:
                 self.on_disk[t.layer] |= {e for e, tier in enumerate(t.experts) if tier == DISK}
                 expert_bytes[t.layer] += t.nbytes // len(t.experts)
-        self.budget = (plan.prefetch_depth + 1) * n_used * max(expert_bytes.values(), default=0)
+        self.budget = max(budget, n_used * max(expert_bytes.values(), default=0))
         self.stacks: dict[int, list[_Stack]] = defaultdict(list)
         self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
         self.resident_bytes = 0
@@ -122,26 +121,27 @@ class ExpertPager:
                 self.stats.hits += sum(x == e for x in selected)
             else:
                 missing.append(e)
+        expert_bytes = sum(stack.expert_bytes for stack in self.stacks[layer])
+        self._evict(keep={(layer, e) for e in used}, room=len(missing) * expert_bytes)  # room first: RSS stays in
         reads = [self._workers.submit(self._read_on_worker, stack, e) for e in missing for stack in self.stacks[layer]]
         for r in reads:
             r.result()  # raises a failed read here, on the compute thread
         for e in missing:
-            size = sum(stack.expert_bytes for stack in self.stacks[layer])
-            self.resident[(layer, e)] = size
-            self.resident_bytes += size
+            self.resident[(layer, e)] = expert_bytes
+            self.resident_bytes += expert_bytes
             self.stats.reads += 1
-            self.stats.bytes += size
+            self.stats.bytes += expert_bytes
             self.stats.by_layer[layer] += 1
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
         if self.tally is not None and self.stats.bytes > read_before:  # compute waited for these reads
             self.tally.bytes[DISK] += self.stats.bytes - read_before
             self.tally.stall_s += time.perf_counter() - t0
             self.tally.waits += 1
-        self._evict(keep={(layer, e) for e in used})
 
-    def _evict(self, keep: set) -> None:
+    def _evict(self, keep: set, room: int) -> None:
+        """Drop least recently used experts outside `keep` until `room` more bytes fit the budget."""
         for key in list(self.resident):
-            if self.resident_bytes <= self.budget:
+            if self.resident_bytes + room <= self.budget:
                 return
             if key in keep:
                 continue

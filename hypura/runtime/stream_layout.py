@@ -64,6 +64,18 @@ class StreamLayout:
     def layers(self, pool: str) -> list[int]:
         return sorted(layer for p, layer in self.layer_slot if p == pool)
 
+    def pool_bytes(self, pool: str) -> int:
+        """What a pool's slots take: each as large as the largest layer it holds."""
+        per_layer: dict = {}
+        for t in self.tensors.values():
+            if t.pool == pool:
+                per_layer[t.layer] = per_layer.get(t.layer, 0) + t.nbytes
+        per_slot: dict = {}
+        for layer, nbytes in per_layer.items():
+            slot = self.layer_slot[(pool, layer)]
+            per_slot[slot] = max(per_slot.get(slot, 0), nbytes)
+        return sum(per_slot.values())
+
     def pinned_bytes(self) -> int:
         """RAM-sourced streamed bytes: the pinned copy the GPU pool is filled from."""
         return sum(s.nbytes for s in self.tensors.values() if s.source == RAM)
