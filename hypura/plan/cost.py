@@ -45,6 +45,7 @@ class Rates:
     cpu_layer_s: float = knobs.CPU_LAYER_S
     split_s: float = knobs.SPLIT_S
     stream_split_s: float = knobs.STREAM_SPLIT_S  # when layers stream (the compute hooks are on)
+    disk_readers: int = 1  # concurrent O_DIRECT readers that read fastest (the profile's best thread count)
 
     @property
     def link_beside_cpu(self) -> float | None:

@@ -15,10 +15,10 @@ Protocol
     experts that this batch does not use until the missing ones fit the budget, then reads them and
     waits (the matmuls need them). A batch that needs more than the budget (prefill selects most
     experts) keeps them all until the next layer's call.
-  - The reads of one call run at once on `READERS` worker threads, a file reader (and its aligned
-    staging buffer) each, made on the worker itself; a slice is written by exactly one worker, and
-    page_in touches the bookkeeping only after all of them finished. Small requests (an expert's
-    slice of one stacked tensor is ~1 MB) leave one reader latency-bound.
+  - The reads of one call run at once on worker threads, as many as the machine profile found
+    fastest (`Rates.disk_readers`), a file reader (and its aligned staging buffer) each, made on the
+    worker itself; a slice is written by exactly one worker, and page_in touches the bookkeeping
+    only after all of them finished.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
 """
 
@@ -39,7 +39,6 @@ from hypura.plan import Plan
 from hypura.plan.cost import DISK
 from hypura.runtime.placement import FileFiller, TensorInfo
 
-READERS = 4  # concurrent expert reads: enough to keep an NVMe queue busy with ~1 MB requests
 _MADV_DONTNEED = 4  # Linux; elsewhere evicted experts stay resident (their bytes stay valid)
 _PAGE = 4096
 
@@ -78,7 +77,7 @@ class ExpertPager:
         self.files = FileFiller(paths)  # the loader's thread, at load
         self._local = threading.local()
         self._worker_files: list[FileFiller] = []
-        self._workers = ThreadPoolExecutor(READERS, thread_name_prefix="hypura-experts")
+        self._workers = ThreadPoolExecutor(max(1, plan.rates.disk_readers), thread_name_prefix="hypura-experts")
         self.tensors = paged_tensors(plan)
         # layer -> experts the plan keeps on disk (any of the layer's stacked tensors)
         self.on_disk: dict[int, set[int]] = defaultdict(set)
