@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | moe | moeplan | pack
+#   phases: setup | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -95,12 +95,20 @@ moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all b
 queueing)  # does an activation copy wait behind weight copies? (PyTorch/CuPy of the image, no Hypura)
     python3 bench/copy_queueing.py "$RES/copy-queueing.json" 2>&1 | tail -8
     ;;
-moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GPU, 24 GiB RAM, beside -ncmoe 41
-    m=${MOE:?}; tag=$(basename "$m" .gguf)
-    "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe 41 -t $T -p 0 -n 32 -r 3 -o json > "$RES/vanilla-$tag-ncmoe41.json" 2> /dev/null
-    grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-$tag-ncmoe41.json"
-    hy bench "$m" --gpu-mem 4GiB --ram 24GiB --profile $PROFILE -p 0 -n 32 -r 3 -t $T \
-        --json "$RES/hypura-$tag-g4-r24-planner.json" 2>&1 | tail -5
+moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GPU and RAM=24GiB (default) or
+          # less (disk-tier experts, read by selection; page cache dropped), beside vanilla -ncmoe NCMOE (41)
+    m=${MOE:?}; tag=$(basename "$m" .gguf); ram=${RAM:-24GiB}
+    "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe ${NCMOE:-41} -t $T -p 0 -n 32 -r 3 -o json \
+        > "$RES/vanilla-$tag-ncmoe${NCMOE:-41}.json" 2> /dev/null
+    grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-$tag-ncmoe${NCMOE:-41}.json"
+    [ "$ram" = 24GiB ] || { sync; echo 3 > /proc/sys/vm/drop_caches; }
+    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r 3 -t $T \
+        --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner.json" 2>&1 | tail -5
+    ;;
+synthmix)  # a mixtral-8x7b-shaped Q5_K_M (32 GB) with quiet block outputs, after q3s is gone (disk space)
+    rm -f /tmp/q3s.gguf
+    python3 -m hypura.cli.main synth mixtral-8x7b /tmp/mxu.gguf --ftype q5_k_m --block-out-scale 0.002 \
+        --tokenizer-from $TOK > "$RES/synth-mxu.log" 2>&1
     ;;
 synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB): quiet block outputs, so
            # routing follows the routers at every layer; q3u: uniformly random (the worst case)
