@@ -292,11 +292,11 @@ class Llama(llama_cpp.Llama):
             if streamer is not None:
                 streamer.transfers.close()  # loads in flight finish before the pool they write is freed
             self._close_experts()
-        finally:
-            super().close()
             pager, self._pager = self.__dict__.get("_pager"), None
             if pager is not None:
-                pager.close()
+                pager.close()  # before the model goes: no read may land in freed memory
+        finally:
+            super().close()
             self._close_streamer()
             model, self._caches_of = self.__dict__.get("_caches_of"), None
             if model is not None:

@@ -40,7 +40,7 @@ class StreamLayout:
     def of(cls, plan: Plan, gpu: bool) -> StreamLayout:
         tensors = {}
         for t in plan.tensors:
-            if t.experts and t.tier == DISK:
+            if t.experts and DISK in t.experts:
                 continue  # paged by expert as routers select them (expert_paging.py), not streamed whole
             # a stacked expert tensor is one buffer: some experts on the GPU beside others in RAM
             # cannot be had, and streaming it whole would copy every expert: the CPU computes it from
