@@ -106,6 +106,9 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
     if plan.expert_slots:
         out.append(f"experts  cache of {plan.expert_slots} GPU slots a MoE layer, every expert in RAM; "
                    f"predicted at a hit rate of {plan.expert_hit_rate:.2f}")
+    if plan.expert_cache[DISK]:
+        out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; the RAM slots "
+                   "above hold the recently read ones")
     out += describe_prediction(plan)
     out.append("")
     out.append("layers   (G gpu, R ram, D disk; lower case: the block is split across tiers)")

@@ -132,6 +132,11 @@ def describe(summary: dict) -> list[str]:
                      f"prefetch precision {pf['precision']:.2f}, recall {pf['recall']:.2f}; loaded per decode token "
                      f"{sum(ex['loaded_bytes'].values()) / n / 1e6:.1f} MB; stall {1e3 * ex['stall_s'] / n:.2f} ms, "
                      f"router hooks {1e3 * ex['hook_s'] / n:.2f} ms per token")
+    pg = summary.get("expert_paging")
+    if pg and pg["accesses"]:
+        lines.append(f"disk experts: {pg['accesses']} accesses, hit rate {pg['hit_rate']:.3f} in RAM; {pg['reads']} read "
+                     f"({pg['bytes'] / 1e9:.2f} GB), resident at most {pg['resident_peak'] / 2**20:.0f} of "
+                     f"{pg['budget'] / 2**20:.0f} MiB")
     mem = summary.get("memory")
     if mem:
         gpu = f", GPU taken {mem['gpu_used'] / 2**30:.2f} GiB" if mem.get("gpu_used") is not None else ""
