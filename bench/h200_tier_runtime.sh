@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | pack
+#   phases: setup | profile | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -91,6 +91,11 @@ moe)  # #5: an MoE model (MOE=path): vanilla with the experts in RAM (all; all b
                 --json "$RES/hypura-$tag-g4-s$slots-$share.json" 2>&1 | tail -4
         done
     done
+    ;;
+profile)  # this lease's machine profile, for the later phases: PROFILE=/tmp/res/profile.json
+    python3 -m hypura.cli.main synth llama3.1-8b /tmp/l8.gguf --layers 16 --tokenizer-from $TOK > /dev/null 2>&1
+    timeout 240 python3 -m hypura.cli.main profile --force --json --path /tmp --model /tmp/l8.gguf \
+        > "$RES/profile.json" 2> "$RES/profile.err" && echo "profile: $RES/profile.json"
     ;;
 queueing)  # does an activation copy wait behind weight copies? (PyTorch/CuPy of the image, no Hypura)
     python3 bench/copy_queueing.py "$RES/copy-queueing.json" 2>&1 | tail -8
