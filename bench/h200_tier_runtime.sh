@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | profile | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | pack
+#   phases: setup | profile | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | vanillaram | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -18,6 +18,16 @@ KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
 hy() { python3 -m hypura.cli.main "$@"; }
 libdir() { cat /tmp/hypura-lib; }
 synth_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
+memory_cgroup() {  # a cgroup limited to $1 bytes of memory (page cache included); prints its folder
+    local cg
+    if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2> /dev/null; then
+        cg=/sys/fs/cgroup/hypura-budget; echo +memory > /sys/fs/cgroup/cgroup.subtree_control 2> /dev/null
+        mkdir -p $cg && echo "$1" > $cg/memory.max && echo 0 > $cg/memory.swap.max 2> /dev/null; [ -f $cg/memory.max ] || return 1
+    elif [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+        cg=/sys/fs/cgroup/memory/hypura-budget; mkdir -p $cg && echo "$1" > $cg/memory.limit_in_bytes || return 1
+    else return 1; fi
+    echo $cg
+}
 SYNTH14=${SYNTH14:-1} SYNTH70=${SYNTH70:-1}  # 0: skip that model (disk space, time)
 
 phase() {
@@ -109,6 +119,16 @@ moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GP
     [ "$ram" = 24GiB ] || { sync; echo 3 > /proc/sys/vm/drop_caches; }
     hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r 3 -t $T \
         --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner.json" 2>&1 | tail -5
+    ;;
+vanillaram)  # #5: vanilla llama.cpp held to the same RAM budget (RAM=8GiB...) by a memory cgroup (v2 memory.max or
+            # v1 limit_in_bytes; page cache counts), cache dropped, no repacking and no host buffers (anonymous copies
+            # would not fit): its mmapped experts page in and out under the limit
+    m=${MOE:?}; tag=$(basename "$m" .gguf); ram=${RAM:?}; out="$RES/vanilla-$tag-r${ram%GiB}-ncmoe${NCMOE:-41}.json"
+    cg=$(memory_cgroup "$(( ${ram%GiB} << 30 ))") || { echo "no memory cgroup here: vanilla at $ram not run"; return 0; }
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    bash -c "echo \$\$ > $cg/cgroup.procs; exec timeout ${VTIMEOUT:-240} '$(libdir)/llama-bench' -m '$m' -ngl 99 \
+        -ncmoe ${NCMOE:-41} --repack 0 --no-host 1 -t $T -p 0 -n ${NGEN:-8} -r 2 -o json" > "$out" 2> /dev/null
+    grep -o '"avg_ts": [0-9.]*' "$out" || echo "vanilla at $ram: no result (timed out after ${VTIMEOUT:-240} s?)"
     ;;
 synthmix)  # a mixtral-8x7b-shaped Q5_K_M (32 GB) with quiet block outputs, after q3s is gone (disk space)
     rm -f /tmp/q3s.gguf

@@ -71,6 +71,7 @@ def _disk_expert_ranges(pager):
 def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch):
     want, trace = reference
     monkeypatch.setattr(expert_paging, "FileFiller", _RecordingFiles)
+    monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)  # the plan's share only: this test's budget is RAM
     _RecordingFiles.ranges = []
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
                        verbose=False)
@@ -111,5 +112,21 @@ def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe):
         llm._pager._read_on_worker = lambda stack, expert: llm._pager._read(stack, expert, 1, FailingFiles())
         with pytest.raises(HypuraError, match="injected read error"):
             llm.eval(llm.tokenize(b"Hello"))
+    finally:
+        llm.close()
+
+
+def test_the_budget_grows_into_what_the_ram_budget_leaves(tiny_qwen3moe):
+    import psutil
+
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
+    try:
+        pager = llm._pager
+        pager.ram_budget = psutil.Process().memory_info().rss + expert_paging.RSS_MARGIN + (64 << 20)
+        pager._resize()
+        assert pager.budget >= pager.base_budget + (32 << 20)  # ~64 MiB of slack, less what RSS grew meanwhile
+        pager.ram_budget = 0  # no slack: back to the plan's share
+        pager._resize()
+        assert pager.budget == pager.base_budget
     finally:
         llm.close()

@@ -20,6 +20,10 @@ Protocol
     worker itself; a slice is written by exactly one worker, and page_in touches the bookkeeping
     only after all of them finished.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
+
+Budget: the plan's disk staging at least; every RESIZE_EVERY calls it grows to what the RAM budget
+leaves beside the process's RSS (less RSS_MARGIN), since the plan's compute-buffer estimate is
+generous and RAM left idle would only cost disk reads.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from hypura.plan import Plan
 from hypura.plan.cost import DISK
 from hypura.runtime.placement import FileFiller, TensorInfo
 
+RESIZE_EVERY = 64  # page_in calls between RSS readings
+RSS_MARGIN = 128 << 20  # kept free under the RAM budget: allocator slack, Python, reads in flight
 _MADV_DONTNEED = 4  # Linux; elsewhere evicted experts stay resident (their bytes stay valid)
 _PAGE = 4096
 
@@ -86,7 +92,9 @@ class ExpertPager:
             if t.name in self.tensors:
                 self.on_disk[t.layer] |= {e for e, tier in enumerate(t.experts) if tier == DISK}
                 expert_bytes[t.layer] += t.nbytes // len(t.experts)
-        self.budget = max(budget, n_used * max(expert_bytes.values(), default=0))
+        self.budget = self.base_budget = max(budget, n_used * max(expert_bytes.values(), default=0))
+        self.ram_budget = plan.memory["ram"]["budget"]
+        self._calls = 0
         self.stacks: dict[int, list[_Stack]] = defaultdict(list)
         self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
         self.resident_bytes = 0
@@ -108,6 +116,9 @@ class ExpertPager:
         disk = self.on_disk.get(layer)
         if not disk:
             return
+        self._calls += 1
+        if self._calls % RESIZE_EVERY == 1:
+            self._resize()
         selected = [int(e) for e in ids.ravel()]
         used = {e for e in selected if e in disk}
         self.stats.accesses += sum(e in disk for e in selected)
@@ -136,6 +147,13 @@ class ExpertPager:
             self.tally.bytes[DISK] += self.stats.bytes - read_before
             self.tally.stall_s += time.perf_counter() - t0
             self.tally.waits += 1
+
+    def _resize(self) -> None:
+        """Grow (or shrink back towards the plan's share) to what the RAM budget leaves beside RSS."""
+        import psutil
+
+        slack = self.ram_budget - psutil.Process().memory_info().rss - RSS_MARGIN
+        self.budget = max(self.base_budget, self.resident_bytes + slack)
 
     def _evict(self, keep: set, room: int) -> None:
         """Drop least recently used experts outside `keep` until `room` more bytes fit the budget."""
