@@ -107,7 +107,7 @@ profile)  # this lease's machine profile, for the later phases: PROFILE=/tmp/res
     timeout 240 python3 -m hypura.cli.main profile --force --json --path /tmp --model /tmp/l8.gguf \
         > "$RES/profile.json" 2> "$RES/profile.err" && echo "profile: $RES/profile.json"
     ;;
-queueing)  # does an activation copy wait behind weight copies? (PyTorch/CuPy of the image, no Hypura)
+queueing)  # does an activation copy wait behind weight copies? (the image's PyTorch, no Hypura)
     python3 bench/copy_queueing.py "$RES/copy-queueing.json" 2>&1 | tail -8
     ;;
 moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GPU and RAM=24GiB (default) or

@@ -118,7 +118,7 @@ class Llama(llama_cpp.Llama):
                 n_used = int(self.header.get("expert_used_count"))
                 # the plan's disk staging, less what the host pool's slots take for dense disk layers
                 budget = self.plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
-                self._pager = ExpertPager(self.plan, [str(model_path)], n_used, budget)
+                self._pager = ExpertPager(self.plan, paged, [str(model_path)], n_used, budget)
                 # slices are written in ggml's plain layout: no repacking CPU buffer types
                 self._param_overrides.setdefault("model_params", {})["use_extra_bufts"] = False
             policy = plan_policy(self.plan, layout, paged)

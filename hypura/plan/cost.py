@@ -47,10 +47,9 @@ class Rates:
     stream_split_s: float = knobs.STREAM_SPLIT_S  # when layers stream (the compute hooks are on)
     disk_readers: int = 1  # concurrent O_DIRECT readers that read fastest (the profile's best thread count)
 
-    @property
-    def link_beside_cpu(self) -> float | None:
-        """The link's rate while the CPU decodes at the same time (both read RAM)."""
-        return self.link * knobs.LINK_BESIDE_CPU if self.link and not self.unified else self.link
+    def link_beside(self, cpu_bytes: float) -> float | None:
+        """The link's rate when the CPU decodes `cpu_bytes` a token at the same time (both read RAM)."""
+        return self.link * knobs.LINK_BESIDE_CPU if self.link and cpu_bytes > 0 and not self.unified else self.link
 
     @property
     def has_gpu(self) -> bool:
@@ -104,8 +103,7 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
     streaming = t.link_bytes > 0 or t.disk_bytes > 0
     overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
-    link = r.link_beside_cpu if t.cpu_bytes > 0 else r.link
-    paths = {"compute": gpu_s + cpu_s + overhead, "link": _div(t.link_bytes, link),
+    paths = {"compute": gpu_s + cpu_s + overhead, "link": _div(t.link_bytes, r.link_beside(t.cpu_bytes)),
              "disk": _div(t.disk_bytes, r.disk_read)}
     limit = max(paths, key=paths.get)
     if limit == "compute":

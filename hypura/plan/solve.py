@@ -9,10 +9,10 @@ byte of higher p into a faster tier (GPU > RAM > disk) never increases any path 
 reservations the optimum fills the tiers in order of p (ties: knobs.ROLE_RANK, then graph order),
 skipping a unit that does not fit for the next that does: exact for the fractional relaxation,
 within one unit per tier for the integer problem. A layer's experts enter the GPU together, at their
-mean p: they are one stacked tensor, which llama.cpp keeps in one buffer. What the fill cannot see is enumerated: where the
-KV cache lives (GPU or RAM), whether GPU pool slots are reserved for streaming (slots cost GPU
-memory that resident weights could use), and whether to use the GPU at all (a budget too small for
-its buffers; tiny models). For each such config, the non-resident units are split
+mean p: they are one stacked tensor, which llama.cpp keeps in one buffer. What the fill cannot see is
+enumerated: where the KV cache lives (GPU or RAM), whether GPU pool slots are reserved for streaming
+(slots cost GPU memory that resident weights could use), and whether to use the GPU at all (a budget
+too small for its buffers; tiny models). For each such config, the non-resident units are split
 between CPU compute and streaming into GPU slots by moving units to the GPU while the predicted
 time falls: along that path the compute term falls and the link term rises linearly, so the time
 is convex and the first stop is the optimum (the closed form is non-resident bytes /
@@ -182,8 +182,7 @@ class _Problem:
         acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * self.kv
         g, c, link = acc[GPU], acc[CPU], 0.0
         time = lambda g, c, link: max(g / r.gpu_read + c / r.cpu_read,  # noqa: E731
-                                      link / (r.link_beside_cpu if c else r.link) if r.link
-                                      else (float("inf") if link else 0.0),
+                                      link / r.link_beside(c) if r.link else (float("inf") if link else 0.0),
                                       disk / r.disk_read)
         best = time(g, c, link)
         # experts never stream through layer slots (the runtime would copy whole stacked tensors):

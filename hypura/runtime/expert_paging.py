@@ -29,6 +29,7 @@ generous and RAM left idle would only cost disk reads.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ from hypura.bindings.ffi import ffi, lib
 from hypura.plan import Plan
 from hypura.plan.cost import DISK
 from hypura.runtime.placement import FileFiller, TensorInfo
+from hypura.runtime.stream_layout import paged_by_expert
 
 RESIZE_EVERY = 64  # page_in calls between RSS readings
 RSS_MARGIN = 128 << 20  # kept free under the RAM budget: allocator slack, Python, reads in flight
@@ -51,7 +53,7 @@ _PAGE = 4096
 
 def paged_tensors(plan: Plan) -> set[str]:
     """Stacked expert tensors with experts on disk: host memory, paged by expert."""
-    return {t.name for t in plan.tensors if t.experts and DISK in t.experts}
+    return {t.name for t in plan.tensors if paged_by_expert(t)}
 
 
 @dataclass
@@ -77,14 +79,15 @@ class _Stack:
 
 
 class ExpertPager:
-    def __init__(self, plan: Plan, paths: list[str], n_used: int, budget: int):
-        """budget: RAM bytes for resident disk experts (at least n_used experts of the largest layer)."""
+    def __init__(self, plan: Plan, tensors: set[str], paths: list[str], n_used: int, budget: int):
+        """tensors: the plan's paged_tensors; budget: RAM bytes for resident disk experts (at least
+        n_used experts of the largest layer)."""
         self.paths = paths
         self.files = FileFiller(paths)  # the loader's thread, at load
         self._local = threading.local()
         self._worker_files: list[FileFiller] = []
         self._workers = ThreadPoolExecutor(max(1, plan.rates.disk_readers), thread_name_prefix="hypura-experts")
-        self.tensors = paged_tensors(plan)
+        self.tensors = tensors
         # layer -> experts the plan keeps on disk (any of the layer's stacked tensors)
         self.on_disk: dict[int, set[int]] = defaultdict(set)
         expert_bytes: dict[int, int] = defaultdict(int)  # layer -> one expert's bytes over its stacks
@@ -169,10 +172,8 @@ class ExpertPager:
                 self._drop(stack, e)
 
     def _read(self, stack: _Stack, first: int, count: int, files: FileFiller | None = None) -> None:
-        info, at = stack.info, first * stack.expert_bytes
-        part = TensorInfo(info.name, info.ggml_type, info.shape, info.file_offset + at, count * stack.expert_bytes,
-                          info.file_idx, info.layer, info.default_tier, info.default_buft)
-        tensor = stack.tensor
+        at, tensor = first * stack.expert_bytes, stack.tensor
+        part = dataclasses.replace(stack.info, file_offset=stack.info.file_offset + at, nbytes=count * stack.expert_bytes)
         (files or self.files).read(part, lambda piece, pos: lib().ggml_backend_tensor_set(
             tensor, ffi.from_buffer(piece), at + pos, len(piece)))
 
