@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | profile | zero | contention | queueing | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | vanillaram | pack
+#   phases: setup | profile | zero | contention | queueing | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | vanillaram | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -35,7 +35,8 @@ phase() {
 case "$1" in
 setup)  # wheels, models (background), the library (prebuilt or built), GPU tests
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$RES/gpu.txt"
-    { lscpu | grep -iE "numa|model name|^cpu\(s\)"; df -h /tmp; free -g; } > "$RES/machine.txt"
+    { lscpu | grep -iE "numa|model name|^cpu\(s\)"; df -h /tmp; free -g; uname -r
+      echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"; } > "$RES/machine.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
     setsid nohup bash -c "[ $SYNTH70 = 1 ] && python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK > /tmp/synth70.log 2>&1;
         [ $SYNTH14 = 1 ] && python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; echo done > /tmp/synth.rc" \
@@ -107,18 +108,25 @@ profile)  # this lease's machine profile, for the later phases: PROFILE=/tmp/res
     timeout 240 python3 -m hypura.cli.main profile --force --json --path /tmp --model /tmp/l8.gguf \
         > "$RES/profile.json" 2> "$RES/profile.err" && echo "profile: $RES/profile.json"
     ;;
+diskreq)  # expert-sized O_DIRECT reads at 1-8 threads (bench/disk_requests.py) from MOE's file, cache dropped
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    timeout 120 python3 bench/disk_requests.py ${MOE:?} "$RES/disk-requests.json"
+    ;;
 queueing)  # does an activation copy wait behind weight copies? (the image's PyTorch, no Hypura)
     python3 bench/copy_queueing.py "$RES/copy-queueing.json" 2>&1 | tail -8
     ;;
 moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GPU and RAM=24GiB (default) or
-          # less (disk-tier experts, read by selection; page cache dropped), beside vanilla -ncmoe NCMOE (41)
+          # less (disk-tier experts, read by selection), page cache dropped, beside vanilla -ncmoe NCMOE (41)
+          # with the machine's whole RAM
     m=${MOE:?}; tag=$(basename "$m" .gguf); ram=${RAM:-24GiB}
-    "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe ${NCMOE:-41} -t $T -p 0 -n 32 -r 3 -o json \
-        > "$RES/vanilla-$tag-ncmoe${NCMOE:-41}.json" 2> /dev/null
-    grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-$tag-ncmoe${NCMOE:-41}.json"
-    [ "$ram" = 24GiB ] || { sync; echo 3 > /proc/sys/vm/drop_caches; }
-    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r 3 -t $T \
-        --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner.json" 2>&1 | tail -5
+    if [ "${SKIPV:-0}" != 1 ]; then  # SKIPV=1: this model's vanilla ran already in this call
+        "$(libdir)/llama-bench" -m "$m" -ngl 99 -ncmoe ${NCMOE:-41} -t $T -p 0 -n 32 -r 3 -o json \
+            > "$RES/vanilla-$tag-ncmoe${NCMOE:-41}.json" 2> /dev/null
+        grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-$tag-ncmoe${NCMOE:-41}.json"
+    fi
+    sync; echo 3 > /proc/sys/vm/drop_caches  # the plan may keep experts on disk: no page cache to hide in
+    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r ${REPS:-3} -t $T \
+        --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner.json" 2>&1 | tail -8
     ;;
 vanillaram)  # #5: vanilla llama.cpp held to the same RAM budget (RAM=8GiB...) by a memory cgroup (v2 memory.max or
             # v1 limit_in_bytes; page cache counts), cache dropped, no repacking and no host buffers (anonymous copies
@@ -130,10 +138,14 @@ vanillaram)  # #5: vanilla llama.cpp held to the same RAM budget (RAM=8GiB...) b
         -ncmoe ${NCMOE:-41} --repack 0 --no-host 1 -t $T -p 0 -n ${NGEN:-8} -r 2 -o json" > "$out" 2> /dev/null
     grep -o '"avg_ts": [0-9.]*' "$out" || echo "vanilla at $ram: no result (timed out after ${VTIMEOUT:-240} s?)"
     ;;
-synthmix)  # a mixtral-8x7b-shaped Q5_K_M (32 GB) with quiet block outputs, after q3s is gone (disk space)
+synthmix)  # a mixtral-8x7b-shaped Q5_K_M (32 GB) with quiet block outputs, after q3s is gone (disk space):
+           # /tmp/mxu.gguf (uniform routers), or with SKEW=1 /tmp/mxs.gguf (skew 0.5, layer correlation 0.5)
+           # in mxu's place
     rm -f /tmp/q3s.gguf
-    python3 -m hypura.cli.main synth mixtral-8x7b /tmp/mxu.gguf --ftype q5_k_m --block-out-scale 0.002 \
-        --tokenizer-from $TOK > "$RES/synth-mxu.log" 2>&1
+    if [ "${SKEW:-0}" = 1 ]; then rm -f /tmp/mxu.gguf; name=mxs; knobs="--router-skew 0.5 --router-layer-corr 0.5"
+    else name=mxu; knobs=""; fi
+    python3 -m hypura.cli.main synth mixtral-8x7b /tmp/$name.gguf --ftype q5_k_m --block-out-scale 0.002 $knobs \
+        --tokenizer-from $TOK > "$RES/synth-$name.log" 2>&1
     ;;
 synthmoe)  # MoE models for `moe` (after the 70B is gone: the disk holds ~64 GB): quiet block outputs, so
            # routing follows the routers at every layer; q3u: uniformly random (the worst case)

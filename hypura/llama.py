@@ -114,15 +114,19 @@ class Llama(llama_cpp.Llama):
         if self.plan is not None:
             layout = plan_layout(self.plan)
             paged = paged_tensors(self.plan)
+            if paged and expert_cache is not None:
+                raise HypuraError("an expert cache loads from every expert in RAM, but this plan keeps experts on "
+                                  "disk: give more --ram or no expert cache")
             if paged:
                 n_used = int(self.header.get("expert_used_count"))
                 # the plan's disk staging, less what the host pool's slots take for dense disk layers
                 budget = self.plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
                 self._pager = ExpertPager(self.plan, paged, [str(model_path)], n_used, budget)
-                # slices are written in ggml's plain layout: no repacking CPU buffer types
-                self._param_overrides.setdefault("model_params", {})["use_extra_bufts"] = False
+                # slices are written in ggml's plain layout: no repacking CPU buffer types; and no pinned host
+                # buffers, which are resident whole (an H200 run kept all 6.4 GiB of disk experts in RSS)
+                self._param_overrides.setdefault("model_params", {}).update(use_extra_bufts=False, no_host=True)
             policy = plan_policy(self.plan, layout, paged)
-            self._apply_plan_params(layout)
+            self._apply_plan_params(layout, bool(paged))
         else:
             policy = placement_policy or overrides_policy(override_tensor)
         self._experts: Optional[ExpertStreamer] = None
@@ -212,7 +216,7 @@ class Llama(llama_cpp.Llama):
         if self._on_route is not None:
             self._on_route(layer, ids)
 
-    def _apply_plan_params(self, layout: StreamLayout) -> None:
+    def _apply_plan_params(self, layout: StreamLayout, paged: bool) -> None:
         """A plan decides what -ngl and --no-kv-offload would: every layer's work on the GPU when it
         uses one (the hook keeps CPU-computed weights in host memory), the KV cache where planned;
         streamed tensors report to the compute hooks."""
@@ -221,6 +225,10 @@ class Llama(llama_cpp.Llama):
         context = self._param_overrides.setdefault("context_params", {})
         model["n_gpu_layers"] = self.plan.n_layer + 1 if uses_gpu else 0
         context["offload_kqv"] = uses_gpu and self.plan.kv_tier == "gpu"
+        if uses_gpu and (paged or layout.layers(HOST_POOL)):
+            # these CPU weights are valid only while their layer runs (hooks fill them): op offload would
+            # copy them to the GPU for a prompt batch when the graph split starts, before they are filled
+            context["op_offload"] = False
         if any(t.tier == "disk" for t in self.plan.tensors):
             # the page cache is not a hidden tier: nothing of the file is mapped or cached
             model["load_mode"] = llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO
@@ -284,6 +292,8 @@ class Llama(llama_cpp.Llama):
             self._stats.reset()
             if experts is not None:
                 experts.reset_stats()
+            if pager is not None:
+                pager.reset_stats()
         return out
 
     def close(self) -> None:

@@ -83,9 +83,10 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
         assert llm._pager.stats.reads == 0
         got = _decode(llm)
         assert np.array_equal(got, want)
-        paging = llm.stats()["expert_paging"]
         layer_bytes = {layer: sum(s.expert_bytes for s in stacks) for layer, stacks in llm._pager.stacks.items()}
         read_bytes = sum(n * layer_bytes[layer] for layer, n in llm._pager.stats.by_layer.items())
+        paging = llm.stats(reset=True)["expert_paging"]
+        assert llm.stats()["expert_paging"]["accesses"] == 0  # a bench's warm-up is not counted
     finally:
         llm.close()
     # against the routing trace: every selection of a disk expert is an access; one that was resident when
@@ -96,6 +97,9 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     assert paging["bytes"] == read_bytes  # whole experts of all three stacked tensors, nothing else
     assert paging["evictions"] > 0  # room is made before a read: RSS never holds more than the budget
     assert paging["resident"] <= paging["resident_peak"] <= paging["budget"]
+    # every selection is served once, from the tier it was in: even experts from RAM, odd ones read or resident
+    selections = sum(len(row) for layer in LAYERS for row in trace.selections(layer))
+    assert paging["served"] == {"ram": selections - paging["reads"], "disk": paging["reads"]}
 
 
 def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe):
@@ -130,3 +134,8 @@ def test_the_budget_grows_into_what_the_ram_budget_leaves(tiny_qwen3moe):
         assert pager.budget == pager.base_budget
     finally:
         llm.close()
+
+
+def test_an_expert_cache_with_experts_on_disk_is_refused(tiny_qwen3moe):
+    with pytest.raises(HypuraError, match="experts on disk"):
+        hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), expert_cache=4, n_ctx=256, verbose=False)

@@ -167,3 +167,61 @@ def test_expert_caches_on_the_gpu_give_the_same_logits(moe_model, slots):
         assert ex["hit_rate"].get("gpu", 0) > 0 and ex["loaded_bytes"]["demand"] > 0
     finally:
         llm.close()
+
+
+def _for_the_cpu(model, picked, tier):
+    """The all-GPU plan with the `picked` tensors computed by the CPU from `tier`: on disk, dense ones
+    stream through the host pool and stacked experts are paged in by expert (odd ones on disk) as
+    routers select them; in RAM, they stay resident."""
+    import dataclasses
+
+    from hypura.plan import PlanSettings, plan_model
+    from hypura.profile import resolve_profile
+
+    plan = plan_model(model, resolve_profile("h200-design"), settings=PlanSettings(n_ctx=256))
+
+    def placed(t):
+        if not picked(t.name):
+            return t
+        experts = tuple(tier if e % 2 else "ram" for e in range(len(t.experts)))
+        return dataclasses.replace(t, tier=tier, compute="cpu", experts=experts)
+
+    return dataclasses.replace(plan, tensors=tuple(map(placed, plan.tensors)), kv_tier="gpu")
+
+
+@pytest.mark.parametrize("which", ["paged experts", "host-pool ffn"])
+def test_prompts_over_cpu_weights_that_change_within_a_graph(moe_model, dense_model, which):
+    """A prompt batch (>= 32 tokens) beside CPU weights whose bytes are valid only while their layer runs:
+    llama.cpp's op offload would copy them to the GPU when the graph split starts, before the hooks
+    filled them. Close to the same plan with those tensors resident in RAM and no op offload."""
+    import re
+
+    model, pattern = moe_model, r"_exps\."
+    if which == "host-pool ffn":
+        model, pattern = dense_model, r"blk\.1\.ffn_(up|gate|down)\."
+    picked = lambda name: re.search(pattern, name) is not None  # noqa: E731
+    kwargs = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=4)
+    same_kernels = {"model_params": {"use_extra_bufts": False, "no_host": True},
+                    "context_params": {"op_offload": False}}
+    resident = hypura.Llama(str(model), plan=_for_the_cpu(model, picked, "ram"), param_overrides=same_kernels, **kwargs)
+    tokens = resident.tokenize(b"The quick brown fox jumps over the lazy dog. " * 6)
+    assert len(tokens) >= 32  # CUDA offloads a host weight's op from batches of 32 tokens
+    want = _logits(resident, tokens)
+    resident.close()
+    llm = hypura.Llama(str(model), plan=_for_the_cpu(model, picked, "disk"), **kwargs)
+    try:
+        assert (llm._pager is not None) == (which == "paged experts")
+        got = _logits(llm, tokens)
+        # close, not bit-equal: on the H200 the two differed by up to 0.08 (experts) and 0.39 (dense FFN) on
+        # logits of about +-1 (correlation 0.992; cause not found, bench/RESULTS.md), as the resident plan does
+        # from llama.cpp's own -ot run; a weight copied to the GPU before its hook filled it would be garbage
+        finite = np.isfinite(want)
+        assert np.array_equal(np.isfinite(got), finite)
+        assert np.corrcoef(got[finite], want[finite])[0, 1] > 0.98
+        st = llm.stats()
+        assert st["stream"]["bytes"].get("disk", 0) > 0
+        # op offload is off: the CPU computed them for the prompt too (a split of theirs starts in host memory)
+        assert any(re.match(r"ffn_(moe_)?(gate|up)", name) and buft != "CUDA0"
+                   for _, buft, name in st["prefill"]["last_call_splits_ms"])
+    finally:
+        llm.close()

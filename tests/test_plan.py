@@ -15,6 +15,7 @@ from hypura.errors import HypuraError
 from hypura.model_file import read_header
 from hypura.plan import (Plan, PlanSettings, RateOverrides, budgets_for, greedy, model_units, optimize,
                          parse_size, plan_model, predict, rates_for, traffic)
+from hypura.plan import knobs
 from hypura.plan.solve import turn_seconds
 from hypura.profile import resolve_profile
 
@@ -62,6 +63,8 @@ def _assert_within_budget(plan: Plan) -> None:
     ram = w["ram"] + sum(v for k, v in plan.memory["ram"].items() if k not in ("budget", "weights"))
     assert gpu <= plan.memory["gpu"]["budget"]
     assert ram + (gpu if plan.unified else 0) <= plan.memory["ram"]["budget"]
+    # a process that uses the GPU holds host memory of its own (the CUDA runtime): the RAM budget covers it
+    assert plan.memory["ram"]["runtime"] == (0 if plan.config == "cpu only" else knobs.GPU_PROCESS_RAM)
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -12,6 +12,9 @@ MiB = 1 << 20
 GPU_MARGIN = 1 * GiB
 # left to the OS, the Python process and other programs; RAM budgets count every byte we hold
 RAM_MARGIN = 2 * GiB
+# host memory a process that uses the GPU holds beyond the plan's tensors and buffers (the CUDA runtime,
+# Python): on the H200 (2026-12-03) RSS peaked 114-185 MiB above the plan's RAM (bench/RESULTS.md)
+GPU_PROCESS_RAM = 256 * MiB
 
 # --- decode cost ----------------------------------------------------------------------------
 # GPU decode reads weights at this fraction of a device copy's memory traffic: fit of DESIGN.md's

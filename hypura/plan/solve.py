@@ -210,7 +210,8 @@ class _Problem:
         b, units = self.b, self.mu.units
         config = (f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
-        ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0)
+        runtime = knobs.GPU_PROCESS_RAM if use_gpu else 0
+        ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0) + runtime
         # llama.cpp sizes the CPU's compute buffer by the graph splits the CPU runs: small when the GPU
         # computes every layer
         pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.buf)
@@ -239,7 +240,7 @@ class _Problem:
             GPU: {"weights": weights[GPU], "kv": self.kv if kv_tier == GPU else 0,
                   "compute": self.buf if use_gpu else 0, "pool": sum(slots)},
             RAM: {"weights": weights[RAM], "kv": self.kv if kv_tier == RAM else 0,
-                  "compute": need_host, "staging": sum(stages)},
+                  "compute": need_host, "staging": sum(stages), "runtime": runtime},
             DISK: {"weights": weights[DISK]},
         }
         tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch)
@@ -254,6 +255,7 @@ class _Problem:
             return _Shortfall(GPU, gpu_need, self.b.gpu, parts)
         parts = (f"input embeddings {fmt_size(self.host_only)}, compute buffer {fmt_size(host_buf)}, "
                  f"disk staging {fmt_size(staging)}" + (f", KV cache {kv}" if kv_tier == RAM else "")
+                 + (f", CUDA runtime {fmt_size(knobs.GPU_PROCESS_RAM)}" if use_gpu else "")
                  + (", GPU bytes (unified memory)" if self.b.unified and use_gpu else ""))
         return _Shortfall(RAM, ram_need, self.b.ram, parts)
 

@@ -1,15 +1,16 @@
 """Disk-tier experts, read when a router selects them.
 
 A stacked expert tensor whose plan keeps some experts on disk lives in plain host memory that the
-CPU computes from, like a RAM-tier one. Its RAM experts are written at load. Its disk experts are
-read from the file (O_DIRECT) only when a router selects them, and dropped again (MADV_DONTNEED:
-their pages leave the process) once more than a budget of them is resident. So decode reads
-from disk only the experts it uses, as the cost model counts them (p x bytes), instead of whole
-stacked tensors.
+CPU computes from, like a RAM-tier one; never pinned, since pinned memory is resident whole. Its RAM
+experts are written at load. Its disk experts are read from the file (O_DIRECT) only when a router
+selects them, and dropped again (MADV_DONTNEED: their pages leave the process) once more than a
+budget of them is resident. So decode reads from disk only the experts it uses, as the cost model
+counts them (p x bytes), instead of whole stacked tensors.
 
 Protocol
   - Load time, the loader's thread: `fill(info, tensor)` is the fill hook of these (deferred) tensors.
-    It writes the RAM experts' slices and leaves the disk experts' pages untouched (never resident).
+    It writes the RAM experts' slices and leaves the disk experts' pages untouched (never resident);
+    the stack asks for small pages, so that an eviction gives back just its expert's pages.
   - Compute time, on the thread running llama_decode: `page_in(layer, ids)` runs in the router hook,
     after the router ran and before the expert matmuls. It first evicts least recently used
     experts that this batch does not use until the missing ones fit the budget, then reads them and
@@ -17,8 +18,8 @@ Protocol
     experts) keeps them all until the next layer's call.
   - The reads of one call run at once on worker threads, as many as the machine profile found
     fastest (`Rates.disk_readers`), a file reader (and its aligned staging buffer) each, made on the
-    worker itself; a slice is written by exactly one worker, and page_in touches the bookkeeping
-    only after all of them finished.
+    worker itself; a slice is written by exactly one worker (which first faults its pages in with one
+    MADV_POPULATE_WRITE), and page_in touches the bookkeeping only after all of them finished.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
 
 Budget: the plan's disk staging at least; every RESIZE_EVERY calls it grows to what the RAM budget
@@ -41,13 +42,15 @@ import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.plan import Plan
-from hypura.plan.cost import DISK
+from hypura.plan.cost import DISK, RAM
+from hypura.plan.plan import TIERS
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.stream_layout import paged_by_expert
 
 RESIZE_EVERY = 64  # page_in calls between RSS readings
 RSS_MARGIN = 128 << 20  # kept free under the RAM budget: allocator slack, Python, reads in flight
-_MADV_DONTNEED = 4  # Linux; elsewhere evicted experts stay resident (their bytes stay valid)
+# madvise advice (Linux); elsewhere nothing is advised, and evicted experts stay resident (their bytes valid)
+_MADV_DONTNEED, _MADV_NOHUGEPAGE, _MADV_POPULATE_WRITE = 4, 15, 23
 _PAGE = 4096
 
 
@@ -64,11 +67,12 @@ class PagingStats:
     bytes: int = 0
     evictions: int = 0
     resident_peak: int = 0
+    served: dict = field(default_factory=lambda: defaultdict(int))  # tier -> all MoE layers' selections it served
     by_layer: dict = field(default_factory=lambda: defaultdict(int))  # layer -> experts read
 
     def as_dict(self) -> dict:
         return {"accesses": self.accesses, "hits": self.hits, "reads": self.reads, "bytes": self.bytes,
-                "evictions": self.evictions, "resident_peak": self.resident_peak}
+                "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served)}
 
 
 @dataclass
@@ -91,7 +95,11 @@ class ExpertPager:
         # layer -> experts the plan keeps on disk (any of the layer's stacked tensors)
         self.on_disk: dict[int, set[int]] = defaultdict(set)
         expert_bytes: dict[int, int] = defaultdict(int)  # layer -> one expert's bytes over its stacks
+        self.tier_of: dict[int, list[str]] = {}  # layer -> each expert's slowest tier over its stacks
         for t in plan.tensors:
+            if t.experts:
+                tiers = self.tier_of.setdefault(t.layer, list(t.experts))
+                self.tier_of[t.layer] = [max(a, b, key=TIERS.index) for a, b in zip(tiers, t.experts)]
             if t.name in self.tensors:
                 self.on_disk[t.layer] |= {e for e, tier in enumerate(t.experts) if tier == DISK}
                 expert_bytes[t.layer] += t.nbytes // len(t.experts)
@@ -110,19 +118,24 @@ class ExpertPager:
         n_expert = info.shape[2]
         stack = _Stack(info, tensor, info.nbytes // n_expert)
         self.stacks[info.layer].append(stack)
+        # small pages: an eviction would split a huge page, and a fault would zero all 2 MiB of one
+        self._advise(stack, 0, n_expert, _MADV_NOHUGEPAGE)
         disk = self.on_disk[info.layer]
         for first, last in _runs([e for e in range(n_expert) if e not in disk]):  # RAM experts, in runs
             self._read(stack, first, last - first + 1)
 
     # --- compute time (the protocol above) -------------------------------------------------------
     def page_in(self, layer: int, ids: np.ndarray) -> None:
+        selected = [int(e) for e in ids.ravel()]
         disk = self.on_disk.get(layer)
         if not disk:
+            tiers = self.tier_of.get(layer)
+            for e in selected if tiers else ():
+                self.stats.served[tiers[e]] += 1
             return
         self._calls += 1
         if self._calls % RESIZE_EVERY == 1:
             self._resize()
-        selected = [int(e) for e in ids.ravel()]
         used = {e for e in selected if e in disk}
         self.stats.accesses += sum(e in disk for e in selected)
         t0, read_before = time.perf_counter(), self.stats.bytes
@@ -134,6 +147,9 @@ class ExpertPager:
                 self.stats.hits += sum(x == e for x in selected)
             else:
                 missing.append(e)
+        tiers = self.tier_of[layer]
+        for e in selected:  # a disk expert found resident was served from RAM
+            self.stats.served[DISK if e in missing else RAM if e in disk else tiers[e]] += 1
         expert_bytes = sum(stack.expert_bytes for stack in self.stacks[layer])
         self._evict(keep={(layer, e) for e in used}, room=len(missing) * expert_bytes)  # room first: RSS stays in
         reads = [self._workers.submit(self._read_on_worker, stack, e) for e in missing for stack in self.stacks[layer]]
@@ -169,7 +185,7 @@ class ExpertPager:
             self.stats.evictions += 1
             layer, e = key
             for stack in self.stacks[layer]:
-                self._drop(stack, e)
+                self._advise(stack, e, 1, _MADV_DONTNEED)  # its pages leave the process
 
     def _read(self, stack: _Stack, first: int, count: int, files: FileFiller | None = None) -> None:
         at, tensor = first * stack.expert_bytes, stack.tensor
@@ -182,6 +198,7 @@ class ExpertPager:
         if files is None:
             files = self._local.files = FileFiller(self.paths)
             self._worker_files.append(files)
+        self._advise(stack, expert, 1, _MADV_POPULATE_WRITE)  # one call faults the slice in, not a trap a page
         self._read(stack, expert, 1, files)
 
     def close(self) -> None:
@@ -189,14 +206,17 @@ class ExpertPager:
         for files in (self.files, *self._worker_files):
             files.close()
 
-    def _drop(self, stack: _Stack, expert: int) -> None:
-        """Give the pages that lie wholly inside the expert's slice back to the OS."""
+    def _advise(self, stack: _Stack, first: int, count: int, advice: int) -> None:
+        """madvise the pages that lie wholly inside experts [first, first + count) of the stack."""
         if self._madvise is None:
             return
-        base = int(ffi.cast("uintptr_t", lib().ggml_get_data(stack.tensor))) + expert * stack.expert_bytes
-        lo, hi = -(-base // _PAGE) * _PAGE, (base + stack.expert_bytes) // _PAGE * _PAGE
+        base = int(ffi.cast("uintptr_t", lib().ggml_get_data(stack.tensor))) + first * stack.expert_bytes
+        lo, hi = -(-base // _PAGE) * _PAGE, (base + count * stack.expert_bytes) // _PAGE * _PAGE
         if hi > lo:
-            self._madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
+            self._madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), advice)  # EINVAL (old kernel): a no-op
+
+    def reset_stats(self) -> None:
+        self.stats = PagingStats(resident_peak=self.resident_bytes)
 
     def summary(self) -> dict:
         return {**self.stats.as_dict(), "budget": self.budget, "resident": self.resident_bytes,

@@ -134,6 +134,9 @@ def describe(summary: dict) -> list[str]:
                      f"router hooks {1e3 * ex['hook_s'] / n:.2f} ms per token")
     pg = summary.get("expert_paging")
     if pg and pg["accesses"]:
+        total = sum(pg["served"].values())
+        served = ", ".join(f"{t} {pg['served'].get(t, 0) / total:.3f}" for t in ("gpu", "ram", "disk"))
+        lines.append(f"experts served (all MoE layers' selections): {served}")
         lines.append(f"disk experts: {pg['accesses']} accesses, hit rate {pg['hit_rate']:.3f} in RAM; {pg['reads']} read "
                      f"({pg['bytes'] / 1e9:.2f} GB), resident at most {pg['resident_peak'] / 2**20:.0f} of "
                      f"{pg['budget'] / 2**20:.0f} MiB")
