@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | profile | zero | contention | queueing | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | vanillaram | pack
+#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | vanillaram | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -107,6 +107,10 @@ profile)  # this lease's machine profile, for the later phases: PROFILE=/tmp/res
     python3 -m hypura.cli.main synth llama3.1-8b /tmp/l8.gguf --layers 16 --tokenizer-from $TOK > /dev/null 2>&1
     timeout 240 python3 -m hypura.cli.main profile --force --json --path /tmp --model /tmp/l8.gguf \
         > "$RES/profile.json" 2> "$RES/profile.err" && echo "profile: $RES/profile.json"
+    ;;
+numerics)  # prompt and decode logits with CPU weights streamed or paged, beside resident (bench/prompt_numerics.py)
+    timeout 120 python3 bench/prompt_numerics.py $TOK .device/tiny-qwen3moe.gguf 2>&1 | grep -a "max |diff|" \
+        | tee "$RES/prompt-numerics.txt"
     ;;
 diskreq)  # expert-sized O_DIRECT reads at 1-8 threads (bench/disk_requests.py) from MOE's file, cache dropped
     sync; echo 3 > /proc/sys/vm/drop_caches
