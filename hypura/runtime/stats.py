@@ -138,8 +138,8 @@ def describe(summary: dict) -> list[str]:
         served = ", ".join(f"{t} {pg['served'].get(t, 0) / total:.3f}" for t in ("gpu", "ram", "disk"))
         lines.append(f"experts served (all MoE layers' selections): {served}")
         lines.append(f"disk experts: {pg['accesses']} accesses, hit rate {pg['hit_rate']:.3f} in RAM; {pg['reads']} read "
-                     f"({pg['bytes'] / 1e9:.2f} GB), resident at most {pg['resident_peak'] / 2**20:.0f} of "
-                     f"{pg['budget'] / 2**20:.0f} MiB")
+                     f"({pg['bytes'] / 1e9:.2f} GB), resident at most {pg['resident_peak'] / 2**20:.0f} MiB "
+                     f"(budget now {pg['budget'] / 2**20:.0f} MiB)")
     mem = summary.get("memory")
     if mem:
         gpu = f", GPU taken {mem['gpu_used'] / 2**30:.2f} GiB" if mem.get("gpu_used") is not None else ""
