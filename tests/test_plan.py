@@ -193,6 +193,25 @@ def test_cost_model_matches_design_measurements(model):
     assert _vanilla_exps_on_cpu(model("qwen3-30b-a3b"), rates).decode_tok_s == pytest.approx(41.8, rel=0.15)
 
 
+def test_prefill_beside_disk_weights_the_cpu_computes_runs_on_the_cpu(model):
+    """The runtime turns llama.cpp's op offload off when CPU-computed weights come from disk (hooks fill
+    them mid-graph): then a batch's CPU units are computed by the CPU, and their bytes stay off the link."""
+    h = model("qwen3-30b-a3b")
+    rates, mu = rates_for(H200), model_units(h)
+    tiers = ["ram" if u.role == "expert" or u.host_only else "gpu" for u in mu.units]
+    compute = ["cpu" if t == "ram" else "gpu" for t in tiers]
+    kv = mu.dims.kv_bytes_per_layer(4096) * mu.dims.n_layer
+    offloaded = traffic(mu, tiers, compute, "gpu", kv, rates)
+    last = max(u.stage for u in mu.units if u.role == "expert")
+    on_disk = ["disk" if u.role == "expert" and u.stage == last else t for u, t in zip(mu.units, tiers)]
+    kept = traffic(mu, on_disk, compute, "gpu", kv, rates)
+    assert offloaded.prefill_cpu_flops == 0 and offloaded.prefill_link_bytes > 0
+    assert 0 < kept.prefill_cpu_flops < kept.prefill_flops and kept.prefill_link_bytes == 0
+    cpu_s = kept.prefill_cpu_flops / rates.cpu_flops
+    assert predict(kept, rates).prefill_tok_s < kept.n_ubatch / cpu_s  # the CPU's share bounds the batch
+    assert predict(kept, rates).prefill_tok_s < predict(offloaded, rates).prefill_tok_s
+
+
 def test_hybrid_beats_partial_offload(model):
     """Both paths at once: CPU on RAM layers while the link streams others (DESIGN.md: ~3.5 tok/s bound)."""
     h = model("llama3.3-70b")

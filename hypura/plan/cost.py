@@ -11,6 +11,8 @@ which for the hybrid (CPU computes some non-resident layers while the link strea
 GPU slots) gives DESIGN.md's bound: non-resident bytes / (CPU rate + link rate).
 Prefill, per micro-batch: llama.cpp offloads every matmul of a batch >= 32 to the GPU, copying
 host weights over the link, so time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate).
+Beside CPU-computed weights from disk the runtime turns that offload off: the CPU's units then add
+their FLOPs at the CPU's rate, and their bytes leave the link.
 
 `traffic()` turns a placement into `Traffic`; the runtime and `bench` build `Traffic` from their
 counters and call the same `predict()` for the bound they print beside a measurement.
@@ -76,6 +78,7 @@ class Traffic:
     prefill_link_bytes: float = 0.0
     prefill_disk_bytes: float = 0.0
     prefill_on_gpu: bool = False  # a plan that uses the GPU computes batches there (op_offload)
+    prefill_cpu_flops: float = 0.0  # of prefill_flops, what the CPU computes all the same (op_offload off)
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,11 @@ def predict(t: Traffic, r: Rates) -> Prediction:
         limit = GPU if gpu_s + gpu_fixed >= cpu_s + cpu_fixed else CPU
     token_s = max(paths.values())
 
-    rate = r.gpu_flops if t.prefill_on_gpu else r.cpu_flops
-    pre = {"compute": _div(t.prefill_flops, rate), "link": _div(t.prefill_link_bytes, r.link),
+    if t.prefill_on_gpu:
+        pre_compute = _div(t.prefill_flops - t.prefill_cpu_flops, r.gpu_flops) + _div(t.prefill_cpu_flops, r.cpu_flops)
+    else:
+        pre_compute = _div(t.prefill_flops, r.cpu_flops)
+    pre = {"compute": pre_compute, "link": _div(t.prefill_link_bytes, r.link),
            "disk": _div(t.prefill_disk_bytes, r.disk_read)}
     pre_limit = max(pre, key=pre.get)
     batch_s = max(pre.values())
@@ -131,6 +137,7 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
     unit i; a dense unit is read every token, an expert with its probability p."""
     acc = dict.fromkeys(PATHS, 0.0)
     pre_link = pre_disk = flops = 0.0
+    cpu_flops = cpu_link = 0.0  # what op offload would move to the GPU in a batch: CPU units' flops and bytes
     layer_devs: dict[tuple[int, int], set[str]] = {}
     for u, tier, dev in zip(mu.units, tiers, compute):
         a = u.p * u.nbytes
@@ -147,6 +154,8 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
             pre_disk += touched
         if tier == RAM or (tier == DISK and not rates.unified):
             pre_link += touched  # only counted when the GPU computes the batch (below)
+            if dev == CPU:
+                cpu_flops, cpu_link = cpu_flops + 2.0 * n_ubatch * u.elements * u.p, cpu_link + touched
         part = 0 if u.role in ("attn", "norm", "other") else 1
         layer_devs.setdefault((u.stage, part), set()).add(dev)
     acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * kv_bytes
@@ -159,6 +168,11 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
     sequence = [d for key in sorted(layer_devs) for d in sorted(layer_devs[key])]
     splits = sum(a != b for a, b in zip(sequence, sequence[1:]))
     on_gpu = rates.has_gpu and GPU in compute
+    # the runtime turns op offload off beside CPU weights that hooks fill mid-graph (disk-tier ones): then
+    # the CPU computes every CPU unit of a batch too, and none of their bytes cross the link
+    offload = on_gpu and not any(tier == DISK and dev == CPU for tier, dev in zip(tiers, compute))
+    if on_gpu and not offload:
+        pre_link -= cpu_link
     layers = {GPU: set(), CPU: set()}
     for (layer, _), devs in layer_devs.items():
         for d in devs:
@@ -168,4 +182,5 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         gpu_layers=len(layers[GPU]), cpu_layers=len(layers[CPU]), splits=splits,
         n_ubatch=n_ubatch, prefill_flops=flops, prefill_link_bytes=pre_link if on_gpu else 0.0,
         prefill_disk_bytes=pre_disk, prefill_on_gpu=on_gpu,
+        prefill_cpu_flops=cpu_flops if on_gpu and not offload else 0.0,
     )
