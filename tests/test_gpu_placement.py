@@ -1,6 +1,7 @@
 """Placement hooks on a CUDA build: tiers land where asked, defaults equal llama.cpp's own."""
 
 import ctypes
+import dataclasses
 import os
 import subprocess
 import sys
@@ -95,22 +96,26 @@ def dense_model(tmp_path_factory):
     return path
 
 
-def _all_streamed(model, tier, slots):
-    """An all-GPU plan with every block tensor streamed through `slots` GPU slots from `tier`:
-    the same kernels as resident weights, so the logits must not change by a bit."""
-    import dataclasses
-
+def _design_plan(model, placed, **fields):
+    """The H200 design profile's plan (all on the GPU for these tiny models), each tensor's placement
+    rewritten by `placed`, the KV cache on the GPU, other plan fields as given."""
     from hypura.plan import PlanSettings, plan_model
     from hypura.profile import resolve_profile
 
     plan = plan_model(model, resolve_profile("h200-design"), settings=PlanSettings(n_ctx=256))
+    return dataclasses.replace(plan, tensors=tuple(map(placed, plan.tensors)), kv_tier="gpu", **fields)
+
+
+def _all_streamed(model, tier, slots):
+    """An all-GPU plan with every block tensor streamed through `slots` GPU slots from `tier`:
+    the same kernels as resident weights, so the logits must not change by a bit."""
 
     def placed(t):
         if t.layer >= 0:
             return dataclasses.replace(t, tier=tier, compute="gpu")
         return dataclasses.replace(t, tier="gpu", compute="gpu") if t.name.startswith("output") else t
 
-    return dataclasses.replace(plan, tensors=tuple(map(placed, plan.tensors)), pool_slots=slots, kv_tier="gpu")
+    return _design_plan(model, placed, pool_slots=slots)
 
 
 @pytest.mark.parametrize("tier,slots", [("ram", 2), ("ram", 3), ("disk", 2), ("ram", 64)])
@@ -173,12 +178,6 @@ def _for_the_cpu(model, picked, tier):
     """The all-GPU plan with the `picked` tensors computed by the CPU from `tier`: on disk, dense ones
     stream through the host pool and stacked experts are paged in by expert (odd ones on disk) as
     routers select them; in RAM, they stay resident."""
-    import dataclasses
-
-    from hypura.plan import PlanSettings, plan_model
-    from hypura.profile import resolve_profile
-
-    plan = plan_model(model, resolve_profile("h200-design"), settings=PlanSettings(n_ctx=256))
 
     def placed(t):
         if not picked(t.name):
@@ -186,7 +185,7 @@ def _for_the_cpu(model, picked, tier):
         experts = tuple(tier if e % 2 else "ram" for e in range(len(t.experts)))
         return dataclasses.replace(t, tier=tier, compute="cpu", experts=experts)
 
-    return dataclasses.replace(plan, tensors=tuple(map(placed, plan.tensors)), kv_tier="gpu")
+    return _design_plan(model, placed)
 
 
 @pytest.mark.parametrize("which", ["paged experts", "host-pool ffn"])

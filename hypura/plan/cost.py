@@ -148,14 +148,15 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
             acc["link"] += a
         if u.host_only:
             continue  # get_rows of one embedding row: no matmul, no batch copy
-        flops += 2.0 * n_ubatch * u.elements * u.p
+        unit_flops = 2.0 * n_ubatch * u.elements * u.p
+        flops += unit_flops
         touched = u.nbytes * (1.0 - (1.0 - u.p) ** n_ubatch)  # an expert: used by any token
         if tier == DISK:
             pre_disk += touched
         if tier == RAM or (tier == DISK and not rates.unified):
             pre_link += touched  # only counted when the GPU computes the batch (below)
             if dev == CPU:
-                cpu_flops, cpu_link = cpu_flops + 2.0 * n_ubatch * u.elements * u.p, cpu_link + touched
+                cpu_flops, cpu_link = cpu_flops + unit_flops, cpu_link + touched
         part = 0 if u.role in ("attn", "norm", "other") else 1
         layer_devs.setdefault((u.stage, part), set()).add(dev)
     acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * kv_bytes
@@ -170,8 +171,8 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
     on_gpu = rates.has_gpu and GPU in compute
     # the runtime turns op offload off beside CPU weights that hooks fill mid-graph (disk-tier ones): then
     # the CPU computes every CPU unit of a batch too, and none of their bytes cross the link
-    offload = on_gpu and not any(tier == DISK and dev == CPU for tier, dev in zip(tiers, compute))
-    if on_gpu and not offload:
+    offload_off = on_gpu and any(tier == DISK and dev == CPU for tier, dev in zip(tiers, compute))
+    if offload_off:
         pre_link -= cpu_link
     layers = {GPU: set(), CPU: set()}
     for (layer, _), devs in layer_devs.items():
@@ -182,5 +183,5 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         gpu_layers=len(layers[GPU]), cpu_layers=len(layers[CPU]), splits=splits,
         n_ubatch=n_ubatch, prefill_flops=flops, prefill_link_bytes=pre_link if on_gpu else 0.0,
         prefill_disk_bytes=pre_disk, prefill_on_gpu=on_gpu,
-        prefill_cpu_flops=cpu_flops if on_gpu and not offload else 0.0,
+        prefill_cpu_flops=cpu_flops if offload_off else 0.0,
     )

@@ -129,9 +129,7 @@ class ExpertPager:
         selected = [int(e) for e in ids.ravel()]
         disk = self.on_disk.get(layer)
         if not disk:
-            tiers = self.tier_of.get(layer)
-            for e in selected if tiers else ():
-                self.stats.served[tiers[e]] += 1
+            self._count_served(layer, selected)
             return
         self._calls += 1
         if self._calls % RESIZE_EVERY == 1:
@@ -147,9 +145,7 @@ class ExpertPager:
                 self.stats.hits += sum(x == e for x in selected)
             else:
                 missing.append(e)
-        tiers = self.tier_of[layer]
-        for e in selected:  # a disk expert found resident was served from RAM
-            self.stats.served[DISK if e in missing else RAM if e in disk else tiers[e]] += 1
+        self._count_served(layer, selected, disk, missing)
         expert_bytes = sum(stack.expert_bytes for stack in self.stacks[layer])
         self._evict(keep={(layer, e) for e in used}, room=len(missing) * expert_bytes)  # room first: RSS stays in
         reads = [self._workers.submit(self._read_on_worker, stack, e) for e in missing for stack in self.stacks[layer]]
@@ -166,6 +162,12 @@ class ExpertPager:
             self.tally.bytes[DISK] += self.stats.bytes - read_before
             self.tally.stall_s += time.perf_counter() - t0
             self.tally.waits += 1
+
+    def _count_served(self, layer: int, selected: list[int], disk=frozenset(), missing=()) -> None:
+        """Each selection by the tier it was served from: a disk expert found resident, from RAM."""
+        tiers = self.tier_of.get(layer)
+        for e in selected if tiers else ():
+            self.stats.served[DISK if e in missing else RAM if e in disk else tiers[e]] += 1
 
     def _resize(self) -> None:
         """Grow (or shrink back towards the plan's share) to what the RAM budget leaves beside RSS."""
