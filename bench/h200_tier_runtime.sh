@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | vanillaram | pack
+#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | moerecord | vanillaram | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -109,8 +109,8 @@ profile)  # this lease's machine profile, for the later phases: PROFILE=/tmp/res
         > "$RES/profile.json" 2> "$RES/profile.err" && echo "profile: $RES/profile.json"
     ;;
 numerics)  # prompt and decode logits with CPU weights streamed or paged, beside resident (bench/prompt_numerics.py)
-    timeout 120 python3 bench/prompt_numerics.py $TOK .device/tiny-qwen3moe.gguf 2>&1 | grep -a "max |diff|" \
-        | tee "$RES/prompt-numerics.txt"
+    timeout 120 python3 bench/prompt_numerics.py $TOK .device/tiny-qwen3moe.gguf > "$RES/prompt-numerics.txt" 2>&1
+    grep -a "max |diff|\|splits on\|Error" "$RES/prompt-numerics.txt" | tail -40
     ;;
 diskreq)  # expert-sized O_DIRECT reads at 1-8 threads (bench/disk_requests.py) from MOE's file, cache dropped
     sync; echo 3 > /proc/sys/vm/drop_caches
@@ -130,7 +130,13 @@ moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GP
     fi
     sync; echo 3 > /proc/sys/vm/drop_caches  # the plan may keep experts on disk: no page cache to hide in
     hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r ${REPS:-3} -t $T \
-        --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner.json" 2>&1 | tail -8
+        --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner${TAG:-}.json" 2>&1 | tail -8
+    ;;
+moerecord)  # #5: record MOE's routing with one 512-token prompt (random tokens, as bench decodes), so the next
+           # moeplan plans with expert frequencies (a warm start; `hypura routing` shows what was recorded)
+    m=${MOE:?}; ram=${RAM:-24GiB}
+    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 512 -n 0 -r 1 -t $T 2>&1 | grep prefill
+    hy routing "$m" | tee -a "$RES/routing-$(basename "$m" .gguf).txt"
     ;;
 vanillaram)  # #5: vanilla llama.cpp held to the same RAM budget (RAM=8GiB...) by a memory cgroup (v2 memory.max or
             # v1 limit_in_bytes; page cache counts), cache dropped, no repacking and no host buffers (anonymous copies

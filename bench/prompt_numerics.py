@@ -2,12 +2,14 @@
 
     python3 bench/prompt_numerics.py DENSE.gguf MOE.gguf      (GPU machine; tiny-llama and tiny-qwen3moe)
 
-For each model, the all-GPU plan with some tensors computed by the CPU (dense: blk.1's FFN; MoE: the
-stacked experts, odd ones on disk) is run three ways beside the same plan with those tensors resident
-and op offload off: resident with op offload on, resident with a router hook installed (MoE), and
-streamed/paged from disk. Printed: max |difference| and NaN count, for a 72-token prompt and for
-6 decoded tokens. Why: on the H200 (2026-12-03) the streamed and paged prompts were 0.08-0.39 off the
-resident plan and one run held a NaN, while on the CPU they are bit-equal (bench/RESULTS.md).
+For each model, the all-GPU plan with some tensors computed by the CPU (dense: every layer's FFN, through
+two host slots when on disk; MoE: the stacked experts, odd ones on disk) is run several ways beside the same plan with those tensors resident
+and op offload off. Each variant changes one thing: op offload on; the file read with direct I/O (as a
+plan with a disk tier loads it); a router hook installed (MoE); the tensors streamed or paged from disk.
+Printed per variant: max |difference|, the rows (tokens) that moved, NaN counts, and which backends
+computed the FFN's matmuls in the prompt; for a 72-token prompt and for 6 decoded tokens. Why: on the
+H200 (2026-12-03) the streamed and paged prompts were 0.08-0.39 off the resident plan and one run held a
+NaN, while on the CPU they are bit-equal (bench/RESULTS.md).
 """
 
 import re
@@ -17,39 +19,58 @@ import numpy as np
 
 sys.path.insert(0, "tests")
 
-import hypura  # noqa: E402
+import hypura  # noqa: E402  (before llama_cpp: it points llama_cpp at our library)
+import llama_cpp  # noqa: E402
 from test_gpu_placement import _decode_logits, _for_the_cpu, _logits  # noqa: E402
 
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 6
-SAME_KERNELS = {"model_params": {"use_extra_bufts": False, "no_host": True}}
+FFN = re.compile(r"ffn_(moe_)?(gate|up|down)")
 
 
-def run(model: str, picked, tier: str, op_offload=None, **extra):
-    overrides = dict(SAME_KERNELS)
+def run(model: str, picked, tier: str, op_offload=None, direct_io=False, **extra):
+    overrides = {"model_params": {"use_extra_bufts": False, "no_host": True}}
     if op_offload is not None:
         overrides["context_params"] = {"op_offload": op_offload}
-    llm = hypura.Llama(model, plan=_for_the_cpu(model, picked, tier), param_overrides=overrides, n_ctx=256,
+    if direct_io:
+        overrides["model_params"]["load_mode"] = llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO
+    llm = hypura.Llama(model, plan=_for_the_cpu(model, picked, tier, staging_slots=2), param_overrides=overrides, n_ctx=256,
                        logits_all=True, verbose=False, n_threads=4, **extra)
     try:
         tokens = llm.tokenize(TEXT)
-        return _logits(llm, tokens), _decode_logits(llm, tokens[:6])
+        prompt = _logits(llm, tokens)
+        splits = llm.stats()["prefill"]["last_call_splits_ms"] if "prefill" in llm.stats() else []
+        ffn_backends = sorted({buft for _, buft, name in splits if FFN.match(name)})
+        if splits:
+            print(f"  {tier} prompt splits: " + " ".join(f"{name}@{buft}" for _, buft, name in splits[:24]), flush=True)
+        return prompt, _decode_logits(llm, tokens[:6]), ffn_backends
     finally:
         llm.close()
 
 
+def describe(a, b) -> str:
+    diff = np.abs(np.nan_to_num(a, nan=1e9) - np.nan_to_num(b, nan=1e9))
+    moved = np.flatnonzero(diff.max(axis=1) > 1e-4)
+    rows = f"{len(moved)} of {len(a)} rows moved" + (f" (first {moved[0]})" if len(moved) else "")
+    return (f"max |diff| {float(np.nanmax(np.abs(a - b))):.4g}, {rows}, "
+            f"NaN {int(np.isnan(a).sum())} (resident: {int(np.isnan(b).sum())})")
+
+
 def main(dense: str, moe: str) -> None:
-    for model, pattern in ((dense, r"blk\.1\.ffn_(up|gate|down)\."), (moe, r"_exps\.")):
+    for model, pattern in ((dense, r"blk\.\d+\.ffn_(up|gate|down)\."), (moe, r"_exps\.")):
         picked = lambda name, p=pattern: re.search(p, name) is not None  # noqa: E731
-        want = run(model, picked, "ram", op_offload=False)
-        variants = {"resident, op offload on": run(model, picked, "ram", op_offload=True),
-                    "streamed or paged from disk": run(model, picked, "disk")}
+        *want, want_backends = run(model, picked, "ram", op_offload=False)
+        print(f"{model}: resident, op offload off: prompt FFN splits on {want_backends}", flush=True)
+        variants = {"resident, op offload on": lambda: run(model, picked, "ram", op_offload=True),
+                    "resident, direct I/O load": lambda: run(model, picked, "ram", op_offload=False, direct_io=True),
+                    "streamed or paged from disk": lambda: run(model, picked, "disk")}
         if model == moe:
-            variants["resident, router hook"] = run(model, picked, "ram", op_offload=False,
-                                                    on_route=lambda layer, ids: None)
-        for name, got in variants.items():
+            variants["resident, router hook"] = lambda: run(model, picked, "ram", op_offload=False,
+                                                            on_route=lambda layer, ids: None)
+        for name, variant in variants.items():
+            *got, backends = variant()
             for phase, a, b in zip(("prompt", "decode"), got, want):
-                print(f"{model}: {name}, {phase}: max |diff| {float(np.nanmax(np.abs(a - b))):.4g}, "
-                      f"NaN {int(np.isnan(a).sum())} (resident: {int(np.isnan(b).sum())})", flush=True)
+                print(f"{model}: {name}, {phase}: {describe(a, b)}", flush=True)
+            print(f"{model}: {name}: prompt FFN splits on {backends}", flush=True)
 
 
 if __name__ == "__main__":

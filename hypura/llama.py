@@ -20,7 +20,7 @@ import llama_cpp  # noqa: E402
 
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
-from hypura.runtime.coactivation import CoactivationPredictor, model_key  # noqa: E402
+from hypura.runtime.coactivation import CoactivationPredictor, CoactivationRecorder, model_key  # noqa: E402
 from hypura.runtime.expert_paging import ExpertPager, paged_tensors  # noqa: E402
 from hypura.runtime.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
@@ -97,7 +97,8 @@ class Llama(llama_cpp.Llama):
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
         """
-        self._param_overrides = param_overrides or {}
+        # our own copy: the plan's params are added to it, and must not leak into the caller's dict
+        self._param_overrides = {name: dict(fields) for name, fields in (param_overrides or {}).items()}
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
         self.gpu_mem, self.ram = gpu_mem, ram
@@ -140,6 +141,7 @@ class Llama(llama_cpp.Llama):
             policy = self._experts_in_host(policy)
         router = (Router.of(self.header, self._route)
                   if on_route is not None or expert_cache or self._pager is not None else None)
+        self._recorder = self._routing_recorder(router)
         if layout.tensors or router:
             self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,
                                                       router)
@@ -188,16 +190,23 @@ class Llama(llama_cpp.Llama):
         tier = Tier.PINNED if gpu else Tier.HOST
         return lambda info: Placement(tier=tier) if info.name.endswith(EXPERT_NAMES) else policy(info)
 
+    def _routing_recorder(self, router: Optional[Router]) -> Optional[CoactivationRecorder]:
+        """Where a router hook runs, its choices are counted and persist for the next run's plan and
+        prefetch (coactivation.py), from the counts of earlier runs."""
+        if router is None or len(router.layers) < 2:
+            return None
+        self._predictor_key = model_key(self.header)
+        predictor = CoactivationPredictor.load(self._predictor_key, len(router.layers), router.n_expert)
+        return CoactivationRecorder(predictor, router.layers)
+
     def _start_experts(self, settings: ExpertCacheSettings, router: Router) -> None:
         gpu = has_gpu()
         model = ffi.cast("struct llama_model *", ctypes.cast(self.model, ctypes.c_void_p).value)
-        self._predictor_key = model_key(self.header)
-        predictor = CoactivationPredictor.load(self._predictor_key, len(router.layers), router.n_expert)
         self._expert_copies = Transfers([], {}, False, copy_stream=True) if gpu else None
         self._caches_of = model
         settings = self._with_share_threads(settings) if gpu else settings
         self._experts = ExpertStreamer(model, router.layers, router.n_used, settings,
-                                       Tier.GPU if gpu else Tier.HOST, self._expert_copies, predictor)
+                                       Tier.GPU if gpu else Tier.HOST, self._expert_copies, self._recorder)
         if self._on_route is None:  # hits need no Python; an on_route callback must see every batch
             self._experts.attach(self._streamer.c_stream)
 
@@ -212,7 +221,9 @@ class Llama(llama_cpp.Llama):
         if self._pager is not None:  # first: the experts must be in RAM before anything computes from them
             self._pager.page_in(layer, ids)
         if self._experts is not None:
-            self._experts.serve(layer, ids)
+            self._experts.serve(layer, ids)  # records the routing too
+        elif self._recorder is not None:
+            self._recorder.observe(layer, ids.tolist())
         if self._on_route is not None:
             self._on_route(layer, ids)
 
@@ -262,10 +273,13 @@ class Llama(llama_cpp.Llama):
         return rc[0] == 0
 
     def _drain_experts(self) -> None:
-        """Replay what the stream answered in C during the decode: counters exact, the log bounded."""
-        experts = self.__dict__.get("_experts")
+        """Replay what the stream answered in C during the decode: counters exact, the log bounded; the
+        decode's routing is counted."""
+        experts, recorder = self.__dict__.get("_experts"), self.__dict__.get("_recorder")
         if experts is not None:
             experts.drain()
+        if recorder is not None:
+            recorder.flush()
 
     def clear_memory(self) -> None:
         """Empty the KV cache (the next decode starts at position 0)."""
@@ -313,13 +327,14 @@ class Llama(llama_cpp.Llama):
                 lib().hypura_expert_caches_free(model)  # after the context computing from them, with the model
 
     def _close_experts(self) -> None:
-        """Loads finish, the predictor's counts persist; the caches go with the model (after the context)."""
+        """Loads finish, the recorded routing persists; the caches go with the model (after the context)."""
         experts, copies = self.__dict__.get("_experts"), self.__dict__.get("_expert_copies")
         self._experts = self._expert_copies = None
         if copies is not None:
             copies.close()
-        if experts is not None and experts.predictor is not None:
-            experts.predictor.save(self._predictor_key)
+        recorder = self.__dict__.get("_recorder")
+        if recorder is not None and recorder.recorded:
+            recorder.predictor.save(self._predictor_key)
 
     def _close_streamer(self) -> None:
         # after the context: it calls into the stream until freed

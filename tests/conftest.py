@@ -30,6 +30,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _routing_statistics_apart(tmp_path, monkeypatch):
+    """Recorded routing persists per model and plans follow it: each test starts with none, and the
+    user's cache is never written."""
+    monkeypatch.setenv("HYPURA_ROUTING_DIR", str(tmp_path / "routing"))
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     from hypura.models import default_model_path

@@ -63,12 +63,15 @@ def test_prefetch_precision_and_recall():
 
 def test_predictor_learns_and_persists(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("HYPURA_ROUTING_DIR")  # the default place
     p = CoactivationPredictor(n_layer=3, n_expert=4)
     for _ in range(5):
         p.observe(0, [0], [2])
     p.observe(0, [0], [3])
     p.observe(1, [2], [1])
     assert p.predict(0, [0], 2) == [2, 3] and p.predict(0, [1], 2) == [] and p.predict(2, [0], 1) == []
+    # selections per layer: layer 0's from its pairs with layer 1, the last layer's from its pairs with the one before
+    assert p.chosen().tolist() == [[6, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0]]
     path = p.save("abc")
     assert path.parent == tmp_path / "hypura" / "coactivation"
     warm = CoactivationPredictor.load("abc", 3, 4)
@@ -144,3 +147,36 @@ def test_decay_keeps_its_order_across_rescaling():
     assert all(math.isfinite(v) for v in c.resident.values())
     assert c.resident[0] < c.resident[1]  # 1 was touched last
     assert c.resident[2] < c.resident[0]  # one recent access weighs less than many
+
+
+def test_recorded_routing_plans_often_chosen_experts_into_ram(tiny_qwen3moe):
+    from hypura.model_file import read_header
+    from hypura.plan import PlanSettings
+    from hypura.profile import resolve_profile
+    from hypura.runtime.coactivation import MIN_TOKENS, CoactivationRecorder, moe_layers, routing_frequencies
+    from hypura.runtime.plan_policy import plan_with_routing
+
+    header = read_header(tiny_qwen3moe)
+    layers = moe_layers(header)
+    budgets = dict(gpu_mem=0, ram="259MiB", settings=PlanSettings(n_ctx=256))  # RAM for 2 of 16 experts a layer
+    cold = plan_with_routing(header, resolve_profile("h200-design"), **budgets)
+    assert cold.routing_tokens == 0 and routing_frequencies(header) == (None, 0)
+    recorder = CoactivationRecorder(CoactivationPredictor(len(layers), 16), layers)
+    def record(tokens):  # each token: experts 9 and 12 at both layers, two of experts 2..8 beside them
+        for t in tokens:
+            recorder.observe(layers[0], [[9, 12, 2 + t % 7, 2 + (t + 3) % 7]])
+            recorder.observe(layers[1], [[12, 9, 2 + (t + 1) % 7, 2 + (t + 5) % 7]])
+            recorder.flush()
+        recorder.predictor.save(model_key(header))
+
+    record(range(MIN_TOKENS - 1))
+    assert routing_frequencies(header) == (None, MIN_TOKENS - 1)  # too few tokens to plan with
+    record([MIN_TOKENS])
+    probs, tokens = routing_frequencies(header)
+    assert tokens == MIN_TOKENS and probs[layers[0]][9] == probs[layers[1]][12] == max(probs[layers[0]])
+    warm = plan_with_routing(header, resolve_profile("h200-design"), **budgets)
+    assert warm.routing_tokens == MIN_TOKENS
+    in_ram = lambda plan: {(t.layer, e) for t in plan.tensors for e, tier in enumerate(t.experts) if tier == "ram"}  # noqa: E731
+    assert in_ram(cold) == {(0, 0), (0, 1)}  # k/E for all: the first ones
+    assert in_ram(warm) == {(0, 9), (0, 12)}  # the most chosen ones
+    assert warm.traffic.disk_bytes < cold.traffic.disk_bytes  # the plan expects fewer disk reads a token

@@ -11,7 +11,7 @@ from hypura.errors import HypuraError
 from hypura.plan import RateOverrides, plan_model
 from hypura.profile import resolve_profile
 from hypura.runtime import expert_paging
-from hypura.runtime.direct_io import DiskReadError
+from hypura.runtime.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import FileFiller
 from hypura.runtime.routing_trace import RoutingTrace
 
@@ -54,7 +54,7 @@ def reference(tiny_qwen3moe):
 
 
 class _RecordingFiles(FileFiller):
-    """Notes every byte range read from the model file (the pager's readers are FileFillers)."""
+    """Notes every byte range the pager reads at load (its load-time reader is a FileFiller)."""
 
     ranges: list = []
 
@@ -73,9 +73,11 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     monkeypatch.setattr(expert_paging, "FileFiller", _RecordingFiles)
     monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)  # the plan's share only: this test's budget is RAM
     _RecordingFiles.ranges = []
+    overrides = {"model_params": {"use_extra_bufts": False}}
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
-                       verbose=False)
+                       verbose=False, param_overrides=overrides)
     try:
+        assert overrides == {"model_params": {"use_extra_bufts": False}}  # the plan's params stay ours
         assert llm._pager is not None and set(llm._pager.on_disk) == set(LAYERS)
         # loading read the RAM experts only: no read touched a disk expert's bytes
         at_load = list(_RecordingFiles.ranges)
@@ -102,18 +104,14 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     assert paging["served"] == {"ram": selections - paging["reads"], "disk": paging["reads"]}
 
 
-def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe):
+def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe, monkeypatch):
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
 
-    class FailingFiles:
-        def read(self, info, sink):
-            raise DiskReadError(f"{info.name}: injected read error")
-
-        def close(self):
-            pass
+    def failing(self, start, want):
+        raise DiskReadError(f"{self.path}: injected read error")
 
     try:
-        llm._pager._read_on_worker = lambda stack, expert: llm._pager._read(stack, expert, 1, FailingFiles())
+        monkeypatch.setattr(DirectReader, "stage", failing)  # loaded already: only the pager's reads fail
         with pytest.raises(HypuraError, match="injected read error"):
             llm.eval(llm.tokenize(b"Hello"))
     finally:

@@ -174,7 +174,7 @@ def test_expert_caches_on_the_gpu_give_the_same_logits(moe_model, slots):
         llm.close()
 
 
-def _for_the_cpu(model, picked, tier):
+def _for_the_cpu(model, picked, tier, **fields):
     """The all-GPU plan with the `picked` tensors computed by the CPU from `tier`: on disk, dense ones
     stream through the host pool and stacked experts are paged in by expert (odd ones on disk) as
     routers select them; in RAM, they stay resident."""
@@ -185,7 +185,7 @@ def _for_the_cpu(model, picked, tier):
         experts = tuple(tier if e % 2 else "ram" for e in range(len(t.experts)))
         return dataclasses.replace(t, tier=tier, compute="cpu", experts=experts)
 
-    return _design_plan(model, placed)
+    return _design_plan(model, placed, **fields)
 
 
 @pytest.mark.parametrize("which", ["paged experts", "host-pool ffn"])
@@ -197,7 +197,7 @@ def test_prompts_over_cpu_weights_that_change_within_a_graph(moe_model, dense_mo
 
     model, pattern = moe_model, r"_exps\."
     if which == "host-pool ffn":
-        model, pattern = dense_model, r"blk\.1\.ffn_(up|gate|down)\."
+        model, pattern = dense_model, r"blk\.\d+\.ffn_(up|gate|down)\."  # 4 layers through 2 slots
     picked = lambda name: re.search(pattern, name) is not None  # noqa: E731
     kwargs = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=4)
     same_kernels = {"model_params": {"use_extra_bufts": False, "no_host": True},
@@ -207,7 +207,7 @@ def test_prompts_over_cpu_weights_that_change_within_a_graph(moe_model, dense_mo
     assert len(tokens) >= 32  # CUDA offloads a host weight's op from batches of 32 tokens
     want = _logits(resident, tokens)
     resident.close()
-    llm = hypura.Llama(str(model), plan=_for_the_cpu(model, picked, "disk"), **kwargs)
+    llm = hypura.Llama(str(model), plan=_for_the_cpu(model, picked, "disk", staging_slots=2), **kwargs)
     try:
         assert (llm._pager is not None) == (which == "paged experts")
         got = _logits(llm, tokens)
@@ -217,10 +217,7 @@ def test_prompts_over_cpu_weights_that_change_within_a_graph(moe_model, dense_mo
         finite = np.isfinite(want)
         assert np.array_equal(np.isfinite(got), finite)
         assert np.corrcoef(got[finite], want[finite])[0, 1] > 0.98
-        st = llm.stats()
-        assert st["stream"]["bytes"].get("disk", 0) > 0
-        # op offload is off: the CPU computed them for the prompt too (a split of theirs starts in host memory)
-        assert any(re.match(r"ffn_(moe_)?(gate|up)", name) and buft != "CUDA0"
-                   for _, buft, name in st["prefill"]["last_call_splits_ms"])
+        assert llm.stats()["stream"]["bytes"].get("disk", 0) > 0  # read within the prompt's graph
+        assert not llm.context_params.op_offload  # so the CPU computes them for the prompt too
     finally:
         llm.close()

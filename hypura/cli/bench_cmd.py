@@ -48,7 +48,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     import llama_cpp
 
     from hypura.llama import Llama
-    from hypura.plan import PlanSettings, plan_model
+    from hypura.plan import PlanSettings
+    from hypura.runtime.plan_policy import plan_with_routing
 
     header = read_header(model)
     s = BenchSettings(n_prompt, n_gen, repetitions, threads or cores()[0])
@@ -68,8 +69,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
         cache = ExpertCacheSettings(expert_slots, cpu_rate=rates.cpu_read if share else 0.0,
                                     link_rate=rates.link or 1.0)
     elif gpu_mem or ram:
-        plan = plan_model(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
-                          settings=PlanSettings(n_ctx=n_ctx))
+        plan = plan_with_routing(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
+                                 settings=PlanSettings(n_ctx=n_ctx))
     elif plan_file:
         plan = plan_file
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
@@ -92,7 +93,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     result["flash_attn"] = flash_attn
     if llm.plan is not None:
         result["plan"] = {"mode": llm.plan.mode, "config": llm.plan.config, "memory": llm.plan.memory,
-                          "pool_slots": llm.plan.pool_slots, "prefetch_depth": llm.plan.prefetch_depth}
+                          "pool_slots": llm.plan.pool_slots, "prefetch_depth": llm.plan.prefetch_depth,
+                          "routing_tokens": llm.plan.routing_tokens}
     for line in report(result):
         click.echo(line)
     if json_out:
@@ -109,6 +111,8 @@ def report(r: dict) -> list[str]:
             lines.append(f"{phase:8s} {m['median']:9.2f} tok/s  (median of {len(m['runs'])}: min {m['min']:.2f}, "
                          f"max {m['max']:.2f})")
     lines += describe(r["stats"])
+    if (r.get("plan") or {}).get("routing_tokens"):
+        lines.append(f"plan     expert frequencies from {r['plan']['routing_tokens']} tokens of recorded routing")
     if r.get("bound"):
         b = r["bound"]
         lines.append(f"bound    {b['decode_tok_s']:9.2f} tok/s  ({b['limit']}); measured/bound {r['bound_ratio']:.2f}")

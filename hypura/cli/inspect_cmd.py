@@ -13,6 +13,7 @@ from hypura.model_file import read_header
 from hypura.plan import SOLVERS, PlanSettings, RateOverrides, plan_model
 from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.store import load_cached, machine_profile
+from hypura.runtime.plan_policy import plan_with_routing
 
 # llama.cpp's -ctk/-ctv cache types: bytes per element (block size / block bytes for quantized)
 KV_TYPES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
@@ -47,7 +48,9 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 @click.option("--no-gpu", is_flag=True, help="Plan as if there were no GPU.")
 @click.option("--no-disk", is_flag=True, help="Never stream from disk (fail if RAM + GPU are too small).")
 @click.option("--prefetch-depth", type=click.IntRange(0), default=None, help="Layers prefetched ahead (default 2).")
-@click.option("--routing", type=click.Path(dir_okay=False), help="JSON {layer: [expert frequencies]} to use for k/E.")
+@click.option("--routing", type=click.Path(dir_okay=False),
+              help="JSON {layer: [expert frequencies]} to plan with (default: what runs of this model recorded, "
+                   "else k/E).")
 @click.option("--solver", type=click.Choice(sorted(SOLVERS)), default="optimizer", show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the plan as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw placement by layer and tier as a PNG.")
@@ -61,8 +64,11 @@ def inspect(model, gpu_mem, ram, ctx_size, ubatch_size, kv_type, profile_spec, g
                             **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
     overrides = RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw, no_gpu=no_gpu)
     t0 = time.perf_counter()
-    plan = plan_model(header, profile, gpu_mem=gpu_mem, ram=ram, disk=not no_disk, settings=settings,
-                      overrides=overrides, solver=solver, expert_probs=_routing(routing))
+    budgets = dict(gpu_mem=gpu_mem, ram=ram, disk=not no_disk, settings=settings, overrides=overrides, solver=solver)
+    if routing:
+        plan = plan_model(header, profile, expert_probs=_routing(routing), **budgets)
+    else:  # as a run would plan: with the routing recorded by earlier runs of this model
+        plan = plan_with_routing(header, profile, **budgets)
     solve_ms = (time.perf_counter() - t0) * 1e3
 
     if not profile_spec and load_cached() is None:

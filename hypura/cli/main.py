@@ -15,9 +15,10 @@ def _register() -> None:
     from hypura.cli.bench_cmd import bench
     from hypura.cli.inspect_cmd import inspect
     from hypura.cli.profile_cmd import profile
+    from hypura.cli.routing_cmd import routing
     from hypura.synth.command import synth
 
-    for command in (synth, profile, inspect, bench):
+    for command in (synth, profile, inspect, bench, routing):
         cli.add_command(command)
 
 

@@ -66,6 +66,7 @@ class Plan:
     version: int = PLAN_VERSION
     expert_slots: int = 0  # > 0: an expert cache of this many GPU slots a MoE layer (plan/experts.py)
     expert_hit_rate: float = 0.0  # the hit rate its prediction assumes
+    routing_tokens: int = 0  # > 0: expert frequencies came from this many tokens of recorded routing
 
     # --- what the loader and the runtime ask ------------------------------------------------
     def _index(self) -> dict[str, TensorPlacement]:

@@ -103,6 +103,9 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
     staging = (f"{plan.staging_slots} RAM slots for disk layers, {fmt_size(plan.memory[RAM]['staging'])} (largest "
                f"{fmt_size(plan.staging_slot_bytes)})" if plan.staging_slots else "no disk slots")
     out.append(f"streams  {pool}; {staging}; prefetch depth {plan.prefetch_depth}")
+    if plan.routing_tokens:
+        out.append(f"routing  expert frequencies from {plan.routing_tokens} tokens that earlier runs recorded "
+                   f"(`hypura routing MODEL --reset` forgets them)")
     if plan.expert_slots:
         out.append(f"experts  cache of {plan.expert_slots} GPU slots a MoE layer, every expert in RAM; "
                    f"predicted at a hit rate of {plan.expert_hit_rate:.2f}")

@@ -100,6 +100,10 @@ class _Problem:
         self.density_order = sorted(
             range(len(mu.units)),
             key=lambda i: (-density(i), knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+        # in host memory experts are placed one by one: by their own p
+        self.host_order = sorted(
+            range(len(mu.units)),
+            key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
 
     def slots_need(self, tiers, compute, select: Callable[[str, str], bool]) -> list[int]:
         """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
@@ -124,28 +128,30 @@ class _Problem:
         return {s: dense[s] + sum(sorted(experts[s], reverse=True)[:k]) for s in dense.keys() | experts.keys()}
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
+        """The GPU first, by density (a layer's experts as one group, by their mean p); then RAM, unit
+        by unit by its own density, so a layer's often-chosen experts stay in RAM and its rare ones go
+        to disk; the rest to disk."""
         units = self.mu.units
-        tiers = [RAM] * len(units)
-        placed: set[int] = set()
+        tiers: list[str | None] = [None] * len(units)
         for i in self.density_order:
             u = units[i]
-            if u.host_only or i in placed:
+            if u.host_only or tiers[i] is not None:
                 continue  # host_only: reserved in RAM up front
             group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
             size = sum(units[j].nbytes for j in group)
-            if size <= gpu_cap and (not self.b.unified or size <= ram_cap):
-                for j in group:
-                    tiers[j] = GPU
+            fits = size <= gpu_cap and (not self.b.unified or size <= ram_cap)
+            for j in group:
+                tiers[j] = GPU if fits else RAM
+            if fits:
                 gpu_cap -= size
                 ram_cap -= size if self.b.unified else 0
-            else:
-                for j in group:
-                    if units[j].nbytes <= ram_cap:
-                        ram_cap -= units[j].nbytes
-                    else:
-                        tiers[j] = DISK
-            placed.update(group)
-        return tiers
+        for i in self.host_order:
+            if tiers[i] == RAM and not units[i].host_only:
+                if units[i].nbytes <= ram_cap:
+                    ram_cap -= units[i].nbytes
+                else:
+                    tiers[i] = DISK
+        return [RAM if t is None else t for t in tiers]
 
     def fill_like_ngl(self, gpu_cap: int, ram_cap: int) -> list[str]:
         units = self.mu.units

@@ -1,9 +1,11 @@
 """Co-activation prediction: which experts fire at layer l+1, given those at layer l.
 
 Counts C[l][i, j] = tokens that selected expert i at layer l and expert j at layer l+1. At layer l,
-the experts predicted for l+1 are the top-m of sum over the selected i of C[l][i, :]. Statistics
-persist per model, keyed by a hash of the file's header and router weights (what decides routing),
-in the user cache directory: the next run starts warm; `reset` forgets them.
+the experts predicted for l+1 are the top-m of sum over the selected i of C[l][i, :]. The same counts
+give each expert's selection frequency, which the planner uses to keep often-chosen experts in RAM
+(`routing_frequencies`). Statistics persist per model, keyed by a hash of the file's header and
+router weights (what decides routing), in the user cache directory: the next run starts warm;
+`reset` (`hypura routing MODEL --reset`) forgets them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from hypura.model_file import ModelHeader
 from hypura.profile.store import cache_dir
 
 HASH_CHUNK = 1 << 20
+MIN_TOKENS = 128  # fewer tokens recorded: the planner assumes uniform routing
+PRIOR_TOKENS = 64  # frequencies are blended with this many tokens of uniform routing: a few tokens plan little
 
 
 def model_key(header: ModelHeader) -> str:
@@ -35,7 +39,14 @@ def model_key(header: ModelHeader) -> str:
                         break
                     h.update(chunk)
                     left -= len(chunk)
+        if hasattr(os, "posix_fadvise"):  # the page cache is no hidden tier
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     return h.hexdigest()[:24]
+
+
+def moe_layers(header: ModelHeader) -> tuple[int, ...]:
+    """The layers with an MoE router, in graph order: the predictor's layer i is the i-th of them."""
+    return tuple(sorted({t.layer for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")}))
 
 
 class CoactivationPredictor:
@@ -54,6 +65,13 @@ class CoactivationPredictor:
         a, b = np.array([o[1] for o in obs]), np.array([o[2] for o in obs])
         np.add.at(self.counts, (layers, a[:, :, None], b[:, None, :]), 1)
 
+    def chosen(self) -> np.ndarray:
+        """[MoE layer, expert]: how often each expert was selected, times k (as C counts them)."""
+        if not len(self.counts):
+            return np.zeros((0, self.counts.shape[1]), np.int64)
+        rows = self.counts.sum(axis=2, dtype=np.int64)  # layer l's experts, each beside the k at l+1
+        return np.vstack([rows, self.counts[-1].sum(axis=0, dtype=np.int64)])  # and the last layer's
+
     def predict(self, layer: int, experts, m: int) -> list[int]:
         """The m experts most often seen at layer+1 after `experts` at `layer` (none learned: none)."""
         if not 0 <= layer < len(self.counts) or m <= 0:
@@ -65,7 +83,7 @@ class CoactivationPredictor:
     # --- persistence ---------------------------------------------------------------------------
     @staticmethod
     def path_for(key: str) -> Path:
-        return cache_dir() / "coactivation" / f"{key}.npz"
+        return Path(os.environ.get("HYPURA_ROUTING_DIR") or cache_dir() / "coactivation") / f"{key}.npz"
 
     def save(self, key: str) -> Path:
         path = self.path_for(key)
@@ -92,3 +110,43 @@ class CoactivationPredictor:
     @classmethod
     def reset(cls, key: str) -> None:
         cls.path_for(key).unlink(missing_ok=True)
+
+
+class CoactivationRecorder:
+    """Pairs each token's experts at one MoE layer with its experts at the next, for the predictor's
+    counts; a decode's pairs are added at once by flush(). Runs on the thread computing the graph."""
+
+    def __init__(self, predictor: CoactivationPredictor, layers: tuple[int, ...]):
+        self.predictor = predictor
+        self.index = {layer: i for i, layer in enumerate(layers)}  # the predictor counts MoE layers in order
+        self.recorded = False
+        self._last: list = []  # the previous MoE layer's selection
+        self._last_layer = -1
+        self._pending: list = []  # (predictor layer, experts there, experts at the next)
+
+    def observe(self, layer: int, rows: list) -> None:
+        """rows: each token's selected experts at `layer`, the tokens in batch order."""
+        if self._last_layer >= 0 and len(self._last) == len(rows):
+            self._pending += [(self.index[self._last_layer], prev, cur) for prev, cur in zip(self._last, rows)]
+        self._last, self._last_layer = rows, layer
+
+    def flush(self) -> None:
+        if self._pending:
+            self.predictor.observe_many(self._pending)
+            self._pending.clear()
+            self.recorded = True
+
+
+def routing_frequencies(header: ModelHeader) -> tuple[dict[int, list[float]] | None, int]:
+    """Each MoE layer's expert frequencies from this model's recorded routing, for the planner, and the
+    tokens they come from; (None, tokens) while fewer than MIN_TOKENS were recorded."""
+    layers = moe_layers(header)
+    n_expert, k = int(header.get("expert_count", 0) or 0), int(header.get("expert_used_count", 0) or 0)
+    if len(layers) < 2 or n_expert <= 0 or k <= 0:
+        return None, 0
+    predictor = CoactivationPredictor.load(model_key(header), len(layers), n_expert)
+    tokens = int(predictor.counts[0].sum(dtype=np.int64)) // (k * k)
+    if tokens < MIN_TOKENS:
+        return None, tokens
+    chosen = predictor.chosen() / k + PRIOR_TOKENS * k / n_expert
+    return {layer: [float(f) for f in row] for layer, row in zip(layers, chosen)}, tokens

@@ -75,23 +75,30 @@ class DirectReader:
 
     def read(self, offset: int, nbytes: int, sink: Callable[[memoryview, int], None]) -> None:
         """Hand [offset, offset + nbytes) to sink(piece, position within the range), in order."""
-        if offset < 0 or offset + nbytes > self.size:
-            raise DiskReadError(f"{self.path}: bytes {offset}..{offset + nbytes} lie past its end ({self.size})")
+        self.check_range(offset, nbytes)
         done = 0
         while done < nbytes:
-            start = offset + done
-            lo = start - start % DIRECT_ALIGN
-            want = min(self.request, nbytes - done)
-            got = self._fill(lo, -(-(start + want - lo) // DIRECT_ALIGN) * DIRECT_ALIGN)
-            skip = start - lo
-            n = min(want, got - skip)
-            if n <= 0:
-                raise DiskReadError(f"{self.path}: read at byte {start} returned nothing before the end")
+            skip, n = self.stage(offset + done, min(self.request, nbytes - done))
             with memoryview(self.buf) as view:
                 sink(view[skip:skip + n], done)
             done += n
+
+    def check_range(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or offset + nbytes > self.size:
+            raise DiskReadError(f"{self.path}: bytes {offset}..{offset + nbytes} lie past its end ({self.size})")
+
+    def stage(self, start: int, want: int) -> tuple[int, int]:
+        """Read [start, start + want) into the staging buffer (want <= request), as one aligned request;
+        returns (where the bytes start in the buffer, how many): fewer than `want` only at the end of file."""
+        lo = start - start % DIRECT_ALIGN
+        got = self._fill(lo, -(-(start + want - lo) // DIRECT_ALIGN) * DIRECT_ALIGN)
+        skip = start - lo
+        n = min(want, got - skip)
+        if n <= 0:
+            raise DiskReadError(f"{self.path}: read at byte {start} returned nothing before the end")
         if not self.direct and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self.fd, start, n, os.POSIX_FADV_DONTNEED)
+        return skip, n
 
     def _fill(self, pos: int, length: int) -> int:
         """Read [pos, pos + length) into the staging buffer; fewer bytes only at end of file."""

@@ -16,10 +16,10 @@ Protocol
     experts that this batch does not use until the missing ones fit the budget, then reads them and
     waits (the matmuls need them). A batch that needs more than the budget (prefill selects most
     experts) keeps them all until the next layer's call.
-  - The reads of one call run at once on worker threads, as many as the machine profile found
-    fastest (`Rates.disk_readers`), a file reader (and its aligned staging buffer) each, made on the
-    worker itself; a slice is written by exactly one worker (which first faults its pages in with one
-    MADV_POPULATE_WRITE), and page_in touches the bookkeeping only after all of them finished.
+  - The reads of one call go through a ReadPipeline (read_pipeline.py): as many reader threads as
+    the machine profile found fastest (`Rates.disk_readers`) only read, into staging buffers; the
+    compute thread meanwhile faults the missing slices in (one MADV_POPULATE_WRITE each), then copies
+    each request into its slice as it lands. page_in touches the bookkeeping only after all landed.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
 
 Budget: the plan's disk staging at least; every RESIZE_EVERY calls it grows to what the RAM budget
@@ -32,10 +32,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import sys
-import threading
 import time
 from collections import OrderedDict, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +43,7 @@ from hypura.plan import Plan
 from hypura.plan.cost import DISK, RAM
 from hypura.plan.plan import TIERS
 from hypura.runtime.placement import FileFiller, TensorInfo
+from hypura.runtime.read_pipeline import ReadPipeline, Sink
 from hypura.runtime.stream_layout import paged_by_expert
 
 RESIZE_EVERY = 64  # page_in calls between RSS readings
@@ -86,11 +85,8 @@ class ExpertPager:
     def __init__(self, plan: Plan, tensors: set[str], paths: list[str], n_used: int, budget: int):
         """tensors: the plan's paged_tensors; budget: RAM bytes for resident disk experts (at least
         n_used experts of the largest layer)."""
-        self.paths = paths
         self.files = FileFiller(paths)  # the loader's thread, at load
-        self._local = threading.local()
-        self._worker_files: list[FileFiller] = []
-        self._workers = ThreadPoolExecutor(max(1, plan.rates.disk_readers), thread_name_prefix="hypura-experts")
+        self._reads = ReadPipeline(paths, plan.rates.disk_readers)  # compute time
         self.tensors = tensors
         # layer -> experts the plan keeps on disk (any of the layer's stacked tensors)
         self.on_disk: dict[int, set[int]] = defaultdict(set)
@@ -122,7 +118,7 @@ class ExpertPager:
         self._advise(stack, 0, n_expert, _MADV_NOHUGEPAGE)
         disk = self.on_disk[info.layer]
         for first, last in _runs([e for e in range(n_expert) if e not in disk]):  # RAM experts, in runs
-            self._read(stack, first, last - first + 1)
+            self.files.read(*self._slice(stack, first, last - first + 1))
 
     # --- compute time (the protocol above) -------------------------------------------------------
     def page_in(self, layer: int, ids: np.ndarray) -> None:
@@ -148,9 +144,10 @@ class ExpertPager:
         self._count_served(layer, selected, disk, missing)
         expert_bytes = sum(stack.expert_bytes for stack in self.stacks[layer])
         self._evict(keep={(layer, e) for e in used}, room=len(missing) * expert_bytes)  # room first: RSS stays in
-        reads = [self._workers.submit(self._read_on_worker, stack, e) for e in missing for stack in self.stacks[layer]]
-        for r in reads:
-            r.result()  # raises a failed read here, on the compute thread
+        slices = [(stack, e) for e in missing for stack in self.stacks[layer]]
+        # a failed read raises here, on the compute thread
+        self._reads.run([self._slice(stack, e, 1) for stack, e in slices],
+                        prepare=lambda: [self._advise(stack, e, 1, _MADV_POPULATE_WRITE) for stack, e in slices])
         for e in missing:
             self.resident[(layer, e)] = expert_bytes
             self.resident_bytes += expert_bytes
@@ -189,24 +186,15 @@ class ExpertPager:
             for stack in self.stacks[layer]:
                 self._advise(stack, e, 1, _MADV_DONTNEED)  # its pages leave the process
 
-    def _read(self, stack: _Stack, first: int, count: int, files: FileFiller | None = None) -> None:
+    def _slice(self, stack: _Stack, first: int, count: int) -> tuple[TensorInfo, Sink]:
+        """Experts [first, first + count) of a stack: their range of the file, and a sink writing them."""
         at, tensor = first * stack.expert_bytes, stack.tensor
         part = dataclasses.replace(stack.info, file_offset=stack.info.file_offset + at, nbytes=count * stack.expert_bytes)
-        (files or self.files).read(part, lambda piece, pos: lib().ggml_backend_tensor_set(
-            tensor, ffi.from_buffer(piece), at + pos, len(piece)))
-
-    def _read_on_worker(self, stack: _Stack, expert: int) -> None:
-        files = getattr(self._local, "files", None)
-        if files is None:
-            files = self._local.files = FileFiller(self.paths)
-            self._worker_files.append(files)
-        self._advise(stack, expert, 1, _MADV_POPULATE_WRITE)  # one call faults the slice in, not a trap a page
-        self._read(stack, expert, 1, files)
+        return part, lambda piece, pos: lib().ggml_backend_tensor_set(tensor, ffi.from_buffer(piece), at + pos, len(piece))
 
     def close(self) -> None:
-        self._workers.shutdown(wait=True)
-        for files in (self.files, *self._worker_files):
-            files.close()
+        self._reads.close()
+        self.files.close()
 
     def _advise(self, stack: _Stack, first: int, count: int, advice: int) -> None:
         """madvise the pages that lie wholly inside experts [first, first + count) of the stack."""

@@ -37,7 +37,7 @@ import numpy as np
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan.cost import RAM
-from hypura.runtime.coactivation import CoactivationPredictor
+from hypura.runtime.coactivation import CoactivationRecorder
 from hypura.runtime.expert_cache import DEFAULT_POLICY, POLICIES, CacheStats, LayerCache
 from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Piece, Transfers
@@ -110,14 +110,13 @@ class _Layer:
 
 class ExpertStreamer:
     def __init__(self, model, layers: tuple[int, ...], n_used: int, s: ExpertCacheSettings,
-                 tier: Tier, transfers: Optional[Transfers], predictor: Optional[CoactivationPredictor]):
+                 tier: Tier, transfers: Optional[Transfers], recorder: Optional[CoactivationRecorder]):
         """model: struct llama_model * (loaded); layers: the MoE layers in graph order."""
         if s.slots < n_used * s.max_tokens:
             raise HypuraError(f"an expert cache needs at least {n_used * s.max_tokens} slots a layer "
                               f"({n_used} experts a token x {s.max_tokens} tokens), got {s.slots}")
-        self.settings, self.k, self.transfers, self.predictor = s, n_used, transfers, predictor
+        self.settings, self.k, self.transfers, self.recorder = s, n_used, transfers, recorder
         self.tier_name = "gpu" if tier == Tier.GPU else "host slots"  # where hits are served
-        self.index = {layer: i for i, layer in enumerate(layers)}  # the predictor counts MoE layers in order
         self.next_layer = dict(zip(layers, layers[1:]))
         self.layers: dict[int, _Layer] = {}
         for layer in layers:
@@ -138,9 +137,6 @@ class ExpertStreamer:
         self.loaded_bytes = {"demand": 0, "prefetch": 0}
         self.stall_s = 0.0
         self.hook_s = 0.0
-        self._last: list = []  # the previous MoE layer's selection, for the predictor
-        self._pending: list = []  # (predictor layer, experts there, experts at the next) to count
-        self._last_layer = -1
         self.stream, self._log = None, None
 
     def attach(self, c_stream) -> None:
@@ -182,7 +178,7 @@ class ExpertStreamer:
         lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
         self._set_cpu_share(ly, rows, on_cpu, cpu_out)
         self._observe(layer, rows)
-        self._flush_observations()
+        self._flush()
         self._prefetch(layer, rows)
         self.hook_s += time.perf_counter() - t0
 
@@ -198,13 +194,11 @@ class ExpertStreamer:
                 for e in self._account(ly, rows):  # all hits, counted and touched as serve() does
                     ly.cache.touch(e)
                 self._observe(layer, rows)
-        self._flush_observations()
+        self._flush()
 
-    def _flush_observations(self) -> None:
-        """Co-activation counts noted since the last flush, added at once."""
-        if self._pending:
-            self.predictor.observe_many(self._pending)
-            self._pending.clear()
+    def _flush(self) -> None:
+        if self.recorder is not None:
+            self.recorder.flush()
 
     def _account(self, ly: _Layer, rows: list, on_cpu: set = frozenset()) -> Counter:
         """Count a batch's accesses (one per token and selected expert): hits, loads from RAM, or
@@ -273,16 +267,15 @@ class ExpertStreamer:
 
     def _observe(self, layer: int, rows: list) -> None:
         """Note co-activations: each token's experts at the previous MoE layer, then at this one."""
-        if self.predictor is not None and self._last_layer >= 0 and len(self._last) == len(rows):
-            self._pending += [(self.index[self._last_layer], prev, cur) for prev, cur in zip(self._last, rows)]
-        self._last, self._last_layer = rows, layer
+        if self.recorder is not None:
+            self.recorder.observe(layer, rows)
 
     def _prefetch(self, layer: int, rows: list) -> None:
         nxt = self.next_layer.get(layer)
         m = self.k if self.settings.prefetch < 0 else self.settings.prefetch
-        if self.predictor is None or nxt is None or m == 0:
+        if self.recorder is None or nxt is None or m == 0:
             return
-        guess = self.predictor.predict(self.index[layer], sorted({e for row in rows for e in row}), m)
+        guess = self.recorder.predictor.predict(self.recorder.index[layer], sorted({e for row in rows for e in row}), m)
         ly, todo = self.layers[nxt], []
         for e in guess:
             if e in ly.slot_of:

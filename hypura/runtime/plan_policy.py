@@ -8,6 +8,7 @@ filled by the expert pager (expert_paging.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Union
 
@@ -17,6 +18,8 @@ from hypura.plan import Plan, PlanSettings, plan_model
 from hypura.plan.cost import GPU
 from hypura.profile import machine_profile
 from hypura.profile.devices import has_gpu
+from hypura.profile.model import MachineProfile
+from hypura.runtime.coactivation import routing_frequencies
 from hypura.runtime.placement import Placement, PlacementPolicy, TensorInfo, Tier
 from hypura.runtime.stream_layout import GPU_POOL, StreamLayout
 
@@ -32,11 +35,19 @@ def resolve_plan(spec: PlanSpec, header: ModelHeader, gpu_mem=None, ram=None, n_
         plan = spec
     elif spec is None or str(spec) == "auto":
         settings = PlanSettings(n_ctx=n_ctx or int(header.get("context_length", 4096)), n_ubatch=n_ubatch)
-        plan = plan_model(header, machine_profile(), gpu_mem=gpu_mem, ram=ram, settings=settings)
+        plan = plan_with_routing(header, machine_profile(), gpu_mem=gpu_mem, ram=ram, settings=settings)
     else:
         plan = Plan.load(spec)
     plan.check_model(header)
     return plan
+
+
+def plan_with_routing(header: ModelHeader, profile: MachineProfile, **kwargs) -> Plan:
+    """plan_model with the expert frequencies of this model's recorded routing (coactivation.py), once
+    enough tokens were recorded: often-chosen experts then take RAM before rare ones."""
+    probs, tokens = routing_frequencies(header)
+    plan = plan_model(header, profile, expert_probs=probs, **kwargs)
+    return dataclasses.replace(plan, routing_tokens=tokens) if probs else plan
 
 
 def plan_layout(plan: Plan) -> StreamLayout:

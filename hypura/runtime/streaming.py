@@ -33,6 +33,7 @@ from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.model_file import ModelHeader
 from hypura.plan.cost import DISK, RAM
+from hypura.runtime.coactivation import moe_layers
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.routing_trace import selected_ids
 from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
@@ -69,7 +70,7 @@ class Router:
 
     @classmethod
     def of(cls, header: ModelHeader, callback) -> Router:
-        layers = tuple(sorted({t.layer for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")}))
+        layers = moe_layers(header)
         if not layers:
             raise HypuraError(f"{header.path.name} has no MoE router: on_route and expert caches need an MoE model")
         return cls(callback, int(header.get("expert_count")), int(header.get("expert_used_count")), layers)

@@ -1,0 +1,41 @@
+"""`hypura routing MODEL`: the expert routing that runs of a MoE model recorded, which plans follow."""
+
+from __future__ import annotations
+
+import click
+import numpy as np
+
+from hypura.errors import HypuraError
+from hypura.model_file import read_header
+from hypura.runtime.coactivation import MIN_TOKENS, CoactivationPredictor, model_key, moe_layers
+
+
+@click.command("routing")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--reset", is_flag=True, help="Forget what runs recorded for this model.")
+def routing(model, reset) -> None:
+    """Show how often runs of MODEL chose each expert (plans keep often-chosen experts in RAM), or forget it."""
+    header = read_header(model)
+    layers, name = moe_layers(header), header.path.name
+    if len(layers) < 2:
+        raise HypuraError(f"{name} has fewer than two MoE layers: no routing is recorded for it")
+    n_expert, k = int(header.get("expert_count")), int(header.get("expert_used_count"))
+    key = model_key(header)
+    path = CoactivationPredictor.path_for(key)
+    if reset:
+        CoactivationPredictor.reset(key)
+        click.echo(f"forgot the routing recorded for {name} ({path})")
+        return
+    chosen = CoactivationPredictor.load(key, len(layers), n_expert).chosen()
+    tokens = int(chosen[0].sum()) // (k * k)
+    click.echo(f"model    {name}: {len(layers)} MoE layers, {n_expert} experts, {k} chosen a token")
+    if not tokens:
+        click.echo("recorded nothing yet: runs whose plan reads experts from disk, or with an expert cache or "
+                   "on_route, record their routing")
+        return
+    use = "plans use it" if tokens >= MIN_TOKENS else f"plans use it from {MIN_TOKENS} tokens on"
+    click.echo(f"recorded {tokens} tokens ({use}); {path}")
+    top = max(1, n_expert // 10)
+    shares = np.sort(chosen, axis=1)[:, ::-1][:, :top].sum(axis=1) / np.maximum(chosen.sum(axis=1), 1)
+    click.echo(f"skew     the {top} most chosen experts of a layer took {shares.mean():.0%} of its choices "
+               f"(layers {shares.min():.0%}..{shares.max():.0%}; uniform routing: {top / n_expert:.0%})")

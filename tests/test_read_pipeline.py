@@ -1,0 +1,82 @@
+"""The pager's read pipeline: every range lands whole in its sink, errors surface after all requests report."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from hypura.runtime.direct_io import DirectReader, DiskReadError
+from hypura.runtime.placement import TensorInfo, Tier
+from hypura.runtime.read_pipeline import ReadPipeline
+
+SIZE = (2 << 20) + 999
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pipe") / "weights.bin"
+    path.write_bytes(np.random.default_rng(3).integers(0, 256, SIZE, dtype=np.uint8).tobytes())
+    return path
+
+
+def _part(offset, nbytes):
+    return TensorInfo(name="t", ggml_type=0, shape=(nbytes,), file_offset=offset, nbytes=nbytes, file_idx=0,
+                      layer=0, default_tier=Tier.HOST, default_buft="CPU")
+
+
+def _parts_into(outs, ranges):
+    def sink_for(out):
+        def sink(piece, pos):
+            out[pos:pos + len(piece)] = piece
+        return sink
+
+    return [(_part(o, n), sink_for(out)) for (o, n), out in zip(ranges, outs)]
+
+
+RANGES = [(0, 4096), (33, 100_000), (4095, 2), (70_001, 300_000), (SIZE - 5000, 5000), (1 << 20, 1 << 20)]
+
+
+def test_every_range_lands_whole_though_requests_land_out_of_order(data_file):
+    data = data_file.read_bytes()
+    pipe = ReadPipeline([str(data_file)], readers=3, request=16 << 10)  # many more requests than stagers
+    try:
+        for _ in range(2):  # stagers go back to the pool: a second run works alike
+            outs = [bytearray(n) for _, n in RANGES]
+            prepared = []
+            pipe.run(_parts_into(outs, RANGES), prepare=lambda: prepared.append(threading.current_thread()))
+            assert prepared == [threading.current_thread()]  # on the caller's thread, once
+            assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
+    finally:
+        pipe.close()
+
+
+def test_a_failed_request_raises_after_all_report_and_the_pipeline_goes_on(data_file, monkeypatch):
+    pipe = ReadPipeline([str(data_file)], readers=2, request=16 << 10)
+    stage = DirectReader.stage
+
+    def failing(self, start, want):
+        if 100_000 <= start < 116_384:
+            raise DiskReadError(f"{self.path}: injected failure at {start}")
+        return stage(self, start, want)
+
+    try:
+        monkeypatch.setattr(DirectReader, "stage", failing)
+        outs = [bytearray(n) for _, n in RANGES]
+        with pytest.raises(DiskReadError, match="injected failure"):
+            pipe.run(_parts_into(outs, RANGES))
+        monkeypatch.undo()
+        outs = [bytearray(n) for _, n in RANGES]
+        pipe.run(_parts_into(outs, RANGES))  # every stager came back
+        data = data_file.read_bytes()
+        assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
+    finally:
+        pipe.close()
+
+
+def test_a_range_past_the_end_is_an_error(data_file):
+    pipe = ReadPipeline([str(data_file)], readers=2)
+    try:
+        with pytest.raises(DiskReadError, match="past its end"):
+            pipe.run(_parts_into([bytearray(10)], [(SIZE - 5, 10)]))
+    finally:
+        pipe.close()
