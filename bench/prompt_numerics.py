@@ -5,7 +5,9 @@
 For each model, the all-GPU plan with some tensors computed by the CPU (dense: every layer's FFN, through
 two host slots when on disk; MoE: the stacked experts, odd ones on disk) is run several ways beside the same plan with those tensors resident
 and op offload off. Each variant changes one thing: op offload on; the file read with direct I/O (as a
-plan with a disk tier loads it); a router hook installed (MoE); the tensors streamed or paged from disk.
+plan with a disk tier loads it); llama.cpp's repacking CPU buffers on or off (the reference uses them as
+the disk variant does: on for dense host-pool layers, off for paged experts); a router hook installed
+(MoE); the tensors streamed or paged from disk.
 Printed per variant: max |difference|, the rows (tokens) that moved, NaN counts, and which backends
 computed the FFN's matmuls in the prompt; for a 72-token prompt and for 6 decoded tokens. Why: on the
 H200 (2026-12-03) the streamed and paged prompts were 0.08-0.39 off the resident plan and one run held a
@@ -27,8 +29,10 @@ TEXT = b"The quick brown fox jumps over the lazy dog. " * 6
 FFN = re.compile(r"ffn_(moe_)?(gate|up|down)")
 
 
-def run(model: str, picked, tier: str, op_offload=None, direct_io=False, **extra):
-    overrides = {"model_params": {"use_extra_bufts": False, "no_host": True}}
+def run(model: str, picked, tier: str, op_offload=None, direct_io=False, repack=False, **extra):
+    """repack: llama.cpp's repacking CPU buffer types, which a plan keeps for dense host-pool layers
+    (they are loaded whole) and turns off for paged experts (written by expert)."""
+    overrides = {"model_params": {"use_extra_bufts": repack, "no_host": True}}
     if op_offload is not None:
         overrides["context_params"] = {"op_offload": op_offload}
     if direct_io:
@@ -58,11 +62,15 @@ def describe(a, b) -> str:
 def main(dense: str, moe: str) -> None:
     for model, pattern in ((dense, r"blk\.\d+\.ffn_(up|gate|down)\."), (moe, r"_exps\.")):
         picked = lambda name, p=pattern: re.search(p, name) is not None  # noqa: E731
-        *want, want_backends = run(model, picked, "ram", op_offload=False)
-        print(f"{model}: resident, op offload off: prompt FFN splits on {want_backends}", flush=True)
-        variants = {"resident, op offload on": lambda: run(model, picked, "ram", op_offload=True),
-                    "resident, direct I/O load": lambda: run(model, picked, "ram", op_offload=False, direct_io=True),
-                    "streamed or paged from disk": lambda: run(model, picked, "disk")}
+        repack = model == dense  # as the runtime loads the disk variant
+        *want, want_backends = run(model, picked, "ram", op_offload=False, repack=repack)
+        print(f"{model}: resident, op offload off, repack {repack}: prompt FFN splits on {want_backends}", flush=True)
+        variants = {"resident, op offload on": lambda: run(model, picked, "ram", op_offload=True, repack=repack),
+                    "resident, direct I/O load": lambda: run(model, picked, "ram", op_offload=False,
+                                                             direct_io=True, repack=repack),
+                    f"resident, repack {not repack}": lambda: run(model, picked, "ram", op_offload=False,
+                                                                  repack=not repack),
+                    "streamed or paged from disk": lambda: run(model, picked, "disk", repack=repack)}
         if model == moe:
             variants["resident, router hook"] = lambda: run(model, picked, "ram", op_offload=False,
                                                             on_route=lambda layer, ids: None)

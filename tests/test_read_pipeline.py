@@ -80,3 +80,19 @@ def test_a_range_past_the_end_is_an_error(data_file):
             pipe.run(_parts_into([bytearray(10)], [(SIZE - 5, 10)]))
     finally:
         pipe.close()
+
+
+def test_a_failing_sink_raises_and_every_stager_comes_back(data_file):
+    pipe = ReadPipeline([str(data_file)], readers=2, request=16 << 10)
+
+    def broken(piece, pos):
+        raise RuntimeError("sink broke")
+
+    try:
+        with pytest.raises(RuntimeError, match="sink broke"):
+            pipe.run([(_part(0, 1 << 20), broken)])
+        out = bytearray(1 << 20)
+        pipe.run(_parts_into([out], [(0, 1 << 20)]))
+        assert bytes(out) == data_file.read_bytes()[: 1 << 20]
+    finally:
+        pipe.close()

@@ -71,25 +71,33 @@ class ReadPipeline:
             for pos in range(0, info.nbytes, self.request):
                 self._threads.submit(self._read_one, info, pos, min(self.request, info.nbytes - pos), sink, done)
                 n += 1
-        error = None
+        error, received = None, 0
         try:
             if prepare is not None:
                 prepare()
         except BaseException as e:  # still collect every request before raising
             error = e
-        for _ in range(n):
-            sink, pos, stager, skip, got, failed = done.get()
-            if failed is not None:
-                error = error or failed
-                continue
-            try:
-                if error is None:
-                    with memoryview(stager.buf) as view:
-                        sink(view[skip:skip + got], pos)
-            except BaseException as e:
-                error = e
-            finally:
-                self._free.put(stager)
+        try:
+            while received < n:
+                sink, pos, stager, skip, got, failed = done.get()
+                received += 1
+                if failed is not None:
+                    error = error or failed
+                    continue
+                try:
+                    if error is None:
+                        with memoryview(stager.buf) as view:
+                            sink(view[skip:skip + got], pos)
+                except BaseException as e:
+                    error = e
+                finally:
+                    self._free.put(stager)
+        finally:
+            while received < n:  # interrupted (KeyboardInterrupt): every stager still comes back
+                stager = done.get()[2]
+                received += 1
+                if stager is not None:
+                    self._free.put(stager)
         if error is not None:
             raise error
 
