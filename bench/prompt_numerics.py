@@ -17,12 +17,11 @@ NaN, while on the CPU they are bit-equal (bench/RESULTS.md).
 import re
 import sys
 
+import hypura  # first: our library loads before numpy (as tests/conftest.py does; numpy first crashed on the H200)
+import llama_cpp
 import numpy as np
 
 sys.path.insert(0, "tests")
-
-import hypura  # noqa: E402  (before llama_cpp: it points llama_cpp at our library)
-import llama_cpp  # noqa: E402
 from test_gpu_placement import _decode_logits, _for_the_cpu, _logits  # noqa: E402
 
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 6
@@ -38,7 +37,7 @@ def run(model: str, picked, tier: str, op_offload=None, direct_io=False, repack=
     if direct_io:
         overrides["model_params"]["load_mode"] = llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO
     llm = hypura.Llama(model, plan=_for_the_cpu(model, picked, tier, staging_slots=2), param_overrides=overrides, n_ctx=256,
-                       logits_all=True, verbose=False, n_threads=4, **extra)
+                       logits_all=True, verbose=False, **{"n_threads": 4, **extra})
     try:
         tokens = llm.tokenize(TEXT)
         prompt = _logits(llm, tokens)
@@ -74,6 +73,9 @@ def main(dense: str, moe: str) -> None:
         if model == moe:
             variants["resident, router hook"] = lambda: run(model, picked, "ram", op_offload=False,
                                                             on_route=lambda layer, ids: None)
+            for again in (2, 3):  # the H200 gave NaN in some runs only
+                variants[f"paged from disk, run {again}"] = lambda: run(model, picked, "disk")
+            variants["paged from disk, 1 thread"] = lambda: run(model, picked, "disk", n_threads=1)
         for name, variant in variants.items():
             *got, backends = variant()
             for phase, a, b in zip(("prompt", "decode"), got, want):

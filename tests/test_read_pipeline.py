@@ -42,9 +42,9 @@ def test_every_range_lands_whole_though_requests_land_out_of_order(data_file):
     try:
         for _ in range(2):  # stagers go back to the pool: a second run works alike
             outs = [bytearray(n) for _, n in RANGES]
-            prepared = []
-            pipe.run(_parts_into(outs, RANGES), prepare=lambda: prepared.append(threading.current_thread()))
-            assert prepared == [threading.current_thread()]  # on the caller's thread, once
+            first = []
+            pipe.run(_parts_into(outs, RANGES), before_first=lambda i: first.append((i, threading.current_thread())))
+            assert sorted(first) == [(i, threading.current_thread()) for i in range(len(RANGES))]  # once a part
             assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
     finally:
         pipe.close()

@@ -18,8 +18,8 @@ Protocol
     experts) keeps them all until the next layer's call.
   - The reads of one call go through a ReadPipeline (read_pipeline.py): as many reader threads as
     the machine profile found fastest (`Rates.disk_readers`) only read, into staging buffers; the
-    compute thread meanwhile faults the missing slices in (one MADV_POPULATE_WRITE each), then copies
-    each request into its slice as it lands. page_in touches the bookkeeping only after all landed.
+    compute thread copies each request into its slice as it lands, faulting a slice in first (one
+    MADV_POPULATE_WRITE). page_in touches the bookkeeping only after all landed.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
 
 Budget: the plan's disk staging at least; every RESIZE_EVERY calls it grows to what the RAM budget
@@ -147,7 +147,7 @@ class ExpertPager:
         slices = [(stack, e) for e in missing for stack in self.stacks[layer]]
         # a failed read raises here, on the compute thread
         self._reads.run([self._slice(stack, e, 1) for stack, e in slices],
-                        prepare=lambda: [self._advise(stack, e, 1, _MADV_POPULATE_WRITE) for stack, e in slices])
+                        before_first=lambda i: self._advise(*slices[i], 1, _MADV_POPULATE_WRITE))
         for e in missing:
             self.resident[(layer, e)] = expert_bytes
             self.resident_bytes += expert_bytes

@@ -2,20 +2,23 @@
 
 A reader thread that also copies its bytes out of the staging buffer and faults in their destination
 leaves the disk idle meanwhile: with the two readers a disk serves best, ~1 MB expert slices read at
-0.6 of the disk's rate on the H200 (2026-12-03). Here the readers only read.
+0.6 of the disk's rate on the H200 (2026-12-03). Here the readers only read, and the caller's thread
+does the rest between landings.
 
 Protocol
-  - `run(parts, prepare)` cuts each part (a TensorInfo range and a sink) into requests of at most
-    the reader's request size and submits them all to `readers` threads.
+  - `run(parts, before_first)` cuts each part (a TensorInfo range and a sink) into requests of at
+    most the reader's request size and submits them all to `readers` threads.
   - A reader thread takes a free stager (a staging buffer with a DirectReader per file reading into
-    it) from a pool of 2 x readers, blocking while none is free, reads one request into it, and puts
-    (request, stager, where the bytes lie) on the done queue, or the error and the stager back.
-  - The caller's thread runs `prepare()` while the first requests are in flight, then takes every
-    request's result off the done queue in completion order: it hands the bytes to the part's sink
-    (pieces of a part may arrive out of order, each with its position) and gives the stager back.
-  - So at most 2 x readers requests are staged at once; a reader waits only when the caller is
-    behind. Every request reports once, so run() returns (or raises the first error) only after all
-    readers let go of their stagers: none is left writing into a buffer the caller reuses.
+    it) from a pool of STAGERS_PER_READER x readers, blocking while none is free, reads one request
+    into it, and puts (request, stager, where the bytes lie) on the done queue, or the error and the
+    stager back.
+  - The caller's thread takes every request's result off the done queue in completion order: before
+    a part's first piece it calls before_first(part index) (the pager faults the slice in there), then
+    hands the bytes to the part's sink (pieces of a part may arrive out of order, each with its
+    position) and gives the stager back.
+  - So a reader waits only when the caller is that many requests behind. Every request reports once,
+    so run() returns (or raises the first error) only after all readers let go of their stagers: none
+    is left writing into a buffer the caller reuses.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from hypura.runtime.direct_io import DirectReader, DiskReadError, aligned_buffer
 from hypura.runtime.placement import TensorInfo
 
 Sink = Callable[[memoryview, int], None]  # (piece, position in the part)
+STAGERS_PER_READER = 4  # staged requests a reader may run ahead of the caller's copies
 
 
 class _Stager:
@@ -58,36 +62,35 @@ class ReadPipeline:
         self.readers = max(1, readers)
         self.request = request
         self._threads = ThreadPoolExecutor(self.readers, thread_name_prefix="hypura-reads")
-        self._stagers = [_Stager(paths, request) for _ in range(2 * self.readers)]
+        self._stagers = [_Stager(paths, request) for _ in range(STAGERS_PER_READER * self.readers)]
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for s in self._stagers:
             self._free.put(s)
 
-    def run(self, parts: list[tuple[TensorInfo, Sink]], prepare: Optional[Callable[[], None]] = None) -> None:
-        """Read every part's bytes into its sink; `prepare` runs meanwhile on this thread."""
+    def run(self, parts: list[tuple[TensorInfo, Sink]], before_first: Optional[Callable[[int], None]] = None) -> None:
+        """Read every part's bytes into its sink; before_first(i) runs on this thread before part i's first piece."""
         done: queue.SimpleQueue = queue.SimpleQueue()
         n = 0
-        for info, sink in parts:
+        for i, (info, sink) in enumerate(parts):
             for pos in range(0, info.nbytes, self.request):
-                self._threads.submit(self._read_one, info, pos, min(self.request, info.nbytes - pos), sink, done)
+                self._threads.submit(self._read_one, info, pos, min(self.request, info.nbytes - pos), i, done)
                 n += 1
-        error, received = None, 0
-        try:
-            if prepare is not None:
-                prepare()
-        except BaseException as e:  # still collect every request before raising
-            error = e
+        error, received, started = None, 0, set()
         try:
             while received < n:
-                sink, pos, stager, skip, got, failed = done.get()
+                i, pos, stager, skip, got, failed = done.get()
                 received += 1
                 if failed is not None:
                     error = error or failed
                     continue
                 try:
                     if error is None:
+                        if i not in started:
+                            started.add(i)
+                            if before_first is not None:
+                                before_first(i)
                         with memoryview(stager.buf) as view:
-                            sink(view[skip:skip + got], pos)
+                            parts[i][1](view[skip:skip + got], pos)
                 except BaseException as e:
                     error = e
                 finally:
@@ -101,7 +104,7 @@ class ReadPipeline:
         if error is not None:
             raise error
 
-    def _read_one(self, info: TensorInfo, pos: int, want: int, sink: Sink, done: queue.SimpleQueue) -> None:
+    def _read_one(self, info: TensorInfo, pos: int, want: int, part: int, done: queue.SimpleQueue) -> None:
         stager = self._free.get()
         try:
             reader = stager.reader(info.file_idx)
@@ -110,10 +113,10 @@ class ReadPipeline:
             skip, got = reader.stage(info.file_offset + pos, want)
             if got != want:
                 raise DiskReadError(f"{info.name}: {want} bytes at {info.file_offset + pos} came up short")
-            done.put((sink, pos, stager, skip, got, None))
+            done.put((part, pos, stager, skip, got, None))
         except BaseException as e:
             self._free.put(stager)
-            done.put((sink, pos, None, 0, 0, e))
+            done.put((part, pos, None, 0, 0, e))
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
