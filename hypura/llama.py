@@ -236,9 +236,10 @@ class Llama(llama_cpp.Llama):
         context = self._param_overrides.setdefault("context_params", {})
         model["n_gpu_layers"] = self.plan.n_layer + 1 if uses_gpu else 0
         context["offload_kqv"] = uses_gpu and self.plan.kv_tier == "gpu"
-        if uses_gpu and (paged or layout.layers(HOST_POOL)):
+        if has_gpu() and (paged or layout.layers(HOST_POOL)):
             # these CPU weights are valid only while their layer runs (hooks fill them): op offload would
-            # copy them to the GPU for a prompt batch when the graph split starts, before they are filled
+            # copy them to the GPU for a prompt batch when the graph split starts, before they are filled.
+            # A plan without GPU tensors too: llama.cpp offloads host weights' ops at -ngl 0 as well
             context["op_offload"] = False
         if any(t.tier == "disk" for t in self.plan.tensors):
             # the page cache is not a hidden tier: nothing of the file is mapped or cached

@@ -137,3 +137,18 @@ def test_the_budget_grows_into_what_the_ram_budget_leaves(tiny_qwen3moe):
 def test_an_expert_cache_with_experts_on_disk_is_refused(tiny_qwen3moe):
     with pytest.raises(HypuraError, match="experts on disk"):
         hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), expert_cache=4, n_ctx=256, verbose=False)
+
+
+def test_op_offload_is_off_beside_paged_experts_with_a_gpu(tiny_qwen3moe, monkeypatch):
+    """llama.cpp offloads a prompt's ops on host weights to the GPU, even at -ngl 0 (a plan without GPU
+    tensors), copying each weight when its graph split starts: before the router hook has read the
+    selected experts. On the H200 such a plan gave NaN logits in some runs."""
+    import hypura.llama
+
+    monkeypatch.setattr(hypura.llama, "has_gpu", lambda: True)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
+    try:
+        assert not any(t.tier == "gpu" for t in llm.plan.tensors) and llm._pager is not None
+        assert llm.context_params.op_offload is False
+    finally:
+        llm.close()

@@ -97,8 +97,9 @@ def dense_model(tmp_path_factory):
 
 
 def _design_plan(model, placed, **fields):
-    """The H200 design profile's plan (all on the GPU for these tiny models), each tensor's placement
-    rewritten by `placed`, the KV cache on the GPU, other plan fields as given."""
+    """The H200 design profile's plan, each tensor's placement rewritten by `placed` (the planner keeps
+    these tiny models on the CPU, so callers say where tensors go), the KV cache on the GPU, other plan
+    fields as given."""
     from hypura.plan import PlanSettings, plan_model
     from hypura.profile import resolve_profile
 
@@ -175,13 +176,13 @@ def test_expert_caches_on_the_gpu_give_the_same_logits(moe_model, slots):
 
 
 def _for_the_cpu(model, picked, tier, **fields):
-    """The all-GPU plan with the `picked` tensors computed by the CPU from `tier`: on disk, dense ones
-    stream through the host pool and stacked experts are paged in by expert (odd ones on disk) as
-    routers select them; in RAM, they stay resident."""
+    """Every block tensor and the output on the GPU but the `picked` ones, which the CPU computes from
+    `tier`: on disk, dense ones stream through the host pool and stacked experts are paged in by expert
+    (odd ones on disk) as routers select them; in RAM, they stay resident."""
 
     def placed(t):
         if not picked(t.name):
-            return t
+            return dataclasses.replace(t, tier="gpu", compute="gpu") if t.layer >= 0 or t.name.startswith("output") else t
         experts = tuple(tier if e % 2 else "ram" for e in range(len(t.experts)))
         return dataclasses.replace(t, tier=tier, compute="cpu", experts=experts)
 
