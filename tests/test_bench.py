@@ -28,6 +28,12 @@ def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
     assert "decode" in r.stdout and "bound" in r.stdout and "RSS peak" in r.stdout
 
 
+def test_bench_of_a_prompt_only_reports_without_a_decode_ratio(smollm2_path):
+    r = _bench(str(smollm2_path), "--ram", "300MiB", "-p", "16", "-n", "0", "-r", "1", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "prefill" in r.stdout and "bound" in r.stdout and "measured/bound" not in r.stdout
+
+
 def test_bench_errors_are_one_line(smollm2_path):
     r = _bench(str(smollm2_path), "--plan", "p.json", "--ram", "1GiB")
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "not both" in r.stderr

@@ -115,5 +115,6 @@ def report(r: dict) -> list[str]:
         lines.append(f"plan     expert frequencies from {r['plan']['routing_tokens']} tokens of recorded routing")
     if r.get("bound"):
         b = r["bound"]
-        lines.append(f"bound    {b['decode_tok_s']:9.2f} tok/s  ({b['limit']}); measured/bound {r['bound_ratio']:.2f}")
+        ratio = f"; measured/bound {r['bound_ratio']:.2f}" if "bound_ratio" in r else ""  # none without decode (-n 0)
+        lines.append(f"bound    {b['decode_tok_s']:9.2f} tok/s  ({b['limit']}){ratio}")
     return lines
