@@ -27,20 +27,20 @@ PRIOR_TOKENS = 64  # frequencies are blended with this many tokens of uniform ro
 def model_key(header: ModelHeader) -> str:
     """Content hash of what decides routing: the header (shapes, metadata) and the router tensors."""
     h = hashlib.sha256()
+    ranges = [(0, min(header.data_offset, 64 << 20))]
+    ranges += [(t.offset, t.nbytes) for t in header.tensors if "ffn_gate_inp" in t.name]
     with open(header.path, "rb") as f:
-        h.update(f.read(min(header.data_offset, 64 << 20)))
-        for t in header.tensors:
-            if "ffn_gate_inp" in t.name:
-                f.seek(t.offset)
-                left = t.nbytes
-                while left:
-                    chunk = f.read(min(left, HASH_CHUNK))
-                    if not chunk:
-                        break
-                    h.update(chunk)
-                    left -= len(chunk)
-        if hasattr(os, "posix_fadvise"):  # the page cache is no hidden tier
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        for offset, nbytes in ranges:
+            f.seek(offset)
+            left = nbytes
+            while left:
+                chunk = f.read(min(left, HASH_CHUNK))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+            if hasattr(os, "posix_fadvise"):  # what we read leaves the page cache: it is no hidden tier
+                os.posix_fadvise(f.fileno(), offset, nbytes, os.POSIX_FADV_DONTNEED)
     return h.hexdigest()[:24]
 
 
