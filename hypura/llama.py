@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import warnings
 from typing import Callable, Iterable, Optional, Union
 
 from hypura.bindings.ffi import ffi, lib
@@ -333,9 +334,12 @@ class Llama(llama_cpp.Llama):
         self._experts = self._expert_copies = None
         if copies is not None:
             copies.close()
-        recorder = self.__dict__.get("_recorder")
+        recorder, self._recorder = self.__dict__.get("_recorder"), None  # saved once, though close() runs again
         if recorder is not None and recorder.recorded:
-            recorder.predictor.save(self._predictor_key)
+            try:
+                recorder.predictor.save(self._predictor_key)
+            except OSError as e:  # a cache that cannot be written costs the next plan its statistics, not this run
+                warnings.warn(f"hypura: recorded routing not saved ({e}); the next run plans without it", stacklevel=3)
 
     def _close_streamer(self) -> None:
         # after the context: it calls into the stream until freed

@@ -152,3 +152,23 @@ def test_op_offload_is_off_beside_paged_experts_with_a_gpu(tiny_qwen3moe, monkey
         assert llm.context_params.op_offload is False
     finally:
         llm.close()
+
+
+def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3moe, tmp_path, monkeypatch):
+    from hypura.runtime.coactivation import CoactivationPredictor, model_key
+
+    # logits for every token: otherwise llama.cpp's last layer computes (and routes) the last token only
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False,
+                       logits_all=True)
+    tokens = llm.tokenize(TEXT)
+    llm.eval(tokens)
+    llm.close()
+    saved = CoactivationPredictor.load(model_key(llm.header), len(LAYERS), N_EXPERT)
+    assert saved.counts.sum() == len(tokens) * K * K  # each token: k experts at layer 0 x k at layer 1
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("HYPURA_ROUTING_DIR", str(tmp_path / "a-file" / "routing"))
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False,
+                       logits_all=True)
+    llm.eval(tokens)
+    with pytest.warns(UserWarning, match="recorded routing not saved"):
+        llm.close()
