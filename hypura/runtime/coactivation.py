@@ -10,6 +10,7 @@ router weights (what decides routing), in the user cache directory: the next run
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -25,11 +26,18 @@ PRIOR_TOKENS = 64  # frequencies are blended with this many tokens of uniform ro
 
 
 def model_key(header: ModelHeader) -> str:
-    """Content hash of what decides routing: the header (shapes, metadata) and the router tensors."""
-    h = hashlib.sha256()
+    """Content hash of what decides routing: the header (shapes, metadata) and the router tensors.
+    Read once per file version and process (planning and the runtime both ask)."""
+    st = os.stat(header.path)
     ranges = [(0, min(header.data_offset, 64 << 20))]
     ranges += [(t.offset, t.nbytes) for t in header.tensors if "ffn_gate_inp" in t.name]
-    with open(header.path, "rb") as f:
+    return _content_hash(str(header.path), st.st_size, st.st_mtime_ns, tuple(ranges))
+
+
+@functools.lru_cache(maxsize=16)
+def _content_hash(path: str, _size: int, _mtime_ns: int, ranges: tuple) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
         for offset, nbytes in ranges:
             f.seek(offset)
             left = nbytes
