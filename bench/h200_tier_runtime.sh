@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | moerecord | vanillaram | pack
+#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | moerecord | moewarm | vanillaram | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -131,6 +131,10 @@ moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GP
     sync; echo 3 > /proc/sys/vm/drop_caches  # the plan may keep experts on disk: no page cache to hide in
     hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r ${REPS:-3} -t $T \
         --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner${TAG:-}.json" 2>&1 | tail -8
+    ;;
+moewarm)  # #5: MOE at RAM cold (nothing recorded), then recorded (moerecord), then warm: the plan from its routing
+    export HYPURA_ROUTING_DIR=/tmp/routing-$(basename "${MOE:?}" .gguf)-$RANDOM  # cold means nothing recorded
+    TAG=-cold SKIPV=1 phase moeplan && phase moerecord && TAG=-warm SKIPV=1 phase moeplan
     ;;
 moerecord)  # #5: record MOE's routing with one 512-token prompt (random tokens, as bench decodes), so the next
            # moeplan plans with expert frequencies (a warm start; `hypura routing` shows what was recorded)

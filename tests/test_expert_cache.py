@@ -70,12 +70,12 @@ def test_predictor_learns_and_persists(tmp_path, monkeypatch):
     p.observe(0, [0], [3])
     p.observe(1, [2], [1])
     assert p.predict(0, [0], 2) == [2, 3] and p.predict(0, [1], 2) == [] and p.predict(2, [0], 1) == []
-    # selections per layer: layer 0's from its pairs with layer 1, the last layer's from its pairs with the one before
-    assert p.chosen().tolist() == [[6, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0]]
+    p.select_many([(0, [[0, 1], [0, 2]]), (2, [[3, 1]]), (5, [[0, 1]])])  # layer 5 does not exist: ignored
+    assert p.selections.tolist() == [[2, 1, 1, 0], [0, 0, 0, 0], [0, 1, 0, 1]] and p.tokens(2).tolist() == [2, 0, 1]
     path = p.save("abc")
     assert path.parent == tmp_path / "hypura" / "coactivation"
     warm = CoactivationPredictor.load("abc", 3, 4)
-    assert np.array_equal(warm.counts, p.counts)
+    assert np.array_equal(warm.counts, p.counts) and np.array_equal(warm.selections, p.selections)
     assert not CoactivationPredictor.load("abc", 3, 8).counts.any()  # another shape: cold
     CoactivationPredictor.reset("abc")
     assert not CoactivationPredictor.load("abc", 3, 4).counts.any()

@@ -165,6 +165,7 @@ def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3
     llm.close()
     saved = CoactivationPredictor.load(model_key(llm.header), len(LAYERS), N_EXPERT)
     assert saved.counts.sum() == len(tokens) * K * K  # each token: k experts at layer 0 x k at layer 1
+    assert saved.tokens(K).tolist() == [len(tokens)] * len(LAYERS)
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("HYPURA_ROUTING_DIR", str(tmp_path / "a-file" / "routing"))
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False,

@@ -26,8 +26,9 @@ def routing(model, reset) -> None:
         CoactivationPredictor.reset(key)
         click.echo(f"forgot the routing recorded for {name} ({path})")
         return
-    chosen = CoactivationPredictor.load(key, len(layers), n_expert).chosen()
-    tokens = int(chosen[0].sum()) // (k * k)
+    predictor = CoactivationPredictor.load(key, len(layers), n_expert)
+    chosen, per_layer = predictor.selections, predictor.tokens(k)
+    tokens = int(per_layer.max())
     click.echo(f"model    {name}: {len(layers)} MoE layers, {n_expert} experts, {k} chosen a token")
     if not tokens:
         click.echo("recorded nothing yet: runs whose plan reads experts from disk, or with an expert cache or "
@@ -35,7 +36,12 @@ def routing(model, reset) -> None:
         return
     use = "plans use it" if tokens >= MIN_TOKENS else f"plans use it from {MIN_TOKENS} tokens on"
     click.echo(f"recorded {tokens} tokens ({use}); {path}")
+    # a prompt's last layer routes its output tokens only: that layer may have far fewer tokens than the others
+    counted = chosen[per_layer >= MIN_TOKENS].astype(np.float64)
+    if not len(counted):
+        return
     top = max(1, n_expert // 10)
-    shares = np.sort(chosen, axis=1)[:, ::-1][:, :top].sum(axis=1) / np.maximum(chosen.sum(axis=1), 1)
+    shares = np.sort(counted, axis=1)[:, ::-1][:, :top].sum(axis=1) / counted.sum(axis=1)
     click.echo(f"skew     the {top} most chosen experts of a layer took {shares.mean():.0%} of its choices "
-               f"(layers {shares.min():.0%}..{shares.max():.0%}; uniform routing: {top / n_expert:.0%})")
+               f"({len(counted)} layers with {MIN_TOKENS}+ tokens: {shares.min():.0%}..{shares.max():.0%}; "
+               f"uniform routing: {top / n_expert:.0%})")

@@ -1,8 +1,8 @@
 """Co-activation prediction: which experts fire at layer l+1, given those at layer l.
 
 Counts C[l][i, j] = tokens that selected expert i at layer l and expert j at layer l+1. At layer l,
-the experts predicted for l+1 are the top-m of sum over the selected i of C[l][i, :]. The same counts
-give each expert's selection frequency, which the planner uses to keep often-chosen experts in RAM
+the experts predicted for l+1 are the top-m of sum over the selected i of C[l][i, :]. Beside them,
+each layer's selections per expert, which the planner uses to keep often-chosen experts in RAM
 (`routing_frequencies`). Statistics persist per model, keyed by a hash of the file's header and
 router weights (what decides routing), in the user cache directory: the next run starts warm;
 `reset` (`hypura routing MODEL --reset`) forgets them.
@@ -60,6 +60,9 @@ def moe_layers(header: ModelHeader) -> tuple[int, ...]:
 class CoactivationPredictor:
     def __init__(self, n_layer: int, n_expert: int):
         self.counts = np.zeros((max(n_layer - 1, 0), n_expert, n_expert), np.uint32)
+        # [MoE layer, expert]: tokens that selected it, counted from every routed batch (a prompt's last
+        # layer routes its output tokens only, so its pairs with the layer before are not all in `counts`)
+        self.selections = np.zeros((n_layer, n_expert), np.uint64)
 
     def observe(self, layer: int, experts, next_experts) -> None:
         self.observe_many([(layer, experts, next_experts)])
@@ -73,12 +76,15 @@ class CoactivationPredictor:
         a, b = np.array([o[1] for o in obs]), np.array([o[2] for o in obs])
         np.add.at(self.counts, (layers, a[:, :, None], b[:, None, :]), 1)
 
-    def chosen(self) -> np.ndarray:
-        """[MoE layer, expert]: how often each expert was selected, times k (as C counts them)."""
-        if not len(self.counts):
-            return np.zeros((0, self.counts.shape[1]), np.int64)
-        rows = self.counts.sum(axis=2, dtype=np.int64)  # layer l's experts, each beside the k at l+1
-        return np.vstack([rows, self.counts[-1].sum(axis=0, dtype=np.int64)])  # and the last layer's
+    def select_many(self, batches) -> None:
+        """Count (layer, each token's selected experts) batches into `selections`."""
+        for layer, rows in batches:
+            if 0 <= layer < len(self.selections) and len(rows):
+                np.add.at(self.selections[layer], np.asarray(rows).ravel(), 1)
+
+    def tokens(self, k: int) -> np.ndarray:
+        """Tokens counted at each MoE layer."""
+        return self.selections.sum(axis=1) // max(k, 1)
 
     def predict(self, layer: int, experts, m: int) -> list[int]:
         """The m experts most often seen at layer+1 after `experts` at `layer` (none learned: none)."""
@@ -97,7 +103,7 @@ class CoactivationPredictor:
         path = self.path_for(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, counts=self.counts)
+        np.savez_compressed(tmp, counts=self.counts, selections=self.selections)
         os.replace(tmp, path)
         return path
 
@@ -108,11 +114,12 @@ class CoactivationPredictor:
         path = cls.path_for(key)
         if path.exists():
             try:
-                counts = np.load(path)["counts"]
+                saved = np.load(path)
+                counts, selections = saved["counts"], saved["selections"]
             except (OSError, ValueError, KeyError):
                 return p  # unreadable: start cold rather than fail a run
-            if counts.shape == p.counts.shape:
-                p.counts = counts.astype(np.uint32)
+            if counts.shape == p.counts.shape and selections.shape == p.selections.shape:
+                p.counts, p.selections = counts.astype(np.uint32), selections.astype(np.uint64)
         return p
 
     @classmethod
@@ -121,8 +128,9 @@ class CoactivationPredictor:
 
 
 class CoactivationRecorder:
-    """Pairs each token's experts at one MoE layer with its experts at the next, for the predictor's
-    counts; a decode's pairs are added at once by flush(). Runs on the thread computing the graph."""
+    """Counts each layer's selections, and pairs each token's experts at one MoE layer with its experts
+    at the next, for the predictor; a decode's are added at once by flush(). Runs on the thread
+    computing the graph."""
 
     def __init__(self, predictor: CoactivationPredictor, layers: tuple[int, ...]):
         self.predictor = predictor
@@ -131,16 +139,20 @@ class CoactivationRecorder:
         self._last: list = []  # the previous MoE layer's selection
         self._last_layer = -1
         self._pending: list = []  # (predictor layer, experts there, experts at the next)
+        self._selected: list = []  # (predictor layer, rows)
 
     def observe(self, layer: int, rows: list) -> None:
         """rows: each token's selected experts at `layer`, the tokens in batch order."""
+        self._selected.append((self.index[layer], rows))
         if self._last_layer >= 0 and len(self._last) == len(rows):
             self._pending += [(self.index[self._last_layer], prev, cur) for prev, cur in zip(self._last, rows)]
         self._last, self._last_layer = rows, layer
 
     def flush(self) -> None:
-        if self._pending:
+        if self._selected:
+            self.predictor.select_many(self._selected)
             self.predictor.observe_many(self._pending)
+            self._selected.clear()
             self._pending.clear()
             self.recorded = True
 
@@ -153,8 +165,9 @@ def routing_frequencies(header: ModelHeader) -> tuple[dict[int, list[float]] | N
     if len(layers) < 2 or n_expert <= 0 or k <= 0:
         return None, 0
     predictor = CoactivationPredictor.load(model_key(header), len(layers), n_expert)
-    tokens = int(predictor.counts[0].sum(dtype=np.int64)) // (k * k)
+    tokens = int(predictor.tokens(k).max())
     if tokens < MIN_TOKENS:
         return None, tokens
-    chosen = predictor.chosen() / k + PRIOR_TOKENS * k / n_expert
-    return {layer: [float(f) for f in row] for layer, row in zip(layers, chosen)}, tokens
+    # each layer blended with the prior by its own count: a layer that saw few tokens plans near k/E
+    freqs = predictor.selections + PRIOR_TOKENS * k / n_expert
+    return {layer: [float(f) for f in row] for layer, row in zip(layers, freqs)}, tokens
