@@ -2,16 +2,20 @@
 
     python3 bench/prompt_numerics.py DENSE.gguf MOE.gguf      (GPU machine; tiny-llama and tiny-qwen3moe)
 
-For each model, the all-GPU plan with some tensors computed by the CPU (dense: every layer's FFN, through
-two host slots when on disk; MoE: the stacked experts, odd ones on disk) is run several ways beside the same plan with those tensors resident
-and op offload off. Each variant changes one thing: op offload on; the file read with direct I/O (as a
-plan with a disk tier loads it); llama.cpp's repacking CPU buffers on or off (the reference uses them as
-the disk variant does: on for dense host-pool layers, off for paged experts); a router hook installed
-(MoE); the tensors streamed or paged from disk.
+For each model, a plan with every tensor on the GPU but some computed by the CPU (dense: every layer's
+FFN, through two host slots when on disk; MoE: the stacked experts, odd ones on disk) runs several ways,
+beside the same plan with those tensors resident and op offload off. Each variant changes one thing:
+- op offload on;
+- the file read with direct I/O (as a plan with a disk tier loads it);
+- llama.cpp's repacking CPU buffers on or off (the reference uses them as the disk variant does: on for
+  dense host-pool layers, off for paged experts);
+- a router hook installed (MoE);
+- the tensors streamed or paged from disk.
 Printed per variant: max |difference|, the rows (tokens) that moved, NaN counts, and which backends
-computed the FFN's matmuls in the prompt; for a 72-token prompt and for 6 decoded tokens. Why: on the
-H200 (2026-12-03) the streamed and paged prompts were 0.08-0.39 off the resident plan and one run held a
-NaN, while on the CPU they are bit-equal (bench/RESULTS.md).
+computed the FFN's matmuls in the prompt, for a 72-token prompt and for 6 decoded tokens; the disk
+variants' split traces. Why: on the H200 the disk variants matched op offload on and one paged run gave
+NaN. The plans then had no GPU tensors, and the runtime left op offload on (bench/RESULTS.md, fifth
+session).
 """
 
 import re
