@@ -7,7 +7,7 @@ import numpy as np
 
 from hypura.errors import HypuraError
 from hypura.model_file import read_header
-from hypura.runtime.coactivation import MIN_TOKENS, CoactivationPredictor, model_key, moe_layers
+from hypura.runtime.coactivation import MIN_TOKENS, CoactivationPredictor, model_key, recorded_routing
 
 
 @click.command("routing")
@@ -16,17 +16,17 @@ from hypura.runtime.coactivation import MIN_TOKENS, CoactivationPredictor, model
 def routing(model, reset) -> None:
     """Show how often runs of MODEL chose each expert (plans keep often-chosen experts in RAM), or forget it."""
     header = read_header(model)
-    layers, name = moe_layers(header), header.path.name
-    if len(layers) < 2:
+    name, recorded = header.path.name, recorded_routing(header)
+    if recorded is None:
         raise HypuraError(f"{name} has fewer than two MoE layers: no routing is recorded for it")
-    n_expert, k = int(header.get("expert_count")), int(header.get("expert_used_count"))
+    layers, k, predictor = recorded
+    n_expert = predictor.selections.shape[1]
     key = model_key(header)
     path = CoactivationPredictor.path_for(key)
     if reset:
         CoactivationPredictor.reset(key)
         click.echo(f"forgot the routing recorded for {name} ({path})")
         return
-    predictor = CoactivationPredictor.load(key, len(layers), n_expert)
     chosen, per_layer = predictor.selections, predictor.tokens(k)
     tokens = int(per_layer.max())
     click.echo(f"model    {name}: {len(layers)} MoE layers, {n_expert} experts, {k} chosen a token")

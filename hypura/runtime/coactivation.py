@@ -157,14 +157,23 @@ class CoactivationRecorder:
             self.recorded = True
 
 
-def routing_frequencies(header: ModelHeader) -> tuple[dict[int, list[float]] | None, int]:
-    """Each MoE layer's expert frequencies from this model's recorded routing, for the planner, and the
-    tokens they come from; (None, tokens) while fewer than MIN_TOKENS were recorded."""
+def recorded_routing(header: ModelHeader) -> tuple[tuple[int, ...], int, CoactivationPredictor] | None:
+    """(MoE layers, k, what earlier runs recorded) of a model with two or more MoE layers, else None."""
     layers = moe_layers(header)
     n_expert, k = int(header.get("expert_count", 0) or 0), int(header.get("expert_used_count", 0) or 0)
     if len(layers) < 2 or n_expert <= 0 or k <= 0:
+        return None
+    return layers, k, CoactivationPredictor.load(model_key(header), len(layers), n_expert)
+
+
+def routing_frequencies(header: ModelHeader) -> tuple[dict[int, list[float]] | None, int]:
+    """Each MoE layer's expert frequencies from this model's recorded routing, for the planner, and the
+    tokens they come from; (None, tokens) while fewer than MIN_TOKENS were recorded."""
+    recorded = recorded_routing(header)
+    if recorded is None:
         return None, 0
-    predictor = CoactivationPredictor.load(model_key(header), len(layers), n_expert)
+    layers, k, predictor = recorded
+    n_expert = predictor.selections.shape[1]
     tokens = int(predictor.tokens(k).max())
     if tokens < MIN_TOKENS:
         return None, tokens

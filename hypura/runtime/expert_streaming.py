@@ -178,7 +178,6 @@ class ExpertStreamer:
         lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
         self._set_cpu_share(ly, rows, on_cpu, cpu_out)
         self._observe(layer, rows)
-        self._flush()
         self._prefetch(layer, rows)
         self.hook_s += time.perf_counter() - t0
 
@@ -194,11 +193,6 @@ class ExpertStreamer:
                 for e in self._account(ly, rows):  # all hits, counted and touched as serve() does
                     ly.cache.touch(e)
                 self._observe(layer, rows)
-        self._flush()
-
-    def _flush(self) -> None:
-        if self.recorder is not None:
-            self.recorder.flush()
 
     def _account(self, ly: _Layer, rows: list, on_cpu: set = frozenset()) -> Counter:
         """Count a batch's accesses (one per token and selected expert): hits, loads from RAM, or
@@ -266,7 +260,8 @@ class ExpertStreamer:
         c.cpu_dirty = 1 if on_cpu else 0  # the stream answers this layer again once keep is all 1
 
     def _observe(self, layer: int, rows: list) -> None:
-        """Note co-activations: each token's experts at the previous MoE layer, then at this one."""
+        """Note co-activations: each token's experts at the previous MoE layer, then at this one. The
+        Llama adds them to the counts after each decode (CoactivationRecorder.flush)."""
         if self.recorder is not None:
             self.recorder.observe(layer, rows)
 
