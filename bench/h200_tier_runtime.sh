@@ -139,7 +139,8 @@ moewarm)  # #5: MOE at RAM cold (nothing recorded), then recorded (moerecord), t
 moerecord)  # #5: record MOE's routing with one 512-token prompt (random tokens, as bench decodes), so the next
            # moeplan plans with expert frequencies (a warm start; `hypura routing` shows what was recorded)
     m=${MOE:?}; ram=${RAM:-24GiB}
-    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 512 -n 0 -r 1 -t $T 2>&1 | grep prefill
+    # another seed: bench decodes the first tokens of its random sequence, which must not be among those recorded
+    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 512 -n 0 -r 1 -t $T --seed 1 2>&1 | grep prefill
     hy routing "$m" | tee -a "$RES/routing-$(basename "$m" .gguf).txt"
     ;;
 vanillaram)  # #5: vanilla llama.cpp held to the same RAM budget (RAM=8GiB...) by a memory cgroup (v2 memory.max or

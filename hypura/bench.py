@@ -29,19 +29,24 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
-def bound(plan: Optional[Plan]) -> Optional[dict]:
+def bound(plan: Optional[Plan], disk_bytes: Optional[float] = None) -> Optional[dict]:
     """tok/s if every path ran at its measured rate and overlapped perfectly, from the plan's bytes
     per token: CPU-computed and PCIe-streamed bytes share one budget (they run at once), so the
-    hybrid term is their sum over the sum of both rates; disk and GPU reads bound on their own."""
+    hybrid term is their sum over the sum of both rates; disk and GPU reads bound on their own.
+    disk_bytes: a decode token's measured disk bytes, in place of the plan's (experts read as routers
+    select them: the bound at the measured hit rate)."""
     if plan is None:
         return None
     r, b = plan.rates, plan.prediction.bytes_per_token
     hybrid = (b.get("cpu", 0) + b.get("link", 0)) / (r.cpu_read + (r.link or 0))
-    terms = {"hybrid cpu+link": hybrid, "disk": b.get("disk", 0) / r.disk_read,
+    disk = b.get("disk", 0) if disk_bytes is None else disk_bytes
+    terms = {"hybrid cpu+link": hybrid, "disk": disk / r.disk_read,
              "gpu": b.get("gpu", 0) / r.gpu_read if r.gpu_read else 0.0}
     limit = max(terms, key=terms.get)
-    return {"decode_tok_s": 1 / terms[limit] if terms[limit] else float("inf"), "limit": limit,
-            "seconds_per_token": terms}
+    seconds = terms[limit]
+    if limit == "disk" and disk_bytes is not None:
+        limit = "disk, at the measured hit rate"
+    return {"decode_tok_s": 1 / seconds if seconds else float("inf"), "limit": limit, "seconds_per_token": terms}
 
 
 def expert_cache_bound(header, rates, experts: dict) -> Optional[dict]:
@@ -103,7 +108,9 @@ def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: 
             tg.append(decode())
             progress(f"run {i + 1}/{s.repeats}: decode {tg[-1]:.2f} tok/s")
     stats = llm.stats()
-    b = bound(plan) if plan is not None and not plan.expert_slots else None
+    paged = stats.get("expert_paging") and tg  # the disk bytes depend on routing: measured, not the plan's
+    disk_bytes = stats["decode"]["streamed_bytes_per_token"].get("disk", 0.0) if paged else None
+    b = bound(plan, disk_bytes) if plan is not None and not plan.expert_slots else None
     if b is None and rates is not None:
         b = expert_cache_bound(llm.header, rates, stats.get("experts"))
     out = {"settings": s.__dict__, "prefill_tok_s": spread(pp), "decode_tok_s": spread(tg),

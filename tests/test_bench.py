@@ -65,3 +65,37 @@ def test_the_expert_cache_bound_adds_gpu_reads_and_measured_loads(tiny_qwen3moe)
     assert b["seconds_per_token"]["gpu"] == pytest.approx(weights / 1e12)  # k / E = 4 / 16 of the experts
     assert b["seconds_per_token"]["link"] == pytest.approx(5e5 / 1e10)  # 5 MB over 10 tokens
     assert expert_cache_bound(h, Rates(cpu_read=1e9, disk_read=1e9), {"accesses": 1}) is None  # no GPU
+
+
+class _TokenLog:
+    """Stands in for a Llama: logs the tokens bench decodes."""
+
+    def __init__(self):
+        self.batches = []
+
+    def n_vocab(self):
+        return 1000
+
+    def decode_tokens(self, toks):
+        self.batches.append(list(toks))
+        return True
+
+    def clear_memory(self):
+        pass
+
+    def stats(self, reset=False):
+        return {}
+
+
+def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measured_ones_out():
+    from hypura.bench import BenchSettings, run_bench
+
+    def decoded(seed, n_prompt, n_gen):
+        llm = _TokenLog()
+        run_bench(llm, None, BenchSettings(n_prompt, n_gen, 1, 1, seed))
+        return llm.batches
+
+    prompt = decoded(1, 64, 0)[-1]  # a recording run's prompt
+    measured = [b[0] for b in decoded(0, 0, 16)[2:]]  # the decode after the 2 warm-up tokens
+    assert measured == decoded(0, 64, 0)[-1][:16]  # the same seed decodes its prompt's first tokens
+    assert prompt[:16] != measured  # another seed: another sequence

@@ -173,3 +173,20 @@ def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3
     llm.eval(tokens)
     with pytest.warns(UserWarning, match="recorded routing not saved"):
         llm.close()
+
+
+def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
+    """Which experts a decode reads from disk depends on routing: the bound takes the measured disk bytes
+    per token, not the plan's prediction (#5: "the plan's bound at the measured hit rate")."""
+    from hypura.bench import BenchSettings, bound, run_bench
+
+    plan = _plan(tiny_qwen3moe)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
+    try:
+        out = run_bench(llm, plan, BenchSettings(0, 8, 1, 1))
+    finally:
+        llm.close()
+    measured = out["stats"]["decode"]["streamed_bytes_per_token"]["disk"]
+    assert 0 < measured and out["bound"] == bound(plan, measured)
+    assert out["bound"]["seconds_per_token"]["disk"] == measured / plan.rates.disk_read
+    assert bound(plan)["seconds_per_token"]["disk"] != measured / plan.rates.disk_read  # the plan predicted other bytes

@@ -41,9 +41,11 @@ from hypura.runtime.stats import describe
 @click.option("--cpu-share/--no-cpu-share", default=False, show_default=True,
               help="With --expert-slots: the CPU computes a share of the missed experts beside the copies, "
                    "by the profile's rates (measured slower on the H200 so far).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random tokens (a run that records routing for a later plan should use another).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
-          profile_spec, expert_slots, cpu_share, json_out) -> None:
+          profile_spec, expert_slots, cpu_share, seed, json_out) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound."""
     import llama_cpp
 
@@ -52,7 +54,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     from hypura.runtime.plan_policy import plan_with_routing
 
     header = read_header(model)
-    s = BenchSettings(n_prompt, n_gen, repetitions, threads or cores()[0])
+    s = BenchSettings(n_prompt, n_gen, repetitions, threads or cores()[0], seed)
     n_ctx = max(256, n_prompt + n_gen + 64)
     if plan_file and (gpu_mem or ram):
         raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
