@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | moerecord | moewarm | vanillaram | pack
+#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | faultin | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | moerecord | moewarm | vanillaram | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -115,6 +115,9 @@ numerics)  # prompt and decode logits with CPU weights streamed or paged, beside
 diskreq)  # expert-sized O_DIRECT reads at 1-8 threads (bench/disk_requests.py) from MOE's file, cache dropped
     sync; echo 3 > /proc/sys/vm/drop_caches
     timeout 120 python3 bench/disk_requests.py ${MOE:?} "$RES/disk-requests.json"
+    ;;
+faultin)  # how fast the pager can evict, fault in and fill expert-sized slices, no disk (bench/fault_in.py)
+    timeout 120 python3 bench/fault_in.py "$RES/fault-in.json"
     ;;
 queueing)  # does an activation copy wait behind weight copies? (the image's PyTorch, no Hypura)
     python3 bench/copy_queueing.py "$RES/copy-queueing.json" 2>&1 | tail -8
