@@ -7,7 +7,9 @@ in again (MADV_POPULATE_WRITE, as page_in) and copy an expert's bytes into it; 1
 Why: on this repo's 2-core VM, with the model file on a RAM-backed loop device that serves 0.9 MB
 O_DIRECT reads at 4.5-7.3 GB/s, the pager read at ~1.2 GB/s, and faulting in took 74-82% of its
 time (2026-12-03). On the H200 the pager read 0.8-1.3 GB/s from disks profiled at 1.0-1.9 GB/s.
-Prediction: fault-in runs near 1.5 GB/s a thread there too, and is what caps the pager.
+Prediction: fault-in runs near 1.5 GB/s a thread there too, and is what caps the pager. Large experts
+(slices >= expert_paging.HUGE_SLICE_BYTES) now fault in as huge pages; this measures the small pages that
+the Qwen shape's 0.9 MB experts keep.
 """
 
 import ctypes

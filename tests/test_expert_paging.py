@@ -68,8 +68,11 @@ def _disk_expert_ranges(pager):
             for layer, stacks in pager.stacks.items() for s in stacks for e in pager.on_disk[layer]]
 
 
-def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch):
+@pytest.mark.parametrize("huge", [False, True], ids=["small pages", "huge pages inside experts"])
+def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch, huge):
     want, trace = reference
+    if huge:  # the large-expert path (Mixtral's 40 MB slices) on tiny experts
+        monkeypatch.setattr(expert_paging, "HUGE_SLICE_BYTES", 0)
     monkeypatch.setattr(expert_paging, "FileFiller", _RecordingFiles)
     monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)  # the plan's share only: this test's budget is RAM
     _RecordingFiles.ranges = []
@@ -190,3 +193,17 @@ def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
     assert 0 < measured and out["bound"] == bound(plan, measured)
     assert out["bound"]["seconds_per_token"]["disk"] == measured / plan.rates.disk_read
     assert bound(plan)["seconds_per_token"]["disk"] != measured / plan.rates.disk_read  # the plan predicted other bytes
+
+
+def test_huge_pages_stay_inside_one_experts_slice():
+    from hypura.runtime.expert_paging import inner_blocks
+
+    huge, expert = 2 << 20, 40370176  # a mixtral-8x7b Q5_K_M expert's slice of one stacked tensor
+    for base in (0, 32, 4096 + 64, (2 << 20) - 32):
+        for e in range(8):
+            start = base + e * expert
+            lo, hi = inner_blocks(start, expert, huge)
+            assert start <= lo < hi <= start + expert and lo % huge == hi % huge == 0
+            assert (hi - lo) // huge >= 17  # all but the two edge blocks
+    assert inner_blocks(4096 + 32, 884736, huge)[1] <= inner_blocks(4096 + 32, 884736, huge)[0]  # a qwen expert: none
+    assert inner_blocks(10, 8192, 4096) == (4096, 8192)

@@ -10,7 +10,9 @@ counts them (p x bytes), instead of whole stacked tensors.
 Protocol
   - Load time, the loader's thread: `fill(info, tensor)` is the fill hook of these (deferred) tensors.
     It writes the RAM experts' slices and leaves the disk experts' pages untouched (never resident);
-    the stack asks for small pages, so that an eviction gives back just its expert's pages.
+    the stack asks for small pages, so that an eviction gives back just its expert's pages; a stack of
+    large experts asks for huge pages inside each expert's slice (never across two), which fault in
+    faster (HUGE_SLICE_BYTES).
   - Compute time, on the thread running llama_decode: `page_in(layer, ids)` runs in the router hook,
     after the router ran and before the expert matmuls. It first evicts least recently used
     experts that this batch does not use until the missing ones fit the budget, then reads them and
@@ -49,8 +51,11 @@ from hypura.runtime.stream_layout import paged_by_expert
 RESIZE_EVERY = 64  # page_in calls between RSS readings
 RSS_MARGIN = 128 << 20  # kept free under the RAM budget: allocator slack, Python, reads in flight
 # madvise advice (Linux); elsewhere nothing is advised, and evicted experts stay resident (their bytes valid)
-_MADV_DONTNEED, _MADV_NOHUGEPAGE, _MADV_POPULATE_WRITE = 4, 15, 23
-_PAGE = 4096
+_MADV_DONTNEED, _MADV_HUGEPAGE, _MADV_NOHUGEPAGE, _MADV_POPULATE_WRITE = 4, 14, 15, 23
+_PAGE, _HUGE_PAGE = 4096, 2 << 20
+# an expert slice this large holds >= 7 whole huge pages: faulted in as huge pages it runs ~4x faster (evict +
+# fault-in of 40 MB slices, 2-core VM: 8.3 against 2.1 GB/s)
+HUGE_SLICE_BYTES = 16 << 20
 
 
 def paged_tensors(plan: Plan) -> set[str]:
@@ -114,8 +119,14 @@ class ExpertPager:
         n_expert = info.shape[2]
         stack = _Stack(info, tensor, info.nbytes // n_expert)
         self.stacks[info.layer].append(stack)
-        # small pages: an eviction would split a huge page, and a fault would zero all 2 MiB of one
-        self._advise(stack, 0, n_expert, _MADV_NOHUGEPAGE)
+        # small pages: a huge page across two experts would be split by an eviction, zero all 2 MiB in a fault,
+        # and khugepaged could fill an evicted expert's part back in (RSS). Large experts: huge pages inside each
+        if stack.expert_bytes >= HUGE_SLICE_BYTES:
+            for e in range(n_expert):
+                self._advise(stack, e, 1, _MADV_NOHUGEPAGE)
+                self._advise(stack, e, 1, _MADV_HUGEPAGE, align=_HUGE_PAGE)
+        else:
+            self._advise(stack, 0, n_expert, _MADV_NOHUGEPAGE)
         disk = self.on_disk[info.layer]
         for first, last in _runs([e for e in range(n_expert) if e not in disk]):  # RAM experts, in runs
             self.files.read(*self._slice(stack, first, last - first + 1))
@@ -196,12 +207,12 @@ class ExpertPager:
         self._reads.close()
         self.files.close()
 
-    def _advise(self, stack: _Stack, first: int, count: int, advice: int) -> None:
-        """madvise the pages that lie wholly inside experts [first, first + count) of the stack."""
+    def _advise(self, stack: _Stack, first: int, count: int, advice: int, align: int = _PAGE) -> None:
+        """madvise the `align`-aligned blocks that lie wholly inside experts [first, first + count) of the stack."""
         if self._madvise is None:
             return
         base = int(ffi.cast("uintptr_t", lib().ggml_get_data(stack.tensor))) + first * stack.expert_bytes
-        lo, hi = -(-base // _PAGE) * _PAGE, (base + count * stack.expert_bytes) // _PAGE * _PAGE
+        lo, hi = inner_blocks(base, count * stack.expert_bytes, align)
         if hi > lo:
             self._madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), advice)  # EINVAL (old kernel): a no-op
 
@@ -211,6 +222,11 @@ class ExpertPager:
     def summary(self) -> dict:
         return {**self.stats.as_dict(), "budget": self.budget, "resident": self.resident_bytes,
                 "hit_rate": self.stats.hits / self.stats.accesses if self.stats.accesses else 0.0}
+
+
+def inner_blocks(start: int, nbytes: int, align: int) -> tuple[int, int]:
+    """The `align`-aligned [lo, hi) inside [start, start + nbytes); empty (hi <= lo) when no block fits."""
+    return -(-start // align) * align, (start + nbytes) // align * align
 
 
 def _runs(values: list[int]) -> list[tuple[int, int]]:
