@@ -121,12 +121,10 @@ class ExpertPager:
         self.stacks[info.layer].append(stack)
         # small pages: a huge page across two experts would be split by an eviction, zero all 2 MiB in a fault,
         # and khugepaged could fill an evicted expert's part back in (RSS). Large experts: huge pages inside each
+        self._advise(stack, 0, n_expert, _MADV_NOHUGEPAGE)
         if stack.expert_bytes >= HUGE_SLICE_BYTES:
             for e in range(n_expert):
-                self._advise(stack, e, 1, _MADV_NOHUGEPAGE)
                 self._advise(stack, e, 1, _MADV_HUGEPAGE, align=_HUGE_PAGE)
-        else:
-            self._advise(stack, 0, n_expert, _MADV_NOHUGEPAGE)
         disk = self.on_disk[info.layer]
         for first, last in _runs([e for e in range(n_expert) if e not in disk]):  # RAM experts, in runs
             self.files.read(*self._slice(stack, first, last - first + 1))
