@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence on the lent H200 (issues #4 and #5). One device call runs several phases:
 #   bash bench/h200_tier_runtime.sh setup vanilla70 auto zero disk ...    (then `pack`, last)
-#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | faultin | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | moerecord | moewarm | vanillaram | pack
+#   phases: setup | profile | zero | contention | queueing | numerics | diskreq | burst | faultin | vanilla70 | plans | auto | pinnedab | disk | synthmoe | synthmix | moe | moeplan | moerecord | moewarm | vanillaram | pack
 # carry [".anchors", ".whl", ".device", ".prebuilt"]. One build serves both sides: our patched
 # library with no hooks installed is llama.cpp itself (the hooks only act when Hypura installs them).
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
@@ -116,6 +116,13 @@ diskreq)  # expert-sized O_DIRECT reads at 1-8 threads (bench/disk_requests.py) 
     sync; echo 3 > /proc/sys/vm/drop_caches
     timeout 120 python3 bench/disk_requests.py ${MOE:?} "$RES/disk-requests.json"
     ;;
+burst)  # bursts of expert-sized reads through the pager's pipeline, each waited for (bench/burst_reads.py), on
+        # the profile's best reader count, cache dropped
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    readers=$(python3 -c "import json, sys; d = json.load(open(sys.argv[1]))['disk']['by_threads']
+print(max(d, key=lambda t: t[1])[0])" "$PROFILE")
+    timeout 150 python3 bench/burst_reads.py ${MOE:?} "$RES/burst-reads.json" $readers
+    ;;
 faultin)  # how fast the pager can evict, fault in and fill expert-sized slices, no disk (bench/fault_in.py)
     timeout 120 python3 bench/fault_in.py "$RES/fault-in.json"
     ;;
@@ -136,8 +143,10 @@ moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GP
         --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner${TAG:-}.json" 2>&1 | tail -8
     ;;
 moewarm)  # #5: MOE at RAM cold (nothing recorded), then recorded (moerecord), then warm: the plan from its routing
-    export HYPURA_ROUTING_DIR=/tmp/routing-$(basename "${MOE:?}" .gguf)-$RANDOM  # cold means nothing recorded
-    TAG=-cold SKIPV=1 phase moeplan && phase moerecord && TAG=-warm SKIPV=1 phase moeplan
+    # cold means nothing recorded; the cold run saves what its decode routed, which the warm plan must not see
+    HYPURA_ROUTING_DIR=/tmp/routing-cold-$RANDOM TAG=-cold SKIPV=1 phase moeplan || return 1
+    export HYPURA_ROUTING_DIR=/tmp/routing-$(basename "${MOE:?}" .gguf)-$RANDOM
+    phase moerecord && TAG=-warm SKIPV=1 phase moeplan
     ;;
 moerecord)  # #5: record MOE's routing with one 512-token prompt (random tokens, as bench decodes), so the next
            # moeplan plans with expert frequencies (a warm start; `hypura routing` shows what was recorded)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import warnings
+import weakref
 from typing import Callable, Iterable, Optional, Union
 
 from hypura.bindings.ffi import ffi, lib
@@ -143,6 +145,9 @@ class Llama(llama_cpp.Llama):
         router = (Router.of(self.header, self._route)
                   if on_route is not None or expert_cache or self._pager is not None else None)
         self._recorder = self._routing_recorder(router)
+        # recorded routing predicts which disk experts to read ahead ($HYPURA_DISK_PREFETCH=0: none, to compare)
+        if self._pager is not None and self._recorder is not None and os.environ.get("HYPURA_DISK_PREFETCH") != "0":
+            self._pager.likely_next = self._recorder.likely_next
         if layout.tensors or router:
             self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,
                                                       router)
@@ -196,9 +201,12 @@ class Llama(llama_cpp.Llama):
         prefetch (coactivation.py), from the counts of earlier runs."""
         if router is None or len(router.layers) < 2:
             return None
-        self._predictor_key = model_key(self.header)
-        predictor = CoactivationPredictor.load(self._predictor_key, len(router.layers), router.n_expert)
-        return CoactivationRecorder(predictor, router.layers)
+        key = model_key(self.header)
+        predictor = CoactivationPredictor.load(key, len(router.layers), router.n_expert)
+        recorder = CoactivationRecorder(predictor, router.layers)
+        # saved by close(), or at exit for a Llama never closed (before modules are torn down: saving needs imports)
+        self._save_routing = weakref.finalize(self, _save_routing, recorder, key)
+        return recorder
 
     def _start_experts(self, settings: ExpertCacheSettings, router: Router) -> None:
         gpu = has_gpu()
@@ -334,12 +342,10 @@ class Llama(llama_cpp.Llama):
         self._experts = self._expert_copies = None
         if copies is not None:
             copies.close()
-        recorder, self._recorder = self.__dict__.get("_recorder"), None  # saved once, though close() runs again
-        if recorder is not None and recorder.recorded:
-            try:
-                recorder.predictor.save(self._predictor_key)
-            except OSError as e:  # a cache that cannot be written costs the next plan its statistics, not this run
-                warnings.warn(f"hypura: recorded routing not saved ({e}); the next run plans without it", stacklevel=3)
+        self._recorder = None
+        save = self.__dict__.get("_save_routing")
+        if save is not None:
+            save()  # once, though close() runs again
 
     def _close_streamer(self) -> None:
         # after the context: it calls into the stream until freed
@@ -358,3 +364,11 @@ class Llama(llama_cpp.Llama):
         address = ctypes.cast(self.model, ctypes.c_void_p).value
         c_name = lib().hypura_model_tensor_buft(ffi.cast("struct llama_model *", address), name.encode())
         return None if c_name == ffi.NULL else ffi.string(c_name).decode()
+
+
+def _save_routing(recorder: CoactivationRecorder, key: str) -> None:
+    if recorder.recorded:
+        try:
+            recorder.predictor.save(key)
+        except OSError as e:  # a cache that cannot be written costs the next plan its statistics, not this run
+            warnings.warn(f"hypura: recorded routing not saved ({e}); the next run plans without it", stacklevel=2)

@@ -10,9 +10,12 @@ import hypura
 from hypura.errors import HypuraError
 from hypura.plan import RateOverrides, plan_model
 from hypura.profile import resolve_profile
+from hypura.model_file import read_header
 from hypura.runtime import expert_paging
+from hypura.runtime.coactivation import CoactivationPredictor, model_key
 from hypura.runtime.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import FileFiller
+from hypura.runtime.read_pipeline import ReadPipeline
 from hypura.runtime.routing_trace import RoutingTrace
 
 K, N_EXPERT, LAYERS = 4, 16, (0, 1)  # tiny-qwen3moe
@@ -68,11 +71,20 @@ def _disk_expert_ranges(pager):
             for layer, stacks in pager.stacks.items() for s in stacks for e in pager.on_disk[layer]]
 
 
-@pytest.mark.parametrize("huge", [False, True], ids=["small pages", "huge pages inside experts"])
-def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch, huge):
+@pytest.mark.parametrize("huge, fault_in_threads, prefetch", [(False, 0, False), (True, 0, False), (False, 2, False),
+                                                               (False, 0, True)],
+                         ids=["small pages", "huge pages inside experts", "fault-in threads", "prefetch"])
+def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch, huge,
+                                                                       fault_in_threads, prefetch):
     want, trace = reference
     if huge:  # the large-expert path (Mixtral's 40 MB slices) on tiny experts
         monkeypatch.setattr(expert_paging, "HUGE_SLICE_BYTES", 0)
+    monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", str(fault_in_threads))
+    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "1" if prefetch else "0")
+    if prefetch:  # read ahead whatever followed once in the reference's recorded routing (this test's folder)
+        _record(tiny_qwen3moe, trace)
+        monkeypatch.setattr(expert_paging, "PREFETCH_MIN_P", 0.0)
+        monkeypatch.setattr(expert_paging, "PREFETCH_MIN_TOKENS", 1)
     monkeypatch.setattr(expert_paging, "FileFiller", _RecordingFiles)
     monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)  # the plan's share only: this test's budget is RAM
     _RecordingFiles.ranges = []
@@ -98,13 +110,53 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     # its token came is a hit (with a budget of 3 tokens' experts a layer, only recently used ones are)
     accesses = sum(int(e) in ON_DISK for layer in LAYERS for row in trace.selections(layer) for e in row)
     assert paging["accesses"] == accesses > 0
-    assert 0 < paging["reads"] <= accesses - paging["hits"]
+    # an access is a hit (resident from an earlier token), served by a prefetch, or read on demand
+    pf = paging["prefetch"]
+    demand = accesses - paging["hits"] - pf["used"]
+    assert 0 < demand and paging["reads"] == demand + pf["issued"]
+    assert (pf["issued"] > 0 and 0 < pf["used"] <= pf["issued"]) if prefetch else pf["issued"] == 0
+    assert pf["precision"] == (pf["used"] / pf["issued"] if prefetch else 0.0) and pf["recall"] == pf["used"] / accesses
     assert paging["bytes"] == read_bytes  # whole experts of all three stacked tensors, nothing else
     assert paging["evictions"] > 0  # room is made before a read: RSS never holds more than the budget
     assert paging["resident"] <= paging["resident_peak"] <= paging["budget"]
-    # every selection is served once, from the tier it was in: even experts from RAM, odd ones read or resident
+    # every selection is served once, from the tier it was in: even experts from RAM, odd ones read on demand
+    # from disk or found resident (read before, or ahead)
     selections = sum(len(row) for layer in LAYERS for row in trace.selections(layer))
-    assert paging["served"] == {"ram": selections - paging["reads"], "disk": paging["reads"]}
+    assert paging["served"] == {"ram": selections - demand, "disk": demand}
+
+
+def test_a_failed_prefetch_is_read_again_when_selected(tiny_qwen3moe, reference, monkeypatch):
+    want, trace = reference
+    _record(tiny_qwen3moe, trace)
+    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "1")
+    monkeypatch.setattr(expert_paging, "PREFETCH_MIN_P", 0.0)
+    monkeypatch.setattr(expert_paging, "PREFETCH_MIN_TOKENS", 1)
+    start = ReadPipeline.start
+
+    def failing(self, parts, before_first=None):  # nothing lands, and the reads report an error
+        pending = start(self, [(info, lambda piece, pos: None) for info, _ in parts], before_first)
+        pending.wait()
+        pending.error = DiskReadError("injected prefetch failure")
+        return pending
+
+    monkeypatch.setattr(ReadPipeline, "start", failing)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
+                       verbose=False)
+    try:
+        assert np.array_equal(_decode(llm), want)
+        pf = llm.stats()["expert_paging"]["prefetch"]
+        assert pf["issued"] > 0 and pf["used"] == 0
+    finally:
+        llm.close()
+
+
+def _record(model, trace):
+    """Save the trace's routing as a run's recorded routing (co-activation pairs: decode is one token a graph)."""
+    header = read_header(str(model))
+    predictor = CoactivationPredictor(len(LAYERS), N_EXPERT)
+    predictor.observe_many([(i, a, b) for i in range(len(LAYERS) - 1)
+                            for a, b in zip(trace.selections(LAYERS[i]).tolist(), trace.selections(LAYERS[i + 1]).tolist())])
+    predictor.save(model_key(header))
 
 
 def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe, monkeypatch):
@@ -208,3 +260,15 @@ def test_huge_pages_stay_inside_one_experts_slice():
     lo, hi = inner_blocks(4096 + 32, 884736, huge)
     assert hi <= lo  # a qwen3-30b-a3b expert's slice holds no whole huge page
     assert inner_blocks(10, 8192, 4096) == (4096, 8192)
+
+
+def test_fault_in_threads_need_spare_cores_and_a_bad_override_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("HYPURA_FAULT_IN_THREADS", raising=False)
+    for cores, threads in [(2, 0), (4, 0), (8, 2), (16, 4), (128, 4)]:
+        monkeypatch.setattr(expert_paging.os, "cpu_count", lambda: cores)
+        assert expert_paging.fault_in_threads() == threads
+    monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", "3")
+    assert expert_paging.fault_in_threads() == 3
+    monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", "many")
+    with pytest.raises(HypuraError, match="HYPURA_FAULT_IN_THREADS must be a thread count"):
+        expert_paging.fault_in_threads()

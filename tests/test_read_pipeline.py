@@ -50,6 +50,55 @@ def test_every_range_lands_whole_though_requests_land_out_of_order(data_file):
         pipe.close()
 
 
+def test_preparers_finish_each_part_before_its_first_piece_lands(data_file):
+    data = data_file.read_bytes()
+    pipe = ReadPipeline([str(data_file)], readers=2, request=16 << 10, preparers=2)
+    prepared, lock = {}, threading.Lock()
+
+    def prepare(i):
+        with lock:
+            prepared[i] = prepared.get(i, 0) + 1
+
+    def sinks(outs):  # each checks that its part was prepared before its bytes land
+        def sink_for(i, out):
+            def sink(piece, pos):
+                assert prepared.get(i) == 1
+                out[pos:pos + len(piece)] = piece
+            return sink
+        return [(_part(o, n), sink_for(i, out)) for i, ((o, n), out) in enumerate(zip(RANGES, outs))]
+
+    try:
+        outs = [bytearray(n) for _, n in RANGES]
+        pipe.run(sinks(outs), before_first=prepare)
+        assert prepared == dict.fromkeys(range(len(RANGES)), 1)
+        assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
+    finally:
+        pipe.close()
+
+
+def test_started_reads_land_without_the_caller_and_report_errors_on_wait(data_file, monkeypatch):
+    data = data_file.read_bytes()
+    pipe = ReadPipeline([str(data_file)], readers=3, request=16 << 10)
+    try:
+        outs = [bytearray(n) for _, n in RANGES]
+        first = []
+        pending = pipe.start(_parts_into(outs, RANGES), before_first=first.append)
+        assert pending.wait() is None and pending.done()
+        assert sorted(first) == list(range(len(RANGES)))  # once a part, on the readers
+        assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
+        stage = DirectReader.stage
+        monkeypatch.setattr(DirectReader, "stage", lambda self, start, want: (_ for _ in ()).throw(
+            DiskReadError("injected")) if start < 4096 else stage(self, start, want))
+        failed = pipe.start(_parts_into([bytearray(1 << 20)], [(0, 1 << 20)]))
+        assert isinstance(failed.wait(), DiskReadError)  # returned, not raised
+        monkeypatch.undo()
+        out = bytearray(1 << 20)
+        pipe.run(_parts_into([out], [(0, 1 << 20)]))  # every stager came back
+        assert bytes(out) == data[: 1 << 20]
+    finally:
+        pipe.close()
+
+
 def test_a_failed_request_raises_after_all_report_and_the_pipeline_goes_on(data_file, monkeypatch):
     pipe = ReadPipeline([str(data_file)], readers=2, request=16 << 10)
     stage = DirectReader.stage

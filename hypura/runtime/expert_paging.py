@@ -23,6 +23,13 @@ Protocol
     compute thread copies each request into its slice as it lands, faulting a slice in first (one
     MADV_POPULATE_WRITE). page_in touches the bookkeeping only after all landed.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
+  - Prefetch (decode, with recorded routing): at the end of layer l's call, the next MoE layer's disk
+    experts that recorded routing says are likely (`likely_next`, coactivation.py) and not resident
+    are read without waiting (ReadPipeline.start: the readers copy them), within the budget. They count
+    as resident from then on but are never evicted while in flight; layer l+1's call first waits for
+    them all (its demand reads would queue behind them anyway), and one whose read failed is read again
+    if selected (a second failure raises).
+    Evictions never touch layer l's selected experts: its matmuls run after the call.
 
 Budget: the plan's disk staging at least; every RESIZE_EVERY calls it grows to what the RAM budget
 leaves beside the process's RSS (less RSS_MARGIN), since the plan's compute-buffer estimate is
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import sys
 import time
 from collections import OrderedDict, defaultdict
@@ -41,11 +49,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
+from hypura.errors import HypuraError
 from hypura.plan import Plan
 from hypura.plan.cost import DISK, RAM
 from hypura.plan.plan import TIERS
 from hypura.runtime.placement import FileFiller, TensorInfo
-from hypura.runtime.read_pipeline import ReadPipeline, Sink
+from hypura.runtime.read_pipeline import Pending, ReadPipeline, Sink
 from hypura.runtime.stream_layout import paged_by_expert
 
 RESIZE_EVERY = 64  # page_in calls between RSS readings
@@ -56,6 +65,24 @@ _PAGE, _HUGE_PAGE = 4096, 2 << 20
 # an expert slice this large holds >= 7 whole huge pages: faulted in as huge pages it runs ~4x faster (evict +
 # fault-in of 40 MB slices, 2-core VM: 8.3 against 2.1 GB/s)
 HUGE_SLICE_BYTES = 16 << 20
+# one thread faults small pages in at ~1.8 GB/s (2-core VM), less than a disk gives several readers; a machine
+# needs spare cores for more (on 2 cores a fault-in thread gained nothing)
+FAULT_IN_MAX_THREADS, FAULT_IN_MIN_CORES = 4, 8
+# a prefetch is issued for an expert that followed one of the token's experts in this share of the recorded
+# tokens (seen in at least PREFETCH_MIN_TOKENS): a wrong guess costs disk time the next layer's reads need
+PREFETCH_MIN_P, PREFETCH_MIN_TOKENS = 0.35, 16
+
+
+def fault_in_threads() -> int:
+    """Threads that fault slices in ahead of the copies: a quarter of the cores, at most 4; none on small
+    machines. $HYPURA_FAULT_IN_THREADS overrides (0: the compute thread does it), to compare."""
+    forced = os.environ.get("HYPURA_FAULT_IN_THREADS", "").strip()
+    if forced:
+        if not forced.isdigit():
+            raise HypuraError(f"HYPURA_FAULT_IN_THREADS must be a thread count (0 or more), not {forced!r}")
+        return int(forced)
+    cores = os.cpu_count() or 1
+    return min(FAULT_IN_MAX_THREADS, cores // 4) if cores >= FAULT_IN_MIN_CORES else 0
 
 
 def paged_tensors(plan: Plan) -> set[str]:
@@ -71,12 +98,18 @@ class PagingStats:
     bytes: int = 0
     evictions: int = 0
     resident_peak: int = 0
+    prefetched: int = 0  # experts read ahead (counted in reads and bytes too)
+    prefetch_used: int = 0  # accesses served by an expert a prefetch brought
+    prefetch_waits: int = 0  # of those, still in flight when their layer came
     served: dict = field(default_factory=lambda: defaultdict(int))  # tier -> all MoE layers' selections it served
     by_layer: dict = field(default_factory=lambda: defaultdict(int))  # layer -> experts read
 
     def as_dict(self) -> dict:
         return {"accesses": self.accesses, "hits": self.hits, "reads": self.reads, "bytes": self.bytes,
-                "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served)}
+                "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served),
+                "prefetch": {"issued": self.prefetched, "used": self.prefetch_used, "waits": self.prefetch_waits,
+                             "precision": self.prefetch_used / self.prefetched if self.prefetched else 0.0,
+                             "recall": self.prefetch_used / self.accesses if self.accesses else 0.0}}
 
 
 @dataclass
@@ -91,7 +124,7 @@ class ExpertPager:
         """tensors: the plan's paged_tensors; budget: RAM bytes for resident disk experts (at least
         n_used experts of the largest layer)."""
         self.files = FileFiller(paths)  # the loader's thread, at load
-        self._reads = ReadPipeline(paths, plan.rates.disk_readers)  # compute time
+        self._reads = ReadPipeline(paths, plan.rates.disk_readers, preparers=fault_in_threads())  # compute time
         self.tensors = tensors
         # layer -> experts the plan keeps on disk (any of the layer's stacked tensors)
         self.on_disk: dict[int, set[int]] = defaultdict(set)
@@ -110,8 +143,11 @@ class ExpertPager:
         self.stacks: dict[int, list[_Stack]] = defaultdict(list)
         self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
         self.resident_bytes = 0
+        self.inflight: dict[tuple[int, int], Pending] = {}  # prefetched experts whose reads may still run
+        self.prefetched: set[tuple[int, int]] = set()  # prefetched, not yet used
         self.stats = PagingStats()
         self.tally = None  # the layer streamer's StreamStats: disk bytes and stall land in the per-token figures
+        self.likely_next = None  # CoactivationRecorder.likely_next where routing is recorded: prefetch
         self._madvise = _libc_madvise()
 
     # --- load time -----------------------------------------------------------------------------
@@ -131,43 +167,93 @@ class ExpertPager:
 
     # --- compute time (the protocol above) -------------------------------------------------------
     def page_in(self, layer: int, ids: np.ndarray) -> None:
+        """ids [n_tokens, n_used]: the layer's selections; its experts are resident when this returns."""
         selected = [int(e) for e in ids.ravel()]
         disk = self.on_disk.get(layer)
-        if not disk:
+        used = {e for e in selected if e in disk} if disk else set()
+        if disk:
+            self._demand(layer, selected, used)
+        else:
             self._count_served(layer, selected)
-            return
+        if self.likely_next is not None and len(ids) == 1:  # decode: one token, whose experts predict
+            nxt, likely = self.likely_next(layer, selected, PREFETCH_MIN_P, PREFETCH_MIN_TOKENS)
+            if likely and self.on_disk.get(nxt):
+                self._prefetch(nxt, likely, computing={(layer, e) for e in used})
+
+    def _demand(self, layer: int, selected: list[int], used: set[int]) -> None:
         self._calls += 1
         if self._calls % RESIZE_EVERY == 1:
             self._resize()
-        used = {e for e in selected if e in disk}
-        self.stats.accesses += sum(e in disk for e in selected)
+        self.stats.accesses += sum(e in self.on_disk[layer] for e in selected)
         t0, read_before = time.perf_counter(), self.stats.bytes
+        # in flight: this layer's read-ahead (from the layer before); any demand read would queue behind it
+        for key in list(self.inflight):
+            self._land(key, needed=key[1] in used)  # a failed one is missing again
         missing = []
         for e in sorted(used):
-            key = (layer, e)
-            if key in self.resident:
-                self.resident.move_to_end(key)
-                self.stats.hits += sum(x == e for x in selected)
-            else:
+            key, count = (layer, e), sum(x == e for x in selected)
+            if key not in self.resident:
                 missing.append(e)
-        self._count_served(layer, selected, disk, missing)
-        expert_bytes = sum(stack.expert_bytes for stack in self.stacks[layer])
+                continue
+            self.resident.move_to_end(key)
+            if key in self.prefetched:
+                self.prefetched.discard(key)
+                self.stats.prefetch_used += count
+            else:
+                self.stats.hits += count
+        self._count_served(layer, selected, self.on_disk[layer], missing)
+        expert_bytes = self._expert_bytes(layer)
         self._evict(keep={(layer, e) for e in used}, room=len(missing) * expert_bytes)  # room first: RSS stays in
         slices = [(stack, e) for e in missing for stack in self.stacks[layer]]
         # a failed read raises here, on the compute thread
         self._reads.run([self._slice(stack, e, 1) for stack, e in slices],
                         before_first=lambda i: self._advise(*slices[i], 1, _MADV_POPULATE_WRITE))
         for e in missing:
-            self.resident[(layer, e)] = expert_bytes
-            self.resident_bytes += expert_bytes
-            self.stats.reads += 1
-            self.stats.bytes += expert_bytes
-            self.stats.by_layer[layer] += 1
+            self._count_read(layer, e, expert_bytes)
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
         if self.tally is not None and self.stats.bytes > read_before:  # compute waited for these reads
             self.tally.bytes[DISK] += self.stats.bytes - read_before
             self.tally.stall_s += time.perf_counter() - t0
             self.tally.waits += 1
+
+    def _prefetch(self, layer: int, likely: list[int], computing: set) -> None:
+        """Start reading `layer`'s likely disk experts that are not resident, as many as fit the budget."""
+        todo = [e for e in likely if e in self.on_disk[layer] and (layer, e) not in self.resident]
+        if not todo:
+            return
+        expert_bytes = self._expert_bytes(layer)
+        self._evict(keep=computing, room=len(todo) * expert_bytes)
+        todo = todo[:max(0, (self.budget - self.resident_bytes) // expert_bytes)]
+        stacks = self.stacks[layer]
+        for e in todo:
+            self.inflight[(layer, e)] = self._reads.start(
+                [self._slice(stack, e, 1) for stack in stacks],
+                before_first=lambda i, e=e: self._advise(stacks[i], e, 1, _MADV_POPULATE_WRITE))
+            self.prefetched.add((layer, e))
+            self.stats.prefetched += 1
+            self._count_read(layer, e, expert_bytes)
+            if self.tally is not None:  # read for the coming token: disk bytes of its decode, no stall
+                self.tally.bytes[DISK] += expert_bytes
+        self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
+
+    def _land(self, key: tuple[int, int], needed: bool) -> None:
+        """Wait for a prefetched expert's reads; one that failed is dropped (read again on demand)."""
+        pending = self.inflight.pop(key)
+        if needed and not pending.done():
+            self.stats.prefetch_waits += 1
+        if pending.wait() is not None:
+            self._drop(key)
+            self.prefetched.discard(key)
+
+    def _count_read(self, layer: int, e: int, expert_bytes: int) -> None:
+        self.resident[(layer, e)] = expert_bytes
+        self.resident_bytes += expert_bytes
+        self.stats.reads += 1
+        self.stats.bytes += expert_bytes
+        self.stats.by_layer[layer] += 1
+
+    def _expert_bytes(self, layer: int) -> int:
+        return sum(stack.expert_bytes for stack in self.stacks[layer])
 
     def _count_served(self, layer: int, selected: list[int], disk=frozenset(), missing=()) -> None:
         """Each selection by the tier it was served from: a disk expert found resident, from RAM."""
@@ -183,17 +269,21 @@ class ExpertPager:
         self.budget = max(self.base_budget, self.resident_bytes + slack)
 
     def _evict(self, keep: set, room: int) -> None:
-        """Drop least recently used experts outside `keep` until `room` more bytes fit the budget."""
+        """Drop least recently used experts outside `keep` and not in flight until `room` more bytes fit."""
         for key in list(self.resident):
             if self.resident_bytes + room <= self.budget:
                 return
-            if key in keep:
+            if key in keep or key in self.inflight:
                 continue
-            self.resident_bytes -= self.resident.pop(key)
+            self._drop(key)
             self.stats.evictions += 1
-            layer, e = key
-            for stack in self.stacks[layer]:
-                self._advise(stack, e, 1, _MADV_DONTNEED)  # its pages leave the process
+            self.prefetched.discard(key)  # a prefetch never used
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        self.resident_bytes -= self.resident.pop(key)
+        layer, e = key
+        for stack in self.stacks[layer]:
+            self._advise(stack, e, 1, _MADV_DONTNEED)  # its pages leave the process
 
     def _slice(self, stack: _Stack, first: int, count: int) -> tuple[TensorInfo, Sink]:
         """Experts [first, first + count) of a stack: their range of the file, and a sink writing them."""
@@ -202,6 +292,8 @@ class ExpertPager:
         return part, lambda piece, pos: lib().ggml_backend_tensor_set(tensor, ffi.from_buffer(piece), at + pos, len(piece))
 
     def close(self) -> None:
+        for pending in self.inflight.values():  # no reader may still write into the tensors
+            pending.wait()
         self._reads.close()
         self.files.close()
 

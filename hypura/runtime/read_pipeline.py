@@ -16,15 +16,25 @@ Protocol
     a part's first piece it calls before_first(part index) (the pager faults the slice in there), then
     hands the bytes to the part's sink (pieces of a part may arrive out of order, each with its
     position) and gives the stager back.
+  - With `preparers` threads, run() instead submits before_first for every part, in order, to them at
+    once; the caller only waits for part i's before its first piece. So faulting in runs ahead on spare
+    cores while the caller copies. run() returns only after every submitted one finished.
   - So a reader waits only when the caller is that many requests behind. Every request reports once,
     so run() returns (or raises the first error) only after all readers let go of their stagers: none
     is left writing into a buffer the caller reuses.
+  - `start(parts, before_first)` reads without the caller (prefetch): its requests queue on the same
+    readers behind those already submitted, and each reader copies its own request into the sink; the
+    first piece of a part to land runs before_first before its copy, under the batch's lock (pieces
+    landing meanwhile wait for it). The returned Pending counts
+    requests down; wait() returns the first error (never raises): the caller decides what a failed
+    prefetch means. Sinks must not be touched by the caller until wait() returned.
 """
 
 from __future__ import annotations
 
 import queue
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Optional
 
 from hypura.profile.knobs import DIRECT_ALIGN, DISK_REQUEST_BYTES
@@ -57,11 +67,37 @@ class _Stager:
         self.buf.close()
 
 
+class Pending:
+    """Requests that start() submitted, counted down as each finishes (copied or failed)."""
+
+    def __init__(self, n: int):
+        self._left, self.error = n, None
+        self._cond = threading.Condition()
+
+    def _finish(self, error: Optional[BaseException] = None) -> None:
+        with self._cond:
+            self._left -= 1
+            self.error = self.error or error
+            if self._left == 0:
+                self._cond.notify_all()
+
+    def done(self) -> bool:
+        return self._left == 0
+
+    def wait(self) -> Optional[BaseException]:
+        with self._cond:
+            while self._left:
+                self._cond.wait()
+        return self.error
+
+
 class ReadPipeline:
-    def __init__(self, paths: list[str], readers: int, request: int = DISK_REQUEST_BYTES):
+    def __init__(self, paths: list[str], readers: int, request: int = DISK_REQUEST_BYTES, preparers: int = 0):
+        """preparers: threads that run before_first ahead of the copies (0: the caller runs it)."""
         self.readers = max(1, readers)
         self.request = request
         self._threads = ThreadPoolExecutor(self.readers, thread_name_prefix="hypura-reads")
+        self._preparers = ThreadPoolExecutor(preparers, thread_name_prefix="hypura-prepare") if preparers > 0 else None
         self._stagers = [_Stager(paths, request) for _ in range(STAGERS_PER_READER * self.readers)]
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for s in self._stagers:
@@ -70,6 +106,8 @@ class ReadPipeline:
     def run(self, parts: list[tuple[TensorInfo, Sink]], before_first: Optional[Callable[[int], None]] = None) -> None:
         """Read every part's bytes into its sink; before_first(i) runs on this thread before part i's first piece."""
         done: queue.SimpleQueue = queue.SimpleQueue()
+        ready = ([self._preparers.submit(before_first, i) for i in range(len(parts))]
+                 if before_first is not None and self._preparers is not None else None)
         n = 0
         for i, (info, sink) in enumerate(parts):
             for pos in range(0, info.nbytes, self.request):
@@ -87,7 +125,9 @@ class ReadPipeline:
                     if error is None:
                         if i not in started:
                             started.add(i)
-                            if before_first is not None:
+                            if ready is not None:
+                                ready[i].result()
+                            elif before_first is not None:
                                 before_first(i)
                         with memoryview(stager.buf) as view:
                             parts[i][1](view[skip:skip + got], pos)
@@ -101,24 +141,67 @@ class ReadPipeline:
                 received += 1
                 if stager is not None:
                     self._free.put(stager)
+            if ready is not None:  # none may still touch a slice the caller evicts next
+                wait(ready)
         if error is not None:
             raise error
+
+    def start(self, parts: list[tuple[TensorInfo, Sink]],
+              before_first: Optional[Callable[[int], None]] = None) -> Pending:
+        """Read every part's bytes into its sink on the reader threads; the caller goes on (protocol above)."""
+        requests = [(i, info, sink, pos) for i, (info, sink) in enumerate(parts)
+                    for pos in range(0, info.nbytes, self.request)]
+        pending, started, lock = Pending(len(requests)), set(), threading.Lock()
+
+        def first_piece(i: int) -> None:
+            with lock:
+                if i not in started:
+                    started.add(i)
+                    if before_first is not None:
+                        before_first(i)
+
+        for i, info, sink, pos in requests:
+            self._threads.submit(self._read_and_copy, info, pos, min(self.request, info.nbytes - pos),
+                                 lambda i=i: first_piece(i), sink, pending)
+        return pending
 
     def _read_one(self, info: TensorInfo, pos: int, want: int, part: int, done: queue.SimpleQueue) -> None:
         stager = self._free.get()
         try:
-            reader = stager.reader(info.file_idx)
-            if pos == 0:
-                reader.check_range(info.file_offset, info.nbytes)
-            skip, got = reader.stage(info.file_offset + pos, want)
-            if got != want:
-                raise DiskReadError(f"{info.name}: {want} bytes at {info.file_offset + pos} came up short")
+            skip, got = self._stage(stager, info, pos, want)
             done.put((part, pos, stager, skip, got, None))
         except BaseException as e:
             self._free.put(stager)
             done.put((part, pos, None, 0, 0, e))
 
+    def _read_and_copy(self, info: TensorInfo, pos: int, want: int, prepare: Callable[[], None], sink: Sink,
+                       pending: Pending) -> None:
+        stager, error = self._free.get(), None
+        try:
+            skip, got = self._stage(stager, info, pos, want)
+            prepare()
+            with memoryview(stager.buf) as view:
+                sink(view[skip:skip + got], pos)
+        except BaseException as e:
+            error = e
+        finally:
+            self._free.put(stager)
+            pending._finish(error)
+
+    @staticmethod
+    def _stage(stager: _Stager, info: TensorInfo, pos: int, want: int) -> tuple[int, int]:
+        """Read `want` bytes at `pos` of the part into the stager: (where they start in its buffer, count)."""
+        reader = stager.reader(info.file_idx)
+        if pos == 0:
+            reader.check_range(info.file_offset, info.nbytes)
+        skip, got = reader.stage(info.file_offset + pos, want)
+        if got != want:
+            raise DiskReadError(f"{info.name}: {want} bytes at {info.file_offset + pos} came up short")
+        return skip, got
+
     def close(self) -> None:
         self._threads.shutdown(wait=True)
+        if self._preparers is not None:
+            self._preparers.shutdown(wait=True)
         for s in self._stagers:
             s.close()
