@@ -180,3 +180,20 @@ def test_recorded_routing_plans_often_chosen_experts_into_ram(tiny_qwen3moe):
     assert in_ram(cold) == {(0, 0), (0, 1)}  # k/E for all: the first ones
     assert in_ram(warm) == {(0, 9), (0, 12)}  # the most chosen ones
     assert warm.traffic.disk_bytes < cold.traffic.disk_bytes  # the plan expects fewer disk reads a token
+
+
+def test_recorded_counts_shrink_toward_uniform_as_far_as_sampling_noise_explains_them():
+    from hypura.runtime.coactivation import shrunk_counts
+
+    rng = np.random.default_rng(0)
+    n_expert, k, tokens = 128, 8, 512
+    uniform = np.zeros(n_expert)
+    for _ in range(tokens):  # uniform routing: the counts' spread is all noise
+        uniform[rng.choice(n_expert, k, replace=False)] += 1
+    shrunk = shrunk_counts(uniform, k)
+    assert shrunk.sum() == pytest.approx(uniform.sum())
+    assert np.ptp(shrunk) < 0.5 * np.ptp(uniform)
+    skewed = np.zeros(n_expert)
+    skewed[:k] = tokens  # the same k experts every token: no noise at all
+    assert np.allclose(shrunk_counts(skewed, k), skewed, atol=1.0)
+    assert np.array_equal(shrunk_counts(np.zeros(n_expert), k), np.ones(n_expert))  # nothing seen: uniform

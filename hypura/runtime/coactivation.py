@@ -22,7 +22,6 @@ from hypura.profile.store import cache_dir
 
 HASH_CHUNK = 1 << 20
 MIN_TOKENS = 128  # fewer tokens recorded: the planner assumes uniform routing
-PRIOR_TOKENS = 64  # frequencies are blended with this many tokens of uniform routing: a few tokens plan little
 
 
 def model_key(header: ModelHeader) -> str:
@@ -193,10 +192,25 @@ def routing_frequencies(header: ModelHeader) -> tuple[dict[int, list[float]] | N
     if recorded is None:
         return None, 0
     layers, k, predictor = recorded
-    n_expert = predictor.selections.shape[1]
     tokens = int(predictor.tokens(k).max())
     if tokens < MIN_TOKENS:
         return None, tokens
-    # each layer blended with the prior by its own count: a layer that saw few tokens plans near k/E
-    freqs = predictor.selections + PRIOR_TOKENS * k / n_expert
+    freqs = [shrunk_counts(row.astype(np.float64), k) for row in predictor.selections]
     return {layer: [float(f) for f in row] for layer, row in zip(layers, freqs)}, tokens
+
+
+def shrunk_counts(counts: np.ndarray, k: int) -> np.ndarray:
+    """One layer's selection counts shrunk toward their mean (James-Stein) by the share of their spread
+    that uniform routing's sampling noise (binomial, T tokens at k/E) explains: near-uniform routing
+    plans near k/E, skewed routing keeps its counts, and a layer that saw few tokens plans near k/E.
+    A fixed prior (64 tokens of uniform routing) let noise through: recorded routing of a uniform-router
+    model predicted 0.86-0.90 of its disk selections; shrunk, 0.95 (CPU VM, 2026-12-03)."""
+    n_expert = len(counts)
+    tokens = counts.sum() / k
+    if tokens <= 0:
+        return np.ones(n_expert)
+    p = k / n_expert
+    spread, noise = counts.var(), tokens * p * (1 - p)
+    keep = max(0.0, 1.0 - noise / spread) if spread > 0 else 0.0
+    mean = counts.mean()
+    return mean + keep * (counts - mean)
