@@ -145,8 +145,9 @@ class Llama(llama_cpp.Llama):
         router = (Router.of(self.header, self._route)
                   if on_route is not None or expert_cache or self._pager is not None else None)
         self._recorder = self._routing_recorder(router)
-        # recorded routing predicts which disk experts to read ahead ($HYPURA_DISK_PREFETCH=0: none, to compare)
-        if self._pager is not None and self._recorder is not None and os.environ.get("HYPURA_DISK_PREFETCH") != "0":
+        # recorded routing predicts which disk experts to read ahead: opt-in ($HYPURA_DISK_PREFETCH=1), since on
+        # synthetic routing it read too little ahead to gain and decode ran slower (H200, bench/RESULTS.md)
+        if self._pager is not None and self._recorder is not None and os.environ.get("HYPURA_DISK_PREFETCH") == "1":
             self._pager.likely_next = self._recorder.likely_next
         if layout.tensors or router:
             self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,

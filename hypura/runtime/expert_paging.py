@@ -23,7 +23,7 @@ Protocol
     compute thread copies each request into its slice as it lands, faulting a slice in first (one
     MADV_POPULATE_WRITE). page_in touches the bookkeeping only after all landed.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
-  - Prefetch (decode, with recorded routing): at the end of layer l's call, the next MoE layer's disk
+  - Prefetch (decode, with recorded routing, opt-in): at the end of layer l's call, the next MoE layer's disk
     experts that recorded routing says are likely (`likely_next`, coactivation.py) and not resident
     are read without waiting (ReadPipeline.start: the readers copy them), within the budget. They count
     as resident from then on but are never evicted while in flight; layer l+1's call first waits for
