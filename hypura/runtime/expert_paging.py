@@ -20,11 +20,12 @@ Protocol
     experts) keeps them all until the next layer's call.
   - The reads of one call go through a ReadPipeline (read_pipeline.py): as many reader threads as
     the machine profile found fastest (`Rates.disk_readers`) only read, into staging buffers; the
-    compute thread copies each request into its slice as it lands, faulting a slice in first (one
-    MADV_POPULATE_WRITE). page_in touches the bookkeeping only after all landed.
+    compute thread copies each request into its slice as it lands. Each slice is faulted in first (one
+    MADV_POPULATE_WRITE): by fault_in_threads() threads ahead of the copies where cores are spare, else
+    by the compute thread. page_in touches the bookkeeping only after all landed.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
-  - Prefetch (decode, with recorded routing, opt-in): at the end of layer l's call, the next MoE layer's disk
-    experts that recorded routing says are likely (`likely_next`, coactivation.py) and not resident
+  - Prefetch (decode, with recorded routing, opt-in): at the end of layer l's call, the next MoE
+    layer's disk experts that recorded routing says are likely (`likely_next`, coactivation.py) and not resident
     are read without waiting (ReadPipeline.start: the readers copy them), within the budget. They count
     as resident from then on but are never evicted while in flight; layer l+1's call first waits for
     them all (its demand reads would queue behind them anyway), and one whose read failed is read again

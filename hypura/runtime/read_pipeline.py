@@ -25,9 +25,9 @@ Protocol
   - `start(parts, before_first)` reads without the caller (prefetch): its requests queue on the same
     readers behind those already submitted, and each reader copies its own request into the sink; the
     first piece of a part to land runs before_first before its copy, under the batch's lock (pieces
-    landing meanwhile wait for it). The returned Pending counts
-    requests down; wait() returns the first error (never raises): the caller decides what a failed
-    prefetch means. Sinks must not be touched by the caller until wait() returned.
+    landing meanwhile wait for it). The returned Pending counts requests down; wait() returns the
+    first error (never raises): the caller decides what a failed prefetch means. Sinks must not be
+    touched by the caller until wait() returned.
 """
 
 from __future__ import annotations
