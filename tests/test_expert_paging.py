@@ -2,15 +2,18 @@
 reads only for selected experts counted against a hand-made routing trace, the budget, read errors."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import hypura
 from hypura.errors import HypuraError
+from hypura.model_file import read_header
 from hypura.plan import RateOverrides, plan_model
 from hypura.profile import resolve_profile
-from hypura.model_file import read_header
 from hypura.runtime import expert_paging
 from hypura.runtime.coactivation import CoactivationPredictor, model_key
 from hypura.runtime.direct_io import DirectReader, DiskReadError
@@ -154,8 +157,9 @@ def _record(model, trace):
     """Save the trace's routing as a run's recorded routing (co-activation pairs: decode is one token a graph)."""
     header = read_header(str(model))
     predictor = CoactivationPredictor(len(LAYERS), N_EXPERT)
-    predictor.observe_many([(i, a, b) for i in range(len(LAYERS) - 1)
-                            for a, b in zip(trace.selections(LAYERS[i]).tolist(), trace.selections(LAYERS[i + 1]).tolist())])
+    pairs = [(i, a, b) for i in range(len(LAYERS) - 1)
+             for a, b in zip(trace.selections(LAYERS[i]).tolist(), trace.selections(LAYERS[i + 1]).tolist())]
+    predictor.observe_many(pairs)
     predictor.save(model_key(header))
 
 
@@ -207,6 +211,16 @@ def test_op_offload_is_off_beside_paged_experts_with_a_gpu(tiny_qwen3moe, monkey
         assert llm.context_params.op_offload is False
     finally:
         llm.close()
+
+
+def test_recorded_routing_is_saved_at_exit_for_a_llama_never_closed(tiny_qwen3moe, tmp_path):
+    script = (f"import hypura\nllm = hypura.Llama({str(tiny_qwen3moe)!r}, n_ctx=64, n_threads=1, verbose=False, "
+              f"on_route=lambda layer, ids: None)\nllm.eval([1, 2, 3])\n")
+    env = {**os.environ, "HYPURA_ROUTING_DIR": str(tmp_path / "routing")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr  # saving at interpreter teardown failed before
+    assert len(list((tmp_path / "routing").glob("*.npz"))) == 1
 
 
 def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3moe, tmp_path, monkeypatch):

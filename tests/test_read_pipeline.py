@@ -87,8 +87,13 @@ def test_started_reads_land_without_the_caller_and_report_errors_on_wait(data_fi
         assert sorted(first) == list(range(len(RANGES)))  # once a part, on the readers
         assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
         stage = DirectReader.stage
-        monkeypatch.setattr(DirectReader, "stage", lambda self, start, want: (_ for _ in ()).throw(
-            DiskReadError("injected")) if start < 4096 else stage(self, start, want))
+
+        def failing(self, start, want):
+            if start < 4096:
+                raise DiskReadError("injected")
+            return stage(self, start, want)
+
+        monkeypatch.setattr(DirectReader, "stage", failing)
         failed = pipe.start(_parts_into([bytearray(1 << 20)], [(0, 1 << 20)]))
         assert isinstance(failed.wait(), DiskReadError)  # returned, not raised
         monkeypatch.undo()
