@@ -102,12 +102,16 @@ class PagingStats:
     prefetched: int = 0  # experts read ahead (counted in reads and bytes too)
     prefetch_used: int = 0  # accesses served by an expert a prefetch brought
     prefetch_waits: int = 0  # of those, still in flight when their layer came
+    wait_s: float = 0.0  # the compute thread's time in calls that read (the stall), and the bytes read meanwhile
+    waited_bytes: int = 0
     served: dict = field(default_factory=lambda: defaultdict(int))  # tier -> all MoE layers' selections it served
     by_layer: dict = field(default_factory=lambda: defaultdict(int))  # layer -> experts read
 
     def as_dict(self) -> dict:
         return {"accesses": self.accesses, "hits": self.hits, "reads": self.reads, "bytes": self.bytes,
                 "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served),
+                # what a layer's reads achieve while decode waits: beside burst_reads.py's rate for the same reads
+                "read_gbps_in_stall": self.waited_bytes / self.wait_s / 1e9 if self.wait_s else 0.0,
                 "prefetch": {"issued": self.prefetched, "used": self.prefetch_used, "waits": self.prefetch_waits,
                              "precision": self.prefetch_used / self.prefetched if self.prefetched else 0.0,
                              "recall": self.prefetch_used / self.accesses if self.accesses else 0.0}}
@@ -212,10 +216,14 @@ class ExpertPager:
         for e in missing:
             self._count_read(layer, e, expert_bytes)
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
-        if self.tally is not None and self.stats.bytes > read_before:  # compute waited for these reads
-            self.tally.bytes[DISK] += self.stats.bytes - read_before
-            self.tally.stall_s += time.perf_counter() - t0
-            self.tally.waits += 1
+        if self.stats.bytes > read_before:  # compute waited for these reads
+            waited, read = time.perf_counter() - t0, self.stats.bytes - read_before
+            self.stats.wait_s += waited
+            self.stats.waited_bytes += read
+            if self.tally is not None:
+                self.tally.bytes[DISK] += read
+                self.tally.stall_s += waited
+                self.tally.waits += 1
 
     def _prefetch(self, layer: int, likely: list[int], computing: set) -> None:
         """Start reading `layer`'s likely disk experts that are not resident, as many as fit the budget."""

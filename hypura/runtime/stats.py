@@ -138,8 +138,8 @@ def describe(summary: dict) -> list[str]:
         served = ", ".join(f"{t} {pg['served'].get(t, 0) / total:.3f}" for t in ("gpu", "ram", "disk"))
         lines.append(f"experts served (all MoE layers' selections): {served}")
         lines.append(f"disk experts: {pg['accesses']} accesses, hit rate {pg['hit_rate']:.3f} in RAM; {pg['reads']} read "
-                     f"({pg['bytes'] / 1e9:.2f} GB), resident at most {pg['resident_peak'] / 2**20:.0f} MiB "
-                     f"(budget now {pg['budget'] / 2**20:.0f} MiB)")
+                     f"({pg['bytes'] / 1e9:.2f} GB, {pg['read_gbps_in_stall']:.2f} GB/s while decode waited), resident "
+                     f"at most {pg['resident_peak'] / 2**20:.0f} MiB (budget now {pg['budget'] / 2**20:.0f} MiB)")
         pf = pg["prefetch"]
         if pf["issued"]:
             lines.append(f"disk prefetch: {pf['issued']} experts read ahead, precision {pf['precision']:.2f}, recall "
