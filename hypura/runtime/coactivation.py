@@ -145,8 +145,8 @@ class CoactivationRecorder:
 
     def __init__(self, predictor: CoactivationPredictor, layers: tuple[int, ...]):
         self.predictor = predictor
-        self.layers = layers
         self.index = {layer: i for i, layer in enumerate(layers)}  # the predictor counts MoE layers in order
+        self.next_layer = dict(zip(layers, layers[1:]))  # the MoE layer that a layer's tokens reach next
         self.recorded = False
         self._last: list = []  # the previous MoE layer's selection
         self._last_layer = -1
@@ -162,10 +162,9 @@ class CoactivationRecorder:
 
     def likely_next(self, layer: int, experts: list[int], p_min: float, min_tokens: int) -> tuple[int, list[int]]:
         """The next MoE layer after `layer` (-1: none) and its experts likely to follow `experts` (predictor.likely)."""
-        i = self.index[layer]
-        if i + 1 >= len(self.layers):
+        if layer not in self.next_layer:
             return -1, []
-        return self.layers[i + 1], self.predictor.likely(i, experts, p_min, min_tokens)
+        return self.next_layer[layer], self.predictor.likely(self.index[layer], experts, p_min, min_tokens)
 
     def flush(self) -> None:
         if self._selected:

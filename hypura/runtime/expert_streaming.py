@@ -117,7 +117,6 @@ class ExpertStreamer:
                               f"({n_used} experts a token x {s.max_tokens} tokens), got {s.slots}")
         self.settings, self.k, self.transfers, self.recorder = s, n_used, transfers, recorder
         self.tier_name = "gpu" if tier == Tier.GPU else "host slots"  # where hits are served
-        self.next_layer = dict(zip(layers, layers[1:]))
         self.layers: dict[int, _Layer] = {}
         for layer in layers:
             for name in EXPERT_NAMES:
@@ -266,9 +265,9 @@ class ExpertStreamer:
             self.recorder.observe(layer, rows)
 
     def _prefetch(self, layer: int, rows: list) -> None:
-        nxt = self.next_layer.get(layer)
         m = self.k if self.settings.prefetch < 0 else self.settings.prefetch
-        if self.recorder is None or nxt is None or m == 0:
+        nxt = self.recorder.next_layer.get(layer) if self.recorder is not None else None
+        if nxt is None or m == 0:
             return
         guess = self.recorder.predictor.predict(self.recorder.index[layer], sorted({e for row in rows for e in row}), m)
         ly, todo = self.layers[nxt], []
