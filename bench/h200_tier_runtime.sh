@@ -17,6 +17,7 @@ TOK=.device/tiny-llama.gguf
 KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
 hy() { python3 -m hypura.cli.main "$@"; }
 libdir() { cat /tmp/hypura-lib; }
+threads() { [ "$T" = 0 ] || echo "-t $T"; }  # T=0: Hypura's default thread count
 synth_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
 memory_cgroup() {  # a cgroup limited to $1 bytes of memory (page cache included); prints its folder
     local cg
@@ -139,7 +140,7 @@ moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GP
         grep -o '"avg_ts": [0-9.]*' "$RES/vanilla-$tag-ncmoe${NCMOE:-41}.json"
     fi
     sync; echo 3 > /proc/sys/vm/drop_caches  # the plan may keep experts on disk: no page cache to hide in
-    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r ${REPS:-3} -t $T \
+    hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r ${REPS:-3} $(threads) \
         --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner${TAG:-}.json" 2>&1 | tail -8
     ;;
 moewarm)  # #5: MOE at RAM cold (nothing recorded), then recorded (moerecord), then warm: the plan from its routing

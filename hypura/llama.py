@@ -24,7 +24,7 @@ import llama_cpp  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
 from hypura.runtime.coactivation import CoactivationPredictor, CoactivationRecorder, model_key  # noqa: E402
-from hypura.runtime.expert_paging import ExpertPager, paged_tensors  # noqa: E402
+from hypura.runtime.expert_paging import ExpertPager, llama_threads, paged_tensors  # noqa: E402
 from hypura.runtime.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.plan_policy import plan_layout, plan_policy, resolve_plan  # noqa: E402
@@ -93,6 +93,9 @@ class Llama(llama_cpp.Llama):
             flash_attn_type), set over its defaults.
         on_route: MoE models: called as on_route(layer, ids) with each layer's chosen experts
             ([n_tokens, n_expert_used] int32) once per layer and batch, before the expert matmuls.
+        n_threads, n_threads_batch: unset, llama.cpp's default (physical cores; llama-cpp-python guesses half
+            the logical CPUs), less a quarter when the plan pages experts from disk (their reads need cores);
+            n_threads_batch as n_threads.
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.expert_streaming).
@@ -133,6 +136,8 @@ class Llama(llama_cpp.Llama):
             self._apply_plan_params(layout, bool(paged))
         else:
             policy = placement_policy or overrides_policy(override_tensor)
+        threads = kwargs.get("n_threads") or llama_threads(paged=self._pager is not None)
+        kwargs.update(n_threads=threads, n_threads_batch=kwargs.get("n_threads_batch") or threads)
         self._experts: Optional[ExpertStreamer] = None
         self._expert_copies: Optional[Transfers] = None
         self._on_route = on_route

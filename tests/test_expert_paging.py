@@ -287,3 +287,22 @@ def test_fault_in_threads_need_spare_cores_and_a_bad_override_is_a_clear_error(m
     monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", "many")
     with pytest.raises(HypuraError, match="HYPURA_FAULT_IN_THREADS must be a thread count"):
         expert_paging.fault_in_threads()
+
+
+def test_llama_threads_leave_spare_cores_to_the_pager(monkeypatch):
+    for physical, paged, threads in [(2, True, 2), (4, True, 4), (8, True, 6), (16, True, 12), (16, False, 16)]:
+        monkeypatch.setattr(expert_paging, "cores", lambda: (physical, 2 * physical))
+        assert expert_paging.llama_threads(paged) == threads
+
+
+def test_a_paged_plan_runs_fewer_threads_unless_told(tiny_qwen3moe, monkeypatch):
+    monkeypatch.setattr(expert_paging, "cores", lambda: (16, 16))
+    for kwargs, threads in [({"plan": _plan(tiny_qwen3moe)}, (12, 12)), ({}, (16, 16)),
+                            ({"plan": _plan(tiny_qwen3moe), "n_threads": 3}, (3, 3)),
+                            ({"plan": _plan(tiny_qwen3moe), "n_threads_batch": 5}, (12, 5))]:
+        llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=64, verbose=False, **kwargs)
+        try:
+            assert (llm.n_threads, llm.n_threads_batch) == threads
+            assert (llm.context_params.n_threads, llm.context_params.n_threads_batch) == threads
+        finally:
+            llm.close()

@@ -57,17 +57,6 @@ def point_llama_cpp_at_our_library() -> Path:
     return path
 
 
-# libgomp's workers spin ~300k pauses (milliseconds) after each parallel region; through a router hook's disk
-# reads they took the cores the reads needed (H200, paged Qwen decode: 1.9 -> 4.3 tok/s at 10k)
-OPENMP_SPIN_COUNT = "10000"
-
-
-def short_openmp_spin() -> None:
-    """Shorten OpenMP's spin-wait unless the user chose one; libgomp reads it once, when it loads."""
-    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
-
-
 def preload_our_library() -> None:
     """Point llama_cpp at our library and load it now, when it is built; silent when not
     (`hypura synth`/`inspect` need no library). Loading it before numpy matters: on the GPU
@@ -76,7 +65,6 @@ def preload_our_library() -> None:
         path = point_llama_cpp_at_our_library()
     except HypuraError:
         return  # not built, or llama_cpp already loaded another library: lib() says so at first use
-    short_openmp_spin()
     try:
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # as llama_cpp will open it
     except OSError:

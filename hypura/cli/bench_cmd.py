@@ -13,7 +13,6 @@ import click
 from hypura.bench import BenchSettings, run_bench
 from hypura.errors import HypuraError
 from hypura.model_file import read_header
-from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
 from hypura.plan.budget import parse_size, rates_for
 from hypura.runtime.expert_streaming import ExpertCacheSettings, slots_for_budget
@@ -28,7 +27,8 @@ from hypura.runtime.stats import describe
 @click.option("-p", "--n-prompt", type=click.IntRange(0), default=512, show_default=True, help="Prompt tokens.")
 @click.option("-n", "--n-gen", type=click.IntRange(0), default=128, show_default=True, help="Generated tokens.")
 @click.option("-r", "--repetitions", type=click.IntRange(1), default=3, show_default=True)
-@click.option("-t", "--threads", type=click.IntRange(1), default=None, help="CPU threads (default: physical cores).")
+@click.option("-t", "--threads", type=click.IntRange(1), default=None,
+              help="CPU threads (default: physical cores, a quarter fewer when experts page from disk).")
 @click.option("-ngl", "--n-gpu-layers", type=int, default=-1, show_default=True,
               help="Without a plan or budgets: llama.cpp's placement with this many layers on the GPU.")
 @click.option("-fa", "--flash-attn", type=click.Choice(["on", "off", "auto"]), default="auto", show_default=True,
@@ -54,7 +54,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     from hypura.runtime.plan_policy import plan_with_routing
 
     header = read_header(model)
-    s = BenchSettings(n_prompt, n_gen, repetitions, threads or cores()[0], seed)
+    s = BenchSettings(n_prompt, n_gen, repetitions, threads or 0, seed)
     n_ctx = max(256, n_prompt + n_gen + 64)
     if plan_file and (gpu_mem or ram):
         raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
@@ -79,9 +79,10 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     say(f"loading {model} ({'plan' if plan else f'-ngl {n_gpu_layers}'}) ...")
     fa = {"on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
           "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[flash_attn]
-    llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=s.n_threads,
-                n_threads_batch=s.n_threads, n_gpu_layers=n_gpu_layers, verbose=False,
+    llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=threads,
+                n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=False,
                 param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache)
+    s = dataclasses.replace(s, n_threads=llm.n_threads)  # what Llama chose, for the JSON
     try:
         if llm.plan is not None and llm.plan.expert_slots:
             rates = llm.plan.rates  # what the plan's cache was sized with

@@ -66,7 +66,8 @@ OPTIONS = [
     (("--keep", "keep"),
      dict(metavar="N", help="tokens to keep from the initial prompt (default: 0, -1 = all)")),
     (("-t", "--threads", "threads"),
-     dict(metavar="N", help="threads for generation (default: physical cores)", **_env("THREADS"))),
+     dict(metavar="N", help="threads for generation (default: physical cores; a quarter fewer when experts "
+                            "page from disk)", **_env("THREADS"))),
     (("-tb", "--threads-batch", "threads_batch"),
      dict(metavar="N", help="threads for prompt processing (default: same as --threads)")),
     (("--context-shift/--no-context-shift", "context_shift"),

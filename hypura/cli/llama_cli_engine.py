@@ -18,7 +18,6 @@ import numpy as np
 from hypura.cli.llama_cli_settings import KV_CACHE_TYPES, SamplingSettings, Settings, sampler_type
 from hypura.errors import HypuraError
 from hypura.llama import Llama
-from hypura.profile.host import cores
 
 import llama_cpp  # after hypura.llama: it must load our library
 
@@ -36,13 +35,12 @@ _FLASH_ATTN = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama_cpp.LLAMA
 
 
 def load_model(s: Settings, model_path: str) -> Llama:
-    n_threads = s.n_threads if s.n_threads > 0 else cores()[0]  # llama.cpp's default: physical cores
+    n_threads = s.n_threads if s.n_threads > 0 else None  # Llama's default: physical cores (fewer if paging)
     n_threads_batch = s.n_threads_batch if s.n_threads_batch > 0 else n_threads
     model_overrides = {"n_gpu_layers": s.n_gpu_layers, "load_mode": _LOAD_MODES[s.load_mode],
                        "use_extra_bufts": s.repack, "no_host": s.no_host, "check_tensors": s.check_tensors}
     context_overrides = {
         "n_ctx": s.n_ctx, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch, "n_seq_max": 1,
-        "n_threads": n_threads, "n_threads_batch": n_threads_batch,
         "flash_attn_type": _FLASH_ATTN[s.flash_attn],
         "type_k": KV_CACHE_TYPES[s.cache_type_k], "type_v": KV_CACHE_TYPES[s.cache_type_v],
         "rope_scaling_type": _ROPE_SCALING[s.rope_scaling],

@@ -92,7 +92,7 @@ class Settings:
     n_batch: int = 2048
     n_ubatch: int = 512
     n_keep: int = 0
-    n_threads: int = -1  # -1: physical cores, as llama.cpp's cpu_get_num_math()
+    n_threads: int = -1  # -1: physical cores, as llama.cpp's cpu_get_num_math() (fewer if paging)
     n_threads_batch: int = -1  # -1: same as n_threads
     n_gpu_layers: int = -1  # -1 auto, <= -2 all
     override_tensor: tuple[str, ...] = ()

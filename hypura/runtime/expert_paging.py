@@ -54,6 +54,7 @@ from hypura.errors import HypuraError
 from hypura.plan import Plan
 from hypura.plan.cost import DISK, RAM
 from hypura.plan.plan import TIERS
+from hypura.profile.host import cores
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.read_pipeline import Pending, ReadPipeline, Sink
 from hypura.runtime.stream_layout import paged_by_expert
@@ -66,24 +67,39 @@ _PAGE, _HUGE_PAGE = 4096, 2 << 20
 # an expert slice this large holds >= 7 whole huge pages: faulted in as huge pages it runs ~4x faster (evict +
 # fault-in of 40 MB slices, 2-core VM: 8.3 against 2.1 GB/s)
 HUGE_SLICE_BYTES = 16 << 20
-# one thread faults small pages in at ~1.8 GB/s (2-core VM), less than a disk gives several readers; a machine
-# needs spare cores for more (on 2 cores a fault-in thread gained nothing)
-FAULT_IN_MAX_THREADS, FAULT_IN_MIN_CORES = 4, 8
+# one thread faults small pages in at ~1.8 GB/s (2-core VM), less than a disk gives several readers
+FAULT_IN_MAX_THREADS = 4
+# a quarter of the cores is left to the pager's threads, on machines this large (on 2 cores a fault-in thread
+# gained nothing)
+SPARE_CORES_MIN = 8
 # a prefetch is issued for an expert that followed one of the token's experts in this share of the recorded
 # tokens (seen in at least PREFETCH_MIN_TOKENS): a wrong guess costs disk time the next layer's reads need
 PREFETCH_MIN_P, PREFETCH_MIN_TOKENS = 0.35, 16
 
 
+def spare_cores(n: int) -> int:
+    """Of n cores, those left to the pager's threads (readers, fault-in) while llama.cpp computes."""
+    return n // 4 if n >= SPARE_CORES_MIN else 0
+
+
+def llama_threads(paged: bool) -> int:
+    """llama.cpp's CPU threads when none are given: its own default (physical cores), less the spare cores when
+    experts page from disk. libgomp's workers spin for milliseconds after each CPU split; on every core, they
+    took the cores the router hook's reads need (H200, paged Qwen-shaped decode: 1.9 tok/s at 16 threads, 4.4
+    at 12)."""
+    physical = cores()[0]
+    return physical - spare_cores(physical) if paged else physical
+
+
 def fault_in_threads() -> int:
-    """Threads that fault slices in ahead of the copies: a quarter of the cores, at most 4; none on small
-    machines. $HYPURA_FAULT_IN_THREADS overrides (0: the compute thread does it), to compare."""
+    """Threads that fault slices in ahead of the copies: the spare cores, at most 4; none on small machines.
+    $HYPURA_FAULT_IN_THREADS overrides (0: the compute thread does it), to compare."""
     forced = os.environ.get("HYPURA_FAULT_IN_THREADS", "").strip()
     if forced:
         if not forced.isdigit():
             raise HypuraError(f"HYPURA_FAULT_IN_THREADS must be a thread count (0 or more), not {forced!r}")
         return int(forced)
-    cores = os.cpu_count() or 1
-    return min(FAULT_IN_MAX_THREADS, cores // 4) if cores >= FAULT_IN_MIN_CORES else 0
+    return min(FAULT_IN_MAX_THREADS, spare_cores(os.cpu_count() or 1))
 
 
 def paged_tensors(plan: Plan) -> set[str]:
