@@ -93,9 +93,10 @@ class Llama(llama_cpp.Llama):
             flash_attn_type), set over its defaults.
         on_route: MoE models: called as on_route(layer, ids) with each layer's chosen experts
             ([n_tokens, n_expert_used] int32) once per layer and batch, before the expert matmuls.
-        n_threads, n_threads_batch: unset, llama.cpp's default (physical cores; llama-cpp-python guesses half
-            the logical CPUs), less a quarter when the plan pages experts from disk (their reads need cores);
-            n_threads_batch as n_threads.
+        n_threads: unset, llama.cpp's default (physical cores; llama-cpp-python guesses half the logical
+            CPUs), less a quarter when the plan pages experts from disk (their reads need cores).
+        n_threads_batch: unset, as n_threads where Hypura chose that or experts page; else llama-cpp-python's
+            default (all logical CPUs).
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.expert_streaming).
@@ -136,8 +137,11 @@ class Llama(llama_cpp.Llama):
             self._apply_plan_params(layout, bool(paged))
         else:
             policy = placement_policy or overrides_policy(override_tensor)
-        threads = kwargs.get("n_threads") or llama_threads(paged=self._pager is not None)
-        kwargs.update(n_threads=threads, n_threads_batch=kwargs.get("n_threads_batch") or threads)
+        chosen = not kwargs.get("n_threads")
+        if chosen:
+            kwargs["n_threads"] = llama_threads(paged=self._pager is not None)
+        if not kwargs.get("n_threads_batch") and (chosen or self._pager is not None):
+            kwargs["n_threads_batch"] = kwargs["n_threads"]
         self._experts: Optional[ExpertStreamer] = None
         self._expert_copies: Optional[Transfers] = None
         self._on_route = on_route

@@ -2,6 +2,7 @@
 reads only for selected experts counted against a hand-made routing trace, the budget, read errors."""
 
 import dataclasses
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -295,11 +296,12 @@ def test_llama_threads_leave_spare_cores_to_the_pager(monkeypatch):
         assert expert_paging.llama_threads(paged) == threads
 
 
-def test_a_paged_plan_runs_fewer_threads_unless_told(tiny_qwen3moe, monkeypatch):
+def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tiny_qwen3moe, monkeypatch):
     monkeypatch.setattr(expert_paging, "cores", lambda: (16, 16))
     for kwargs, threads in [({"plan": _plan(tiny_qwen3moe)}, (12, 12)), ({}, (16, 16)),
                             ({"plan": _plan(tiny_qwen3moe), "n_threads": 3}, (3, 3)),
-                            ({"plan": _plan(tiny_qwen3moe), "n_threads_batch": 5}, (12, 5))]:
+                            ({"plan": _plan(tiny_qwen3moe), "n_threads_batch": 5}, (12, 5)),
+                            ({"n_threads": 3}, (3, multiprocessing.cpu_count()))]:  # llama-cpp-python's default
         llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=64, verbose=False, **kwargs)
         try:
             assert (llm.n_threads, llm.n_threads_batch) == threads
