@@ -122,8 +122,24 @@ def test_stdout_matches_llama_completion(case, llama_completion, request, prompt
     ref, hyp = _pair(*_cmds(llama_completion, model_path, both, hyp_only, ref_only), stdin)
     _assert_same(ref, hyp)
     assert len(hyp[1]) > 20 and hyp[1].endswith(b"\n\n")
+    assert _system_info(hyp) == _system_info(ref)
     if "--stats" in hyp_only:
         assert "hypura: tensors: " in hyp[2] and "buffers: CPU" in hyp[2] and "decode" in hyp[2]
+
+
+def _system_info(run) -> list[str]:
+    """The `system_info: n_threads = ...` line a run logged, after its timestamp."""
+    lines = [line[line.index("system_info:"):] for line in run[2].splitlines() if "system_info:" in line]
+    assert len(lines) == 1
+    return lines
+
+
+def test_default_threads_are_llama_cpps(llama_completion, smollm2_path):
+    # one after the other: two tools on every core at once run many times slower
+    both = ["-no-cnv", "-p", "Hello", "-n", "1", "--temp", "0"]
+    ref, hyp = (_run(cmd) for cmd in _cmds(llama_completion, smollm2_path, both, [], []))
+    assert ref[0] == 0 and hyp[0] == 0
+    assert _system_info(hyp) == _system_info(ref)
 
 
 @pytest.mark.parametrize("case", INTERACTIVE, ids=[c[0] for c in INTERACTIVE])

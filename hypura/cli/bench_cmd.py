@@ -13,6 +13,7 @@ import click
 from hypura.bench import BenchSettings, run_bench
 from hypura.errors import HypuraError
 from hypura.model_file import read_header
+from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
 from hypura.plan.budget import parse_size, rates_for
 from hypura.runtime.expert_streaming import ExpertCacheSettings, slots_for_budget
@@ -83,6 +84,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
                 n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=False,
                 param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache)
     s = dataclasses.replace(s, n_threads=llm.n_threads)  # what Llama chose, for the JSON
+    say(f"threads  {llm.n_threads}" + (" (a quarter of the cores left to the disk reads)"
+                                       if threads is None and llm.n_threads < cores()[0] else ""))
     try:
         if llm.plan is not None and llm.plan.expert_slots:
             rates = llm.plan.rates  # what the plan's cache was sized with

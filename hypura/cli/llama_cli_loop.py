@@ -11,6 +11,7 @@ grammars, encoder-decoder models.
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import replace
 
@@ -93,7 +94,9 @@ class Completion:
                 con.inf(f"{FN}: in-suffix/prefix is specified, chat template will be disabled\n")
         self.conversation = conversation
         con.inf("\n")
-        con.inf(f"{llama_cpp.llama_print_system_info().decode()}\n")
+        # as llama.cpp's common_params_get_system_info(): the thread counts Hypura chose show here
+        con.inf(f"system_info: n_threads = {llm.n_threads} (n_threads_batch = {llm.n_threads_batch}) / "
+                f"{os.cpu_count()} | {llama_cpp.llama_print_system_info().decode()}\n")
         con.inf("\n")
 
         self.chat_msgs: list[tuple[bytes, bytes]] = []
