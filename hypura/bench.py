@@ -19,7 +19,7 @@ class BenchSettings:
     n_prompt: int = 512
     n_gen: int = 128
     repeats: int = 3
-    n_threads: int = 0  # 0: Llama's default (hypura.Llama's docstring)
+    n_threads: int = 0  # the run's threads, as reported (the Llama was made with them)
     seed: int = 0
 
 

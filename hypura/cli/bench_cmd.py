@@ -55,7 +55,6 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     from hypura.runtime.plan_policy import plan_with_routing
 
     header = read_header(model)
-    s = BenchSettings(n_prompt, n_gen, repetitions, threads or 0, seed)
     n_ctx = max(256, n_prompt + n_gen + 64)
     if plan_file and (gpu_mem or ram):
         raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
@@ -83,7 +82,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=False,
                 param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache)
-    s = dataclasses.replace(s, n_threads=llm.n_threads)  # what Llama chose, for the JSON
+    s = BenchSettings(n_prompt, n_gen, repetitions, llm.n_threads, seed)  # the threads Llama chose, for the JSON
     say(f"threads  {llm.n_threads}" + (" (a quarter of the cores left to the disk reads)"
                                        if threads is None and llm.n_threads < cores()[0] else ""))
     try:
