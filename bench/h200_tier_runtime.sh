@@ -141,7 +141,7 @@ moeplan)  # #5: the planner's own choice for an MoE model (MOE=path) at 4 GiB GP
     fi
     sync; echo 3 > /proc/sys/vm/drop_caches  # the plan may keep experts on disk: no page cache to hide in
     hy bench "$m" --gpu-mem 4GiB --ram $ram --profile $PROFILE -p 0 -n ${NGEN:-32} -r ${REPS:-3} $(threads) \
-        --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner${TAG:-}.json" 2>&1 | tail -8
+        --json "$RES/hypura-$tag-g4-r${ram%GiB}-planner${TAG:-}.json" 2>&1 | tail -10
     ;;
 moewarm)  # #5: MOE at RAM cold (nothing recorded), then recorded (moerecord), then warm: the plan from its routing
     # cold means nothing recorded; the cold run saves what its decode routed, which the warm plan must not see

@@ -1,6 +1,8 @@
 """`hypura bench`'s measurement, llama-bench style: prefill of p tokens and decode of n tokens
 from an empty context, random tokens, after a warm-up, r times; medians and spread, beside the
-plan's prediction and the bound from measured rates."""
+plan's prediction and the bound from measured rates. Where experts page from disk, the disk is probed
+with the same reads before and after the runs (runtime/disk_probe.py), and the bound is given again at
+that rate."""
 
 from __future__ import annotations
 
@@ -29,18 +31,28 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
-def bound(plan: Optional[Plan], disk_bytes: Optional[float] = None) -> Optional[dict]:
+PROBE_S = 1.0  # each disk probe beside the runs: ~1-2 GB at NVMe rates, many bursts
+
+
+def bound(plan: Optional[Plan], disk_bytes: Optional[float] = None,
+          disk_rate: Optional[float] = None) -> Optional[dict]:
     """tok/s if every path ran at its measured rate and overlapped perfectly, from the plan's bytes
     per token: CPU-computed and PCIe-streamed bytes share one budget (they run at once), so the
     hybrid term is their sum over the sum of both rates; disk and GPU reads bound on their own.
     disk_bytes: a decode token's measured disk bytes, in place of the plan's (experts read as routers
-    select them: the bound at the measured hit rate)."""
+    select them: the bound at the measured hit rate), at the profile's rate for random expert reads.
+    disk_rate: the disk's bytes/s as probed beside the run, in place of the profile's."""
     if plan is None:
         return None
     r, b = plan.rates, plan.prediction.bytes_per_token
     hybrid = (b.get("cpu", 0) + b.get("link", 0)) / (r.cpu_read + (r.link or 0))
-    disk = b.get("disk", 0) if disk_bytes is None else disk_bytes
-    terms = {"hybrid cpu+link": hybrid, "disk": disk / r.disk_read,
+    if disk_rate:
+        disk_s = (b.get("disk", 0) if disk_bytes is None else disk_bytes) / disk_rate
+    elif disk_bytes is None:
+        disk_s = r.disk_seconds(b.get("disk", 0), plan.traffic.expert_disk_bytes)
+    else:  # measured bytes of experts read by selection: random reads
+        disk_s = r.disk_seconds(disk_bytes, disk_bytes)
+    terms = {"hybrid cpu+link": hybrid, "disk": disk_s,
              "gpu": b.get("gpu", 0) / r.gpu_read if r.gpu_read else 0.0}
     limit = max(terms, key=terms.get)
     seconds = terms[limit]
@@ -98,6 +110,10 @@ def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: 
         decode_tokens([tok])
     if s.n_prompt:
         decode_tokens(tokens[2: 2 + min(s.n_prompt, 32)])
+    probe = getattr(llm, "probe_disk", lambda _s: None)
+    before = probe(PROBE_S) if s.n_gen else None  # paged experts: what the disk gives their reads now
+    if before:
+        progress(f"disk probe: {before['gbps']:.2f} GB/s for bursts of {before['experts_per_burst']} expert(s)")
     pp, tg = [], []
     llm.stats(reset=True)
     for i in range(s.repeats):
@@ -117,6 +133,12 @@ def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: 
            "stats": stats, "bound": b}
     if b is not None and tg:
         out["bound_ratio"] = statistics.median(tg) / b["decode_tok_s"]
+    if before and disk_bytes is not None and plan is not None:  # again, at decode's burst size: the drift shows
+        after = probe(PROBE_S)
+        rate = (before["gbps"] + after["gbps"]) / 2 * 1e9
+        out["disk_probe"] = {"before": before, "after": after}
+        out["bound_now"] = bound(plan, disk_bytes, rate)
+        out["bound_now_ratio"] = statistics.median(tg) / out["bound_now"]["decode_tok_s"]
     if plan is not None and tg:
         out["predicted_ratio"] = statistics.median(tg) / plan.prediction.decode_tok_s
     return out

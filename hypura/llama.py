@@ -330,6 +330,12 @@ class Llama(llama_cpp.Llama):
                 pager.reset_stats()
         return out
 
+    def probe_disk(self, seconds: float = 1.0) -> Optional[dict]:
+        """GB/s that the disk gives this plan's expert reads now, read as a decode reads them (bursts of one
+        layer's disk experts through the pager's readers); None when no expert lives on disk."""
+        pager = self.__dict__.get("_pager")
+        return pager.probe(seconds) if pager is not None else None
+
     def close(self) -> None:
         streamer = self.__dict__.get("_streamer")
         try:

@@ -259,8 +259,9 @@ def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
         llm.close()
     measured = out["stats"]["decode"]["streamed_bytes_per_token"]["disk"]
     assert 0 < measured and out["bound"] == bound(plan, measured)
-    assert out["bound"]["seconds_per_token"]["disk"] == measured / plan.rates.disk_read
-    assert bound(plan)["seconds_per_token"]["disk"] != measured / plan.rates.disk_read  # the plan predicted other bytes
+    at_measured = plan.rates.disk_seconds(measured, measured)  # every byte an expert's
+    assert out["bound"]["seconds_per_token"]["disk"] == at_measured
+    assert bound(plan)["seconds_per_token"]["disk"] != at_measured  # the plan predicted other bytes
 
 
 def test_huge_pages_stay_inside_one_experts_slice():
@@ -308,3 +309,41 @@ def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tin
             assert (llm.context_params.n_threads, llm.context_params.n_threads_batch) == threads
         finally:
             llm.close()
+
+
+def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_qwen3moe):
+    """The disk's rate drifts within a lease: the bench probes it with the plan's own expert reads before and
+    after the runs, and gives the bound again at the mean rate; the probe leaves the logits and RSS alone."""
+    from hypura.bench import BenchSettings, bound, run_bench
+    from hypura.cli.bench_cmd import report
+
+    plan = _plan(tiny_qwen3moe)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
+    try:
+        out = run_bench(llm, plan, BenchSettings(0, 8, 1, 1))
+        resident = llm._pager.resident_bytes
+        probe = llm.probe_disk(0.05)
+        assert llm._pager.resident_bytes == resident  # scratch reads: nothing paged in
+    finally:
+        llm.close()
+    expert_bytes = [sum(t.nbytes // N_EXPERT for t in plan.tensors if t.experts and t.layer == layer)
+                    for layer in LAYERS]
+    experts = probe["bursts"] * probe["experts_per_burst"]  # each burst: that many experts of one layer, all stacks
+    assert experts * min(expert_bytes) <= probe["bytes"] <= experts * max(expert_bytes) and probe["gbps"] > 0
+    before, after = out["disk_probe"]["before"], out["disk_probe"]["after"]
+    assert before["seconds"] >= 1.0 and before["bytes"] > 0 and after["gbps"] > 0
+    measured = out["stats"]["decode"]["streamed_bytes_per_token"]["disk"]
+    assert out["bound_now"] == bound(plan, measured, (before["gbps"] + after["gbps"]) / 2 * 1e9)
+    assert out["bound"] == bound(plan, measured)  # the profile's bound stays beside it
+    assert any("as probed beside the runs" in line for line in report(out))
+
+
+def test_a_plan_without_disk_experts_is_not_probed(tiny_qwen3moe):
+    from hypura.bench import BenchSettings, run_bench
+
+    llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
+    try:
+        assert llm.probe_disk() is None
+        assert "disk_probe" not in run_bench(llm, None, BenchSettings(0, 4, 1, 1))
+    finally:
+        llm.close()

@@ -212,6 +212,26 @@ def test_prefill_beside_disk_weights_the_cpu_computes_runs_on_the_cpu(model):
     assert predict(kept, rates).prefill_tok_s < predict(offloaded, rates).prefill_tok_s
 
 
+def test_disk_experts_are_timed_at_the_random_read_rate(model):
+    """Decode reads experts where routers send it: random expert-sized reads, which a disk serves slower than
+    the sequential 4 MiB requests of streamed layers. An older profile without that rate falls back."""
+    h = model("qwen3-30b-a3b")
+    mu = model_units(h)
+    random_bw = H200.disk.read_bw / 2
+    profile = dataclasses.replace(H200, disk=dataclasses.replace(H200.disk, random_read_bw=random_bw))
+    rates, old = rates_for(profile), rates_for(H200)
+    assert rates.expert_disk_read == random_bw and old.expert_disk_read is None
+    tiers = ["disk" if u.role in ("expert", "attn") else "gpu" for u in mu.units]  # attention: dense, sequential
+    compute = ["cpu" if t == "disk" else "gpu" for t in tiers]
+    t = traffic(mu, tiers, compute, "gpu", 0, rates)
+    experts = sum(u.p * u.nbytes for u, tier in zip(mu.units, tiers) if tier == "disk" and u.expert >= 0)
+    assert 0 < t.expert_disk_bytes == pytest.approx(experts) and t.expert_disk_bytes < t.disk_bytes
+    dense = t.disk_bytes - t.expert_disk_bytes
+    assert predict(t, rates).seconds["disk"] == pytest.approx(dense / H200.disk.read_bw + experts / random_bw)
+    assert predict(t, old).seconds["disk"] == pytest.approx(t.disk_bytes / H200.disk.read_bw)
+    assert rates_for(profile, RateOverrides(disk_bw=3.0)).expert_disk_read == 3e9  # a given rate stands for both
+
+
 def test_hybrid_beats_partial_offload(model):
     """Both paths at once: CPU on RAM layers while the link streams others (DESIGN.md: ~3.5 tok/s bound)."""
     h = model("llama3.3-70b")

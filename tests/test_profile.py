@@ -3,6 +3,7 @@ RAM copy, ggml device links (on the CPU device here) and the llama.cpp compute r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -65,6 +66,11 @@ def test_disk_reads_bypass_the_page_cache(tmp_path):
     d = disk.measure_disk(tmp_path, size=16 * MiB, threads=(1, 2), seconds=0.3)
     assert d.read_bw > 0 and [t for t, _ in d.by_threads] == [1, 2]
     assert d.request_bytes == 4 * MiB
+    # and at random offsets in expert-sized requests, as decode reads experts
+    assert d.random_request_bytes == MiB and [t for t, _ in d.random_by_threads] == [1, 2]
+    assert d.random_read_bw == max(bw for _, bw in d.random_by_threads) > 0
+    again = MachineProfile.from_json(dataclasses.replace(resolve_profile("h200-design"), disk=d).to_json())
+    assert again.disk == d
     assert d.direct_io == d.method.startswith("O_DIRECT write")
     assert list(tmp_path.iterdir()) == []  # the test file is gone
 

@@ -122,4 +122,9 @@ def report(r: dict) -> list[str]:
         b = r["bound"]
         ratio = f"; measured/bound {r['bound_ratio']:.2f}" if "bound_ratio" in r else ""  # none without decode (-n 0)
         lines.append(f"bound    {b['decode_tok_s']:9.2f} tok/s  ({b['limit']}){ratio}")
+    if r.get("bound_now"):
+        p = r["disk_probe"]
+        lines.append(f"bound    {r['bound_now']['decode_tok_s']:9.2f} tok/s  (disk as probed beside the runs: "
+                     f"{p['before']['gbps']:.2f} GB/s before, {p['after']['gbps']:.2f} after, bursts of "
+                     f"{p['after']['experts_per_burst']} expert(s)); measured/bound {r['bound_now_ratio']:.2f}")
     return lines

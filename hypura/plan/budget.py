@@ -76,13 +76,16 @@ def rates_for(profile: MachineProfile, o: RateOverrides = RateOverrides()) -> Ra
     gpu = None if o.no_gpu else profile.gpu
     pick = lambda given, measured: given * 1e9 if given else measured  # noqa: E731
     readers = max(profile.disk.by_threads, key=lambda tb: tb[1])[0] if profile.disk.by_threads else 1
+    # a given disk rate stands for both kinds of reads; an older profile measured no random ones
+    experts = pick(o.disk_bw, profile.disk.random_read_bw or None)
     if gpu is None:
         return Rates(cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
-                     cpu_flops=profile.cpu.prefill_flops, disk_readers=readers)
+                     cpu_flops=profile.cpu.prefill_flops, disk_readers=readers, expert_disk_read=experts)
     # a discrete GPU is fed over the link from pinned memory; unified memory: a RAM copy
     link = profile.host.ram_copy_bw if gpu.unified else (gpu.h2d_pinned_bw or gpu.h2d_pageable_bw)
     return Rates(
         cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
         cpu_flops=profile.cpu.prefill_flops, gpu_read=pick(o.gpu_bw, gpu.decode_bw),
         link=pick(o.link_bw, link), gpu_flops=gpu.prefill_flops, unified=gpu.unified, disk_readers=readers,
+        expert_disk_read=experts,
     )

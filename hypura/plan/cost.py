@@ -48,6 +48,12 @@ class Rates:
     split_s: float = knobs.SPLIT_S
     stream_split_s: float = knobs.STREAM_SPLIT_S  # when layers stream (the compute hooks are on)
     disk_readers: int = 1  # concurrent O_DIRECT readers that read fastest (the profile's best thread count)
+    expert_disk_read: float | None = None  # random expert-sized reads (None: an older profile; disk_read)
+
+    def disk_seconds(self, nbytes: float, expert_bytes: float = 0.0) -> float:
+        """Seconds to read nbytes from disk, of which expert_bytes are experts read where routers send
+        decode (random reads, slower than the sequential requests of the rest)."""
+        return _div(nbytes - expert_bytes, self.disk_read) + _div(expert_bytes, self.expert_disk_read or self.disk_read)
 
     def link_beside(self, cpu_bytes: float) -> float | None:
         """The link's rate when the CPU decodes `cpu_bytes` a token at the same time (both read RAM)."""
@@ -70,6 +76,7 @@ class Traffic:
     cpu_bytes: float = 0.0  # read by CPU compute
     link_bytes: float = 0.0  # copied host -> GPU slots
     disk_bytes: float = 0.0  # read from disk (O_DIRECT)
+    expert_disk_bytes: float = 0.0  # of disk_bytes, experts (random reads)
     gpu_layers: int = 0  # layers with GPU work: each pays a fixed cost
     cpu_layers: int = 0
     splits: int = 0  # CPU<->GPU hand-offs in one token's graph
@@ -107,7 +114,7 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     streaming = t.link_bytes > 0 or t.disk_bytes > 0
     overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
     paths = {"compute": gpu_s + cpu_s + overhead, "link": _div(t.link_bytes, r.link_beside(t.cpu_bytes)),
-             "disk": _div(t.disk_bytes, r.disk_read)}
+             "disk": r.disk_seconds(t.disk_bytes, t.expert_disk_bytes)}
     limit = max(paths, key=paths.get)
     if limit == "compute":
         limit = GPU if gpu_s + gpu_fixed >= cpu_s + cpu_fixed else CPU
@@ -136,7 +143,7 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
     """Bytes per path of a placement: `tiers[i]` (gpu|ram|disk) and `compute[i]` (gpu|cpu) of
     unit i; a dense unit is read every token, an expert with its probability p."""
     acc = dict.fromkeys(PATHS, 0.0)
-    pre_link = pre_disk = flops = 0.0
+    pre_link = pre_disk = flops = expert_disk = 0.0
     cpu_flops = cpu_link = 0.0  # what op offload would move to the GPU in a batch: CPU units' flops and bytes
     layer_devs: dict[tuple[int, int], set[str]] = {}
     for u, tier, dev in zip(mu.units, tiers, compute):
@@ -144,6 +151,7 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         acc[dev] += a
         if tier == DISK:
             acc["disk"] += a
+            expert_disk += a if u.expert >= 0 else 0.0
         if dev == GPU and (tier == RAM or (tier == DISK and not rates.unified)):
             acc["link"] += a
         if u.host_only:
@@ -180,6 +188,7 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
             layers[d].add(layer)
     return Traffic(
         gpu_bytes=acc[GPU], cpu_bytes=acc[CPU], link_bytes=acc["link"], disk_bytes=acc["disk"],
+        expert_disk_bytes=expert_disk,
         gpu_layers=len(layers[GPU]), cpu_layers=len(layers[CPU]), splits=splits,
         n_ubatch=n_ubatch, prefill_flops=flops, prefill_link_bytes=pre_link if on_gpu else 0.0,
         prefill_disk_bytes=pre_disk, prefill_on_gpu=on_gpu,

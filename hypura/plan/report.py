@@ -41,6 +41,8 @@ def describe_profile(p: MachineProfile) -> list[str]:
             ["CPU prefill", "", _flops(p.cpu.prefill_flops), ""],
             ["disk", f"{d.fs_type} at {d.path}", _gbs(d.read_bw), "see [disk] below"]]
     rows += [[f"  {t} thread(s)", f"{d.request_bytes >> 20} MiB requests", _gbs(bw), ""] for t, bw in d.by_threads]
+    rows += [[f"  {t} thread(s)", f"{d.random_request_bytes >> 20} MiB at random", _gbs(bw), "as experts are read"]
+             for t, bw in d.random_by_threads]
     for g in p.gpus:
         kind = "unified" if g.unified else "discrete"
         rows += [[f"GPU {g.index}", f"{fmt_size(g.mem_free)} free of {fmt_size(g.mem_total)} ({kind})", "",
@@ -82,7 +84,8 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
         gpu = profile.gpu
         gpu_text = f"{gpu.description} {fmt_size(gpu.mem_total)}{' unified' if gpu.unified else ''}" if gpu else "no GPU"
         out.append(f"machine  {profile.key}: {gpu_text}, RAM {fmt_size(profile.host.ram_total)}, "
-                   f"disk {_gbs(profile.disk.read_bw)}")
+                   f"disk {_gbs(profile.disk.read_bw)}"
+                   + (f" ({_gbs(profile.disk.random_read_bw)} at random)" if profile.disk.random_read_bw else ""))
     out.append(f"context  {plan.n_ctx} tokens: KV cache {fmt_size(plan.kv_bytes)} on {plan.kv_tier}; "
                f"micro-batch {plan.n_ubatch}")
     out.append(f"mode     {plan.mode}  ({plan.solver}: {plan.config})")

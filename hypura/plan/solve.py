@@ -181,15 +181,16 @@ class _Problem:
         units, r = self.mu.units, self.r
         compute = [GPU if t == GPU else CPU for t in tiers]
         acc = {GPU: 0.0, CPU: 0.0}
-        disk = 0.0
+        disk = expert_disk = 0.0
         for u, t, c in zip(units, tiers, compute):
             acc[c] += u.p * u.nbytes
             disk += u.p * u.nbytes if t == DISK else 0.0
+            expert_disk += u.p * u.nbytes if t == DISK and u.expert >= 0 else 0.0
         acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * self.kv
         g, c, link = acc[GPU], acc[CPU], 0.0
         time = lambda g, c, link: max(g / r.gpu_read + c / r.cpu_read,  # noqa: E731
                                       link / r.link_beside(c) if r.link else (float("inf") if link else 0.0),
-                                      disk / r.disk_read)
+                                      r.disk_seconds(disk, expert_disk))
         best = time(g, c, link)
         # experts never stream through layer slots (the runtime would copy whole stacked tensors):
         # an expert cache loads them one by one instead (plan/experts.py)

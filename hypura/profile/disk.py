@@ -2,8 +2,10 @@
 
 A test file is written with O_DIRECT (or, where the filesystem refuses it, written, fsync'ed and
 dropped from the cache with posix_fadvise(DONTNEED)), then read back with O_DIRECT into 4 KiB-
-aligned mmap buffers at the request size and thread counts the runtime uses. Reading a file just
-written through the cache is how Hypura's profiler reported 33 GB/s "NVMe": never do that.
+aligned mmap buffers at the request size and thread counts the runtime uses: sequentially in 4 MiB
+requests (streamed layers), then at random offsets in 1 MiB requests (experts, read where routers
+send decode). Reading a file just written through the cache is how Hypura's profiler reported 33 GB/s
+"NVMe": never do that.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import random
 import shutil
 import sys
 import threading
@@ -73,7 +76,8 @@ def _write(name: Path, size: int, request: int) -> bool:
     return False
 
 
-def _read_pass(name: Path, size: int, request: int, threads: int, seconds: float, direct: bool) -> float:
+def _read_pass(name: Path, size: int, request: int, threads: int, seconds: float, direct: bool,
+               at_random: bool = False) -> float:
     fd = os.open(name, os.O_RDONLY | (O_DIRECT if direct else 0))
     try:
         no_cache(fd)
@@ -86,8 +90,10 @@ def _read_pass(name: Path, size: int, request: int, threads: int, seconds: float
 
         def reader(k: int) -> None:
             buf = aligned_buffer(request)  # per-thread, aligned; preadv releases the GIL
+            rng = random.Random(k)
+            places = (size - request) // knobs.DIRECT_ALIGN + 1  # random: any aligned offset a request fits at
             while time.perf_counter() < stop:
-                off = next(offsets)
+                off = rng.randrange(places) * knobs.DIRECT_ALIGN if at_random else next(offsets)
                 if off >= size:
                     return
                 done[k] += os.preadv(fd, [buf], off)
@@ -104,7 +110,8 @@ def _read_pass(name: Path, size: int, request: int, threads: int, seconds: float
 
 def measure_disk(path: str | os.PathLike, size: int = knobs.DISK_TEST_BYTES,
                  request: int = knobs.DISK_REQUEST_BYTES, threads: tuple[int, ...] = knobs.DISK_THREADS,
-                 seconds: float = knobs.DISK_PASS_S, progress: Callable[[str], None] = lambda _: None) -> DiskInfo:
+                 seconds: float = knobs.DISK_PASS_S, progress: Callable[[str], None] = lambda _: None,
+                 random_request: int = knobs.DISK_RANDOM_REQUEST_BYTES) -> DiskInfo:
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise HypuraError(f"--path {folder}: not a directory")
@@ -118,7 +125,7 @@ def measure_disk(path: str | os.PathLike, size: int = knobs.DISK_TEST_BYTES,
         progress(f"writing a {size >> 20} MiB test file in {folder} ({kind})")
         try:
             direct = _write(name, size, request)
-            by_threads = []
+            by_threads, random_by_threads = [], []
             for n in threads:
                 try:
                     bw = _read_pass(name, size, request, n, seconds, direct)
@@ -129,6 +136,10 @@ def measure_disk(path: str | os.PathLike, size: int = knobs.DISK_TEST_BYTES,
                     bw = _read_pass(name, size, request, n, seconds, direct)
                 by_threads.append((n, bw))
                 progress(f"read {request >> 20} MiB requests x {n} thread(s): {bw / 1e9:.2f} GB/s")
+            for n in threads:
+                bw = _read_pass(name, size, random_request, n, seconds, direct, at_random=True)
+                random_by_threads.append((n, bw))
+                progress(f"read {random_request >> 20} MiB requests at random x {n} thread(s): {bw / 1e9:.2f} GB/s")
         except OSError as e:
             raise HypuraError(f"disk test in {folder} failed: {e.strerror or e}") from None
     finally:
@@ -139,4 +150,6 @@ def measure_disk(path: str | os.PathLike, size: int = knobs.DISK_TEST_BYTES,
         method = (f"O_DIRECT unsupported on {kind}: buffered reads after fsync + posix_fadvise(DONTNEED)"
                   + ("; tmpfs keeps the file in RAM, so this is memory speed, not storage" if kind == "tmpfs" else ""))
     return DiskInfo(path=str(folder.resolve()), fs_type=kind, direct_io=direct, method=method,
-                    request_bytes=request, read_bw=max(bw for _, bw in by_threads), by_threads=tuple(by_threads))
+                    request_bytes=request, read_bw=max(bw for _, bw in by_threads), by_threads=tuple(by_threads),
+                    random_request_bytes=random_request, random_read_bw=max(bw for _, bw in random_by_threads),
+                    random_by_threads=tuple(random_by_threads))

@@ -39,6 +39,10 @@ class DiskInfo:
     request_bytes: int
     read_bw: float  # best over thread counts
     by_threads: tuple[tuple[int, float], ...] = ()  # (threads, bytes/s)
+    # random reads at random_request_bytes, as decode reads experts; 0: not measured (an older profile)
+    random_request_bytes: int = 0
+    random_read_bw: float = 0.0  # best over thread counts
+    random_by_threads: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class MachineProfile:
                 created=d["created"],
                 seconds=float(d["seconds"]),
                 host=_build(HostInfo, d["host"]),
-                disk=_build(DiskInfo, {**d["disk"], "by_threads": tuple((int(t), float(b)) for t, b in d["disk"]["by_threads"])}),
+                disk=_build(DiskInfo, {**d["disk"], **{k: _pairs(d["disk"][k]) for k in _PAIRS if k in d["disk"]}}),
                 cpu=_build(CpuCompute, d["cpu"]),
                 gpus=tuple(_build(GpuInfo, g) for g in d.get("gpus", ())),
                 notes=tuple(d.get("notes", ())),
@@ -116,6 +120,13 @@ class MachineProfile:
 
     def save(self, path: str | os.PathLike) -> Path:
         return write_atomic(path, self.to_json())
+
+
+_PAIRS = ("by_threads", "random_by_threads")  # DiskInfo's (threads, bytes/s) lists
+
+
+def _pairs(rows) -> tuple[tuple[int, float], ...]:
+    return tuple((int(t), float(b)) for t, b in rows)
 
 
 def _build(cls, d: dict[str, Any]):

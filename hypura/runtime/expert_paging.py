@@ -31,6 +31,8 @@ Protocol
     them all (its demand reads would queue behind them anyway), and one whose read failed is read again
     if selected (a second failure raises).
     Evictions never touch layer l's selected experts: its matmuls run after the call.
+  - Probe (`hypura bench`, between decodes, the same thread): `probe()` reads random disk experts through
+    the same ReadPipeline into a scratch buffer (disk_probe.py); nothing resident changes.
 
 Budget: the plan's disk staging at least; every RESIZE_EVERY calls it grows to what the RAM budget
 leaves beside the process's RSS (less RSS_MARGIN), since the plan's compute-buffer estimate is
@@ -42,10 +44,12 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import random
 import sys
 import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -55,6 +59,7 @@ from hypura.plan import Plan
 from hypura.plan.cost import DISK, RAM
 from hypura.plan.plan import TIERS
 from hypura.profile.host import cores
+from hypura.runtime.disk_probe import burst_rate
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.read_pipeline import Pending, ReadPipeline, Sink
 from hypura.runtime.stream_layout import paged_by_expert
@@ -169,6 +174,8 @@ class ExpertPager:
         self.stats = PagingStats()
         self.tally = None  # the layer streamer's StreamStats: disk bytes and stall land in the per-token figures
         self.likely_next = None  # CoactivationRecorder.likely_next where routing is recorded: prefetch
+        self._decode_bursts = [0, 0]  # decode layers that read, experts they read (never reset: the probe's size)
+        self._probes = 0
         self._madvise = _libc_madvise()
 
     # --- load time -----------------------------------------------------------------------------
@@ -193,7 +200,11 @@ class ExpertPager:
         disk = self.on_disk.get(layer)
         used = {e for e in selected if e in disk} if disk else set()
         if disk:
+            reads = self.stats.reads
             self._demand(layer, selected, used)
+            if len(ids) == 1 and self.stats.reads > reads:  # a decode layer that read: the probe's burst
+                self._decode_bursts[0] += 1
+                self._decode_bursts[1] += self.stats.reads - reads
         else:
             self._count_served(layer, selected)
         if self.likely_next is not None and len(ids) == 1:  # decode: one token, whose experts predict
@@ -330,6 +341,25 @@ class ExpertPager:
         lo, hi = inner_blocks(base, count * stack.expert_bytes, align)
         if hi > lo:
             self._madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), advice)  # EINVAL (old kernel): a no-op
+
+    def probe(self, seconds: float) -> Optional[dict]:
+        """The disk's rate now for decode's reads (disk_probe.py): bursts of a random layer's random disk
+        experts, as many as a decode layer that read has read on average so far (1 before any); None without
+        disk experts. Each probe reads other experts than the last: a storage layer's cache must not serve it."""
+        layers = sorted(layer for layer, experts in self.on_disk.items() if experts and self.stacks.get(layer))
+        if not layers:
+            return None
+        calls, experts = self._decode_bursts
+        per_burst = max(1, round(experts / calls)) if calls else 1
+        self._probes += 1
+        rng = random.Random(self._probes)
+
+        def next_burst() -> list[TensorInfo]:
+            layer = rng.choice(layers)
+            chosen = rng.sample(sorted(self.on_disk[layer]), min(per_burst, len(self.on_disk[layer])))
+            return [self._slice(stack, e, 1)[0] for e in chosen for stack in self.stacks[layer]]
+
+        return {**burst_rate(self._reads, next_burst, seconds), "experts_per_burst": per_burst}
 
     def reset_stats(self) -> None:
         self.stats = PagingStats(resident_peak=self.resident_bytes)
