@@ -347,3 +347,22 @@ def test_a_plan_without_disk_experts_is_not_probed(tiny_qwen3moe):
         assert "disk_probe" not in run_bench(llm, None, BenchSettings(0, 4, 1, 1))
     finally:
         llm.close()
+
+
+def test_each_probe_reads_other_experts(tiny_qwen3moe, monkeypatch):
+    """The probes before and after a bench's runs must not read the same ranges: a cache under O_DIRECT (a
+    virtual disk's host) would serve the second (the H200, 2026-12-03: "after" read 1-28% faster each time)."""
+    read = []
+
+    def recording(reads, next_burst, seconds):
+        read.append([(part.file_offset, part.file_offset + part.nbytes) for _ in range(8) for part in next_burst()])
+        return {"gbps": 1.0, "bytes": 0, "seconds": seconds, "bursts": 8}
+
+    monkeypatch.setattr(expert_paging, "burst_rate", recording)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
+    try:
+        llm.probe_disk(0.0), llm.probe_disk(0.0)
+        disk = set(_disk_expert_ranges(llm._pager))
+    finally:
+        llm.close()
+    assert read[0] != read[1] and set(read[0]) | set(read[1]) <= disk  # disk experts only, others each time

@@ -41,8 +41,8 @@ def describe_profile(p: MachineProfile) -> list[str]:
             ["CPU prefill", "", _flops(p.cpu.prefill_flops), ""],
             ["disk", f"{d.fs_type} at {d.path}", _gbs(d.read_bw), "see [disk] below"]]
     rows += [[f"  {t} thread(s)", f"{d.request_bytes >> 20} MiB requests", _gbs(bw), ""] for t, bw in d.by_threads]
-    rows += [[f"  {t} thread(s)", f"{d.random_request_bytes >> 20} MiB at random", _gbs(bw), "as experts are read"]
-             for t, bw in d.random_by_threads]
+    rows += [[f"  {t} thread(s)", f"{d.random_request_bytes >> 20} MiB at random", _gbs(bw),
+              "" if i else "as experts are read"] for i, (t, bw) in enumerate(d.random_by_threads)]
     for g in p.gpus:
         kind = "unified" if g.unified else "discrete"
         rows += [[f"GPU {g.index}", f"{fmt_size(g.mem_free)} free of {fmt_size(g.mem_total)} ({kind})", "",
