@@ -47,7 +47,10 @@ from hypura.runtime.stats import describe
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
           profile_spec, expert_slots, cpu_share, seed, json_out) -> None:
-    """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound."""
+    """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound.
+
+    Where the plan keeps experts on disk, the disk is also probed for a second before and after the runs
+    with the plan's own expert reads, and the bound is printed again at that rate."""
     import llama_cpp
 
     from hypura.llama import Llama
