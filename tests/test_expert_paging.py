@@ -20,7 +20,8 @@ from hypura.runtime.coactivation import CoactivationPredictor, model_key
 from hypura.runtime.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import FileFiller
 from hypura.runtime.read_pipeline import ReadPipeline
-from hypura.runtime.routing_trace import RoutingTrace
+from hypura.runtime.router_lookahead import router_input
+from hypura.runtime.routing_trace import RoutingTrace, selected_ids
 
 K, N_EXPERT, LAYERS = 4, 16, (0, 1)  # tiny-qwen3moe
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 3
@@ -75,17 +76,18 @@ def _disk_expert_ranges(pager):
             for layer, stacks in pager.stacks.items() for s in stacks for e in pager.on_disk[layer]]
 
 
-@pytest.mark.parametrize("huge, fault_in_threads, prefetch", [(False, 0, False), (True, 0, False), (False, 2, False),
-                                                               (False, 0, True)],
-                         ids=["small pages", "huge pages inside experts", "fault-in threads", "prefetch"])
+@pytest.mark.parametrize("huge, fault_in_threads, prefetch", [(False, 0, "0"), (True, 0, "0"), (False, 2, "0"),
+                                                               (False, 0, "1"), (False, 0, "router")],
+                         ids=["small pages", "huge pages inside experts", "fault-in threads", "recorded prefetch",
+                              "router prefetch"])
 def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch, huge,
                                                                        fault_in_threads, prefetch):
     want, trace = reference
     if huge:  # the large-expert path (Mixtral's 40 MB slices) on tiny experts
         monkeypatch.setattr(expert_paging, "HUGE_SLICE_BYTES", 0)
     monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", str(fault_in_threads))
-    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "1" if prefetch else "0")
-    if prefetch:  # read ahead whatever followed once in the reference's recorded routing (this test's folder)
+    monkeypatch.setenv("HYPURA_DISK_PREFETCH", prefetch)
+    if prefetch == "1":  # read ahead whatever followed once in the reference's recorded routing (this test's folder)
         _record(tiny_qwen3moe, trace)
         monkeypatch.setattr(expert_paging, "PREFETCH_MIN_P", 0.0)
         monkeypatch.setattr(expert_paging, "PREFETCH_MIN_TOKENS", 1)
@@ -118,8 +120,9 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     pf = paging["prefetch"]
     demand = accesses - paging["hits"] - pf["used"]
     assert 0 < demand and paging["reads"] == demand + pf["issued"]
-    assert (pf["issued"] > 0 and 0 < pf["used"] <= pf["issued"]) if prefetch else pf["issued"] == 0
-    assert pf["precision"] == (pf["used"] / pf["issued"] if prefetch else 0.0) and pf["recall"] == pf["used"] / accesses
+    on = prefetch != "0"
+    assert (pf["issued"] > 0 and 0 < pf["used"] <= pf["issued"]) if on else pf["issued"] == 0
+    assert pf["precision"] == (pf["used"] / pf["issued"] if on else 0.0) and pf["recall"] == pf["used"] / accesses
     assert paging["bytes"] == read_bytes  # whole experts of all three stacked tensors, nothing else
     assert paging["read_gbps_in_stall"] > 0  # demand reads were waited for
     assert paging["evictions"] > 0  # room is made before a read: RSS never holds more than the budget
@@ -153,6 +156,58 @@ def test_a_failed_prefetch_is_read_again_when_selected(tiny_qwen3moe, reference,
         assert pf["issued"] > 0 and pf["used"] == 0
     finally:
         llm.close()
+
+
+def test_the_router_input_found_from_the_hook_gives_the_routers_own_choice(tiny_qwen3moe, reference, monkeypatch):
+    """The lookahead's graph walk reads the right tensor: this layer's router applied to it picks the experts
+    the router picked, for every token of a prompt batch and of decode."""
+    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "router")
+    want, trace = reference
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
+                       verbose=False)
+    checked = []
+    lookahead = llm._lookahead
+    seen = lookahead.seen
+
+    def check(layer, selected):
+        x = router_input(selected, layer)
+        ids = selected_ids(selected, N_EXPERT, K)
+        top = np.argsort(-lookahead.scores(layer, x), axis=1, kind="stable")[:, :K]
+        assert np.array_equal(np.sort(top, axis=1), np.sort(ids, axis=1))
+        checked.append(len(ids))
+        seen(layer, selected)
+
+    llm._streamer.on_selected = check
+    try:
+        assert lookahead.enabled  # our struct ggml_tensor has the library's size
+        llm.eval(llm.tokenize(TEXT)[:8])  # a prompt batch
+        assert np.array_equal(_decode(llm), want)  # decode, reading ahead as guessed
+        assert max(checked) == 8 and checked.count(1) == len(want) * len(LAYERS)
+        assert llm.stats()["expert_paging"]["prefetch"]["issued"] > 0
+    finally:
+        llm.close()
+
+
+def test_a_graph_the_lookahead_cannot_read_turns_it_off(tiny_qwen3moe, reference, monkeypatch):
+    """Another router shape (a bias, groups) puts other nodes between the ids and the router: no guesses, same logits."""
+    from hypura.runtime import router_lookahead
+
+    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "router")
+    monkeypatch.setattr(router_lookahead, "_CHAIN", ("ffn_moe_argsort-", "ffn_moe_probs_biased-", "ffn_moe_logits-"))
+    want, _ = reference
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
+                       verbose=False)
+    try:
+        assert np.array_equal(_decode(llm), want)
+        assert not llm._lookahead.enabled and llm.stats()["expert_paging"]["prefetch"]["issued"] == 0
+    finally:
+        llm.close()
+
+
+def test_an_unknown_prefetch_mode_is_refused_before_loading(tiny_qwen3moe, monkeypatch):
+    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "sometimes")
+    with pytest.raises(HypuraError, match="HYPURA_DISK_PREFETCH must be one of"):
+        hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, verbose=False)
 
 
 def _record(model, trace):

@@ -127,6 +127,23 @@ ffi.cdef(
         bool   no_alloc;
     };
     struct ggml_context;
+    // ggml.h's struct, fields as declared (enums as int32_t): the router lookahead walks a node's sources
+    struct ggml_tensor {
+        int32_t type;
+        ggml_backend_buffer_t buffer;
+        int64_t ne[4];
+        size_t  nb[4];
+        int32_t op;
+        int32_t op_params[16];
+        int32_t flags;
+        struct ggml_tensor * src[10];
+        struct ggml_tensor * view_src;
+        size_t view_offs;
+        void * data;
+        char name[64];
+        void * extra;
+        char padding[8];
+    };
 
     size_t ggml_nbytes(const struct ggml_tensor * tensor);
     void * ggml_get_data(const struct ggml_tensor * tensor);

@@ -24,12 +24,13 @@ Protocol
     MADV_POPULATE_WRITE): by fault_in_threads() threads ahead of the copies where cores are spare, else
     by the compute thread. page_in touches the bookkeeping only after all landed.
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
-  - Prefetch (decode, with recorded routing, opt-in): at the end of layer l's call, the next MoE
-    layer's disk experts that recorded routing says are likely (`likely_next`, coactivation.py) and not resident
-    are read without waiting (ReadPipeline.start: the readers copy them), within the budget. They count
-    as resident from then on but are never evicted while in flight; layer l+1's call first waits for
-    them all (its demand reads would queue behind them anyway), and one whose read failed is read again
-    if selected (a second failure raises).
+  - Prefetch (decode, opt-in): at the end of layer l's call, the next MoE layer's disk experts that
+    `likely_next` guesses (recorded co-activation, coactivation.py, or the next router applied to this
+    layer's router input, router_lookahead.py) and that are not resident are read without waiting
+    (ReadPipeline.start: the fault-in threads fault them in, the readers copy them), within the budget.
+    They count as resident from then on but are never evicted while in flight; layer l+1's call first
+    waits for them all (its demand reads would queue behind them anyway; that wait is stall too), and one
+    whose read failed is read again if selected (a second failure raises).
     Evictions never touch layer l's selected experts: its matmuls run after the call.
   - Probe (`hypura bench`, between decodes, the same thread): `probe()` reads random disk experts through
     the same ReadPipeline into a scratch buffer (disk_probe.py); nothing resident changes.
@@ -107,6 +108,23 @@ def fault_in_threads() -> int:
     return min(FAULT_IN_MAX_THREADS, spare_cores(os.cpu_count() or 1))
 
 
+PREFETCH_MODES = {"0": None, "": None, "1": "recorded", "recorded": "recorded", "router": "router"}
+
+
+def disk_prefetch() -> Optional[str]:
+    """$HYPURA_DISK_PREFETCH: None (off, the default), "recorded" (1: co-activation recorded by earlier runs) or
+    "router" (the next layer's router on this layer's router input)."""
+    value = os.environ.get("HYPURA_DISK_PREFETCH", "").strip().lower()
+    if value not in PREFETCH_MODES:
+        raise HypuraError(f"HYPURA_DISK_PREFETCH must be one of 0, 1 (recorded), recorded, router; not {value!r}")
+    return PREFETCH_MODES[value]
+
+
+def recorded_guess(recorder):
+    """likely_next from recorded co-activation (a CoactivationRecorder), at this module's thresholds."""
+    return lambda layer, experts: recorder.likely_next(layer, experts, PREFETCH_MIN_P, PREFETCH_MIN_TOKENS)
+
+
 def paged_tensors(plan: Plan) -> set[str]:
     """Stacked expert tensors with experts on disk: host memory, paged by expert."""
     return {t.name for t in plan.tensors if paged_by_expert(t)}
@@ -173,7 +191,7 @@ class ExpertPager:
         self.prefetched: set[tuple[int, int]] = set()  # prefetched, not yet used
         self.stats = PagingStats()
         self.tally = None  # the layer streamer's StreamStats: disk bytes and stall land in the per-token figures
-        self.likely_next = None  # CoactivationRecorder.likely_next where routing is recorded: prefetch
+        self.likely_next = None  # (layer, its experts) -> (next MoE layer, experts to read ahead): prefetch
         self._decode_bursts = [0, 0]  # decode layers that read, experts they read (never reset: the probe's size)
         self._probes = 0
         self._madvise = _libc_madvise()
@@ -208,7 +226,7 @@ class ExpertPager:
         else:
             self._count_served(layer, selected)
         if self.likely_next is not None and len(ids) == 1:  # decode: one token, whose experts predict
-            nxt, likely = self.likely_next(layer, selected, PREFETCH_MIN_P, PREFETCH_MIN_TOKENS)
+            nxt, likely = self.likely_next(layer, selected)
             if likely and self.on_disk.get(nxt):
                 self._prefetch(nxt, likely, computing={(layer, e) for e in used})
 
@@ -219,6 +237,7 @@ class ExpertPager:
         self.stats.accesses += sum(e in self.on_disk[layer] for e in selected)
         t0, read_before = time.perf_counter(), self.stats.bytes
         # in flight: this layer's read-ahead (from the layer before); any demand read would queue behind it
+        awaited = sum(self.resident.get(key, 0) for key, pending in self.inflight.items() if not pending.done())
         for key in list(self.inflight):
             self._land(key, needed=key[1] in used)  # a failed one is missing again
         missing = []
@@ -243,12 +262,13 @@ class ExpertPager:
         for e in missing:
             self._count_read(layer, e, expert_bytes)
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
-        if self.stats.bytes > read_before:  # compute waited for these reads
-            waited, read = time.perf_counter() - t0, self.stats.bytes - read_before
+        read = self.stats.bytes - read_before
+        if read or awaited:  # compute waited for these reads, and for read-ahead still in flight
+            waited = time.perf_counter() - t0
             self.stats.wait_s += waited
-            self.stats.waited_bytes += read
+            self.stats.waited_bytes += read + awaited
             if self.tally is not None:
-                self.tally.bytes[DISK] += read
+                self.tally.bytes[DISK] += read  # read-ahead counted its bytes when it started
                 self.tally.stall_s += waited
                 self.tally.waits += 1
 

@@ -23,11 +23,12 @@ Protocol
     so run() returns (or raises the first error) only after all readers let go of their stagers: none
     is left writing into a buffer the caller reuses.
   - `start(parts, before_first)` reads without the caller (prefetch): its requests queue on the same
-    readers behind those already submitted, and each reader copies its own request into the sink; the
-    first piece of a part to land runs before_first before its copy, under the batch's lock (pieces
-    landing meanwhile wait for it). The returned Pending counts requests down; wait() returns the
-    first error (never raises): the caller decides what a failed prefetch means. Sinks must not be
-    touched by the caller until wait() returned.
+    readers behind those already submitted, and each reader copies its own request into the sink. With
+    preparers, before_first runs for every part on them at once, as in run(), and a reader waits for its
+    part's before copying; without, the first piece of a part to land runs before_first before its copy,
+    under the batch's lock (pieces landing meanwhile wait for it). The returned Pending counts requests
+    and preparations down; wait() returns the first error (never raises): the caller decides what a
+    failed prefetch means. Sinks must not be touched by the caller until wait() returned.
 """
 
 from __future__ import annotations
@@ -151,9 +152,17 @@ class ReadPipeline:
         """Read every part's bytes into its sink on the reader threads; the caller goes on (protocol above)."""
         requests = [(i, info, sink, pos) for i, (info, sink) in enumerate(parts)
                     for pos in range(0, info.nbytes, self.request)]
-        pending, started, lock = Pending(len(requests)), set(), threading.Lock()
+        # faulting in on the readers kept the disk idle meanwhile: prefetch ran slower than demand reads (H200)
+        prepared = before_first is not None and self._preparers is not None
+        pending, started, lock = Pending(len(requests) + (len(parts) if prepared else 0)), set(), threading.Lock()
+        ready = [self._preparers.submit(before_first, i) for i in range(len(parts))] if prepared else None
+        for future in ready or ():  # a read that fails does not wait for its part's: wait() does
+            future.add_done_callback(lambda f: pending._finish(f.exception()))
 
         def first_piece(i: int) -> None:
+            if ready is not None:
+                ready[i].result()
+                return
             with lock:
                 if i not in started:
                     started.add(i)
