@@ -11,7 +11,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
 export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench"
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:${HYPURA_TREE:-$PWD}  # HYPURA_TREE: another copy of hypura/, to A/B
 M70=/tmp/l70.gguf M14=/tmp/q14.gguf PROFILE=${PROFILE:-bench/results/h200-profile-2026-12-02.json} T=${T:-16}
 TOK=.device/tiny-llama.gguf
 KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)

@@ -154,3 +154,28 @@ def test_a_failing_sink_raises_and_every_stager_comes_back(data_file):
         assert bytes(out) == data_file.read_bytes()[: 1 << 20]
     finally:
         pipe.close()
+
+
+def test_meanwhile_runs_before_any_copy_and_its_error_raises_after_every_request_reports(data_file):
+    data = data_file.read_bytes()
+    pipe = ReadPipeline([str(data_file)], readers=2, request=16 << 10)
+    events = []
+
+    def sink(piece, pos):
+        events.append("copy")
+
+    try:
+        pipe.run([(_part(0, 1 << 20), sink)], before_first=lambda i: events.append("first"),
+                 meanwhile=lambda: events.append("meanwhile"))
+        assert events[:2] == ["meanwhile", "first"] and events.count("copy") == 64
+
+        def broken():
+            raise RuntimeError("eviction broke")
+
+        with pytest.raises(RuntimeError, match="eviction broke"):
+            pipe.run([(_part(0, 1 << 20), sink)], meanwhile=broken)
+        out = bytearray(1 << 20)
+        pipe.run(_parts_into([out], [(0, 1 << 20)]))  # every stager came back
+        assert bytes(out) == data[: 1 << 20]
+    finally:
+        pipe.close()
