@@ -110,8 +110,7 @@ def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: 
         decode_tokens([tok])
     if s.n_prompt:
         decode_tokens(tokens[2: 2 + min(s.n_prompt, 32)])
-    probe = getattr(llm, "probe_disk", lambda _s: None)
-    before = probe(PROBE_S) if s.n_gen else None  # paged experts: what the disk gives their reads now
+    before = llm.probe_disk(PROBE_S) if s.n_gen else None  # paged experts: what the disk gives their reads now
     if before:
         progress(f"disk probe: {before['gbps']:.2f} GB/s for bursts of {before['experts_per_burst']} expert(s)")
     pp, tg = [], []
@@ -134,7 +133,7 @@ def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: 
     if b is not None and tg:
         out["bound_ratio"] = statistics.median(tg) / b["decode_tok_s"]
     if before and disk_bytes is not None and plan is not None:  # again, at decode's burst size: the drift shows
-        after = probe(PROBE_S)
+        after = llm.probe_disk(PROBE_S)
         rate = (before["gbps"] + after["gbps"]) / 2 * 1e9
         out["disk_probe"] = {"before": before, "after": after}
         out["bound_now"] = bound(plan, disk_bytes, rate)

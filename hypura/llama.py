@@ -224,7 +224,7 @@ class Llama(llama_cpp.Llama):
 
     def _start_experts(self, settings: ExpertCacheSettings, router: Router) -> None:
         gpu = has_gpu()
-        model = ffi.cast("struct llama_model *", ctypes.cast(self.model, ctypes.c_void_p).value)
+        model = self._c_model()
         self._expert_copies = Transfers([], {}, False, copy_stream=True) if gpu else None
         self._caches_of = model
         settings = self._with_share_threads(settings) if gpu else settings
@@ -235,7 +235,7 @@ class Llama(llama_cpp.Llama):
 
     def _start_lookahead(self, router: Router) -> None:
         """The pager reads ahead what the next layer's router makes of this layer's router input."""
-        model = ffi.cast("struct llama_model *", ctypes.cast(self.model, ctypes.c_void_p).value)
+        model = self._c_model()
         self._lookahead = RouterLookahead(model, router.layers, int(self.header.get("embedding_length")),
                                           router.n_used)
         self._streamer.on_selected = self._lookahead.seen
@@ -387,10 +387,13 @@ class Llama(llama_cpp.Llama):
             super().__del__()
         self._close_streamer()
 
+    def _c_model(self):
+        """llama-cpp-python's model (a ctypes pointer) as our cffi `struct llama_model *`."""
+        return ffi.cast("struct llama_model *", ctypes.cast(self.model, ctypes.c_void_p).value)
+
     def tensor_buffer(self, name: str) -> Optional[str]:
         """Name of the buffer type holding tensor `name` (e.g. "CPU", "CUDA0"), None if absent."""
-        address = ctypes.cast(self.model, ctypes.c_void_p).value
-        c_name = lib().hypura_model_tensor_buft(ffi.cast("struct llama_model *", address), name.encode())
+        c_name = lib().hypura_model_tensor_buft(self._c_model(), name.encode())
         return None if c_name == ffi.NULL else ffi.string(c_name).decode()
 
 

@@ -86,6 +86,9 @@ class _TokenLog:
     def stats(self, reset=False):
         return {}
 
+    def probe_disk(self, seconds):  # no experts on disk
+        return None
+
 
 def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measured_ones_out():
     from hypura.bench import BenchSettings, run_bench

@@ -56,6 +56,11 @@ def moe_layers(header: ModelHeader) -> tuple[int, ...]:
     return tuple(sorted({t.layer for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")}))
 
 
+def next_moe_layer(layers: tuple[int, ...]) -> dict[int, int]:
+    """Each MoE layer (of `layers`, in graph order) -> the MoE layer a token reaches next; the last has none."""
+    return dict(zip(layers, layers[1:]))
+
+
 class CoactivationPredictor:
     def __init__(self, n_layer: int, n_expert: int):
         self.counts = np.zeros((max(n_layer - 1, 0), n_expert, n_expert), np.uint32)
@@ -146,7 +151,7 @@ class CoactivationRecorder:
     def __init__(self, predictor: CoactivationPredictor, layers: tuple[int, ...]):
         self.predictor = predictor
         self.index = {layer: i for i, layer in enumerate(layers)}  # the predictor counts MoE layers in order
-        self.next_layer = dict(zip(layers, layers[1:]))  # the MoE layer that a layer's tokens reach next
+        self.next_layer = next_moe_layer(layers)
         self.recorded = False
         self._last: list = []  # the previous MoE layer's selection
         self._last_layer = -1

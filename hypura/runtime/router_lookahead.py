@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
+from hypura.runtime.coactivation import next_moe_layer
 
 _CHAIN = ("ffn_moe_argsort-", "ffn_moe_probs-", "ffn_moe_logits-")  # from the selected ids' view to the router
 _GGML_OBJECT_SIZE = 32  # ggml.c's struct ggml_object, which ggml_tensor_overhead() adds to a tensor's size
@@ -53,7 +54,7 @@ class RouterLookahead:
     def __init__(self, model, layers: tuple[int, ...], n_embd: int, k: int):
         """model: struct llama_model *; layers: the MoE layers in graph order."""
         self.model, self.n_embd, self.k = model, n_embd, k
-        self.next_layer = dict(zip(layers, layers[1:]))
+        self.next_layer = next_moe_layer(layers)
         self._routers: dict[int, Optional[np.ndarray]] = {}  # layer -> [n_expert, n_embd], read at first use
         self._seen = (-1, None)
         self.enabled = layout_matches_library()
