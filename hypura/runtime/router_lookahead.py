@@ -15,6 +15,7 @@ for `likely_next` in that same call only.
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -57,7 +58,9 @@ class RouterLookahead:
         self.next_layer = next_moe_layer(layers)
         self._routers: dict[int, Optional[np.ndarray]] = {}  # layer -> [n_expert, n_embd], read at first use
         self._seen = (-1, None)
-        self.enabled = layout_matches_library()
+        self.enabled = True
+        if not layout_matches_library():
+            self._turn_off("this llama.cpp's struct ggml_tensor is not the one Hypura reads")
 
     def seen(self, layer: int, selected) -> None:
         """The router hook's selected-ids tensor of `layer`: valid until the hook returns."""
@@ -72,12 +75,16 @@ class RouterLookahead:
             return -1, []
         x = router_input(selected, layer)
         scores = self.scores(nxt, x) if x is not None and x.shape == (1, self.n_embd) else None
-        if scores is None:
-            self.enabled = False  # a graph or router this does not read: no guesses for the rest of the run
+        if scores is None:  # a graph or router this does not read: no guesses for the rest of the run
+            self._turn_off(f"layer {layer}'s router is not a plain top-k of an F32/F16 router matmul")
             return -1, []
         scores = scores[0]
         top = np.argpartition(-scores, self.k - 1)[:self.k]
         return nxt, [int(e) for e in top[np.argsort(-scores[top])]]
+
+    def _turn_off(self, why: str) -> None:
+        self.enabled = False
+        warnings.warn(f"hypura: HYPURA_DISK_PREFETCH=router is off for this model: {why}", stacklevel=3)
 
     def scores(self, layer: int, x: np.ndarray) -> Optional[np.ndarray]:
         """Layer's router scores (before softmax) of hidden states x [n_tokens, n_embd]."""
