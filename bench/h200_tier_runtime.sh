@@ -7,11 +7,7 @@
 # A CUDA build costs ~5 minutes of a 30-minute device budget, so `setup` packs the built library
 # into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, a later call skips the build.
 # $OUT takes 8 files: results gather in $RES and `pack` archives them as one.
-# The carried folders, on a bare checkout (none is committed): .anchors: cp ../shared/anchors/* .anchors/;
-# .whl: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 cffi
-# pycparser diskcache`, `pip download --no-deps gguf`, and CMAKE_ARGS=-DLLAMA_BUILD=OFF `pip wheel --no-deps
-# llama-cpp-python==0.3.36`; .device: `hypura synth tiny-llama` and `tiny-qwen3moe`, plus a session's call
-# scripts from results/*/ (s18common.sh, summ.py).
+# The carried folders are not committed: bench/device_prep.sh makes them on a bare checkout.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# next session, call 1 (prepared in session 18), copied to .device/ and run from the repo root:
+# next session, call 1 (prepared in session 18); bench/device_prep.sh copies it to .device/s19call1.sh. From the repo root:
 #   bash .device/s19call1.sh > $OUT/log.txt 2>&1     carry [".whl", ".device"] (no library needed)
 # (1) bench/evict_order.py: evict-then-read against read-and-evict-meanwhile, interleaved burst by burst, so the
 #     disk's drift falls on both. CPU VM: meanwhile/before 1.013-1.022. Predicted here: 1.03-1.08 (the H200's
