@@ -23,13 +23,14 @@ import statistics
 import sys
 import threading
 import time
+from typing import Optional
 
 from hypura.runtime.expert_paging import (_MADV_DONTNEED, _MADV_NOHUGEPAGE, _MADV_POPULATE_WRITE, _libc_madvise,
                                           fault_in_threads)
 from hypura.runtime.placement import TensorInfo, Tier
 from hypura.runtime.read_pipeline import ReadPipeline
 
-SIZE = 900 << 10  # a qwen3-30b-a3b expert's Q4_K tensor (~0.9 MB)
+SLICE = (900 << 10) // 4096 * 4096  # a qwen3-30b-a3b expert's Q4_K tensor (~0.9 MB), in whole pages
 RING = 8  # bursts of slots: a burst evicts the slots the burst RING - 1 before it filled
 MODES = ("probe", "before", "meanwhile")
 PAGE = 4096
@@ -39,7 +40,7 @@ class Slots:
     """RING x burst expert slices of anonymous memory, small pages (as the pager's stacks of small experts)."""
 
     def __init__(self, burst: int):
-        self.burst, self.size = burst, SIZE // PAGE * PAGE
+        self.burst, self.size = burst, SLICE
         self.mem = mmap.mmap(-1, RING * burst * self.size)
         self._anchor = ctypes.c_char.from_buffer(self.mem)
         self.base = ctypes.addressof(self._anchor)
@@ -60,8 +61,9 @@ class Slots:
         self.mem.close()
 
 
-def one_burst(mode: str, pipe: ReadPipeline, slots: Slots, scratch: memoryview, offsets: list[int], b: int) -> None:
-    infos = [TensorInfo(name=f"slice {i}", ggml_type=0, shape=(slots.size,), file_offset=o, nbytes=slots.size,
+def one_burst(mode: str, pipe: ReadPipeline, slots: Optional[Slots], scratch: memoryview, offsets: list[int], b: int) -> None:
+    """b: this mode's burst count; each evicting mode has slots of its own, so every eviction frees filled pages."""
+    infos = [TensorInfo(name=f"slice {i}", ggml_type=0, shape=(SLICE,), file_offset=o, nbytes=SLICE,
                         file_idx=0, layer=0, default_tier=Tier.HOST, default_buft="CPU") for i, o in enumerate(offsets)]
     if mode == "probe":
         def to_scratch(piece, _pos):
@@ -98,12 +100,12 @@ def one_burst(mode: str, pipe: ReadPipeline, slots: Slots, scratch: memoryview, 
 
 def main(path: str, out: str, readers: int, burst: int, rounds: int) -> None:
     pipe = ReadPipeline([path], readers, preparers=fault_in_threads())
-    slots, scratch = Slots(burst), memoryview(bytearray(pipe.request))
-    span = os.path.getsize(path) - SIZE
-    for b in range(RING):  # every slot holds pages before the first eviction, as a running pager's do
-        for i in range(burst):
-            slots.advise(b * burst + i, _MADV_POPULATE_WRITE)
-    bursts_per_round = max(1, (512 << 20) // (burst * SIZE))  # ~0.5 GB a mode a round
+    slots, scratch = {mode: Slots(burst) for mode in MODES[1:]}, memoryview(bytearray(pipe.request))
+    span = os.path.getsize(path) - SLICE
+    for own in slots.values():  # every slot holds pages before the first eviction, as a running pager's do
+        for i in range(RING * burst):
+            own.advise(i, _MADV_POPULATE_WRITE)
+    bursts_per_round = max(1, (512 << 20) // (burst * SLICE))  # ~0.5 GB a mode a round
     rows = []
     try:
         for r in range(rounds):
@@ -113,17 +115,18 @@ def main(path: str, out: str, readers: int, burst: int, rounds: int) -> None:
                 for k, mode in enumerate(MODES[b % 3:] + MODES[:b % 3]):  # each mode goes first in turn
                     offsets = [rng.randrange(0, span) // 32 * 32 for _ in range(burst)]  # GGUF aligns to 32
                     t0 = time.perf_counter()
-                    one_burst(mode, pipe, slots, scratch, offsets, 3 * b + k)
+                    one_burst(mode, pipe, slots.get(mode), scratch, offsets, b)
                     spent[mode] += time.perf_counter() - t0
-            nbytes = bursts_per_round * burst * slots.size
-            row = {"round": r, "burst": burst, "readers": readers, "slice_bytes": slots.size,
+            nbytes = bursts_per_round * burst * SLICE
+            row = {"round": r, "burst": burst, "readers": readers, "slice_bytes": SLICE,
                    **{f"{m}_gbps": nbytes / spent[m] / 1e9 for m in MODES}}
             rows.append(row)
             print(f"round {r}: " + ", ".join(f"{m} {row[m + '_gbps']:.2f}" for m in MODES) + " GB/s, "
                   f"meanwhile/before {row['meanwhile_gbps'] / row['before_gbps']:.3f}", flush=True)
     finally:
         pipe.close()
-        slots.close()
+        for own in slots.values():
+            own.close()
     ratios = [row["meanwhile_gbps"] / row["before_gbps"] for row in rows]
     summary = {"rounds": rows, "meanwhile_over_before_median": statistics.median(ratios),
                "before_over_probe_median": statistics.median(row["before_gbps"] / row["probe_gbps"] for row in rows),

@@ -2,7 +2,7 @@
 # next session, call 1 (prepared in session 18); bench/device_prep.sh copies it to .device/s19call1.sh. From the repo root:
 #   bash .device/s19call1.sh > $OUT/log.txt 2>&1     carry [".whl", ".device"] (no library needed)
 # (1) bench/evict_order.py: evict-then-read against read-and-evict-meanwhile, interleaved burst by burst, so the
-#     disk's drift falls on both. CPU VM: meanwhile/before 1.013-1.022. Predicted here: 1.03-1.08 (the H200's
+#     disk's drift falls on both. CPU VM: meanwhile/before 1.05-1.07. Predicted here: 1.03-1.08 (the H200's
 #     fault-in threads wait for the evictions in the new order; the evictions themselves ~0.5 ms of a ~7 ms burst).
 # (2) bench/zero_copy_rate.py (CuPy only): a kernel reading 8 random 2.86 MB experts a launch from pinned host
 #     memory, beside the copy engine and HBM. Predicted 35-50 GB/s, which puts a static CPU+GPU split of the
