@@ -8,8 +8,8 @@ all of them alike:
 
     python3 bench/evict_order.py FILE OUT.json READERS [BURST] [ROUNDS]     (BURST: slices a layer reads, 9)
 
-Why: on the H200 (session 18) the pager with evictions meanwhile read 0.91-1.00 of the probed rate, against
-0.69-0.99 before, yet decode ran slower in 7 of 8 alternating pairs, and so did those runs' probes: runs minutes
+Why: on the H200 (session 18) the pager with evictions meanwhile read 0.90-1.00 of the probed rate, against
+0.68-1.00 before, yet decode ran slower in 7 of 8 alternating pairs, and so did those runs' probes: runs minutes
 apart cannot separate the change from the disk. Prediction: meanwhile reads faster than before by the eviction's
 time (~0.5 ms of a ~7 ms burst: +5-8%); both below the probe by the fault-in and copy.
 """
