@@ -21,7 +21,6 @@ import os
 import random
 import statistics
 import sys
-import threading
 import time
 from typing import Optional
 
@@ -61,7 +60,8 @@ class Slots:
         self.mem.close()
 
 
-def one_burst(mode: str, pipe: ReadPipeline, slots: Optional[Slots], scratch: memoryview, offsets: list[int], b: int) -> None:
+def one_burst(mode: str, pipe: ReadPipeline, slots: Optional[Slots], scratch: memoryview, offsets: list[int],
+              b: int) -> None:
     """b: this mode's burst count; each evicting mode has slots of its own, so every eviction frees filled pages."""
     infos = [TensorInfo(name=f"slice {i}", ggml_type=0, shape=(SLICE,), file_offset=o, nbytes=SLICE,
                         file_idx=0, layer=0, default_tier=Tier.HOST, default_buft="CPU") for i, o in enumerate(offsets)]
@@ -83,19 +83,8 @@ def one_burst(mode: str, pipe: ReadPipeline, slots: Optional[Slots], scratch: me
         evict()
         pipe.run(parts, before_first=lambda i: slots.advise(land[i], _MADV_POPULATE_WRITE))
         return
-    roomy = threading.Event()
-
-    def make_room() -> None:
-        try:
-            evict()
-        finally:
-            roomy.set()
-
-    def fault_in(i: int) -> None:
-        roomy.wait()
-        slots.advise(land[i], _MADV_POPULATE_WRITE)
-
-    pipe.run(parts, before_first=fault_in, meanwhile=make_room)
+    # the pager's way (ExpertPager._demand): ReadPipeline.run faults nothing in until the evictions returned
+    pipe.run(parts, before_first=lambda i: slots.advise(land[i], _MADV_POPULATE_WRITE), meanwhile=evict)
 
 
 def main(path: str, out: str, readers: int, burst: int, rounds: int) -> None:

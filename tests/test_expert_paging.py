@@ -125,7 +125,7 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     assert pf["precision"] == (pf["used"] / pf["issued"] if on else 0.0) and pf["recall"] == pf["used"] / accesses
     assert paging["bytes"] == read_bytes  # whole experts of all three stacked tensors, nothing else
     assert paging["read_gbps_in_stall"] > 0  # demand reads were waited for
-    assert paging["evictions"] > 0  # room is made before a read: RSS never holds more than the budget
+    assert paging["evictions"] > 0  # room is made before a slice faults in: RSS never holds more than the budget
     assert paging["resident"] <= paging["resident_peak"] <= paging["budget"]
     # every selection is served once, from the tier it was in: even experts from RAM, odd ones read on demand
     # from disk or found resident (read before, or ahead)

@@ -1,6 +1,7 @@
 """The pager's read pipeline: every range lands whole in its sink, errors surface after all requests report."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -177,5 +178,34 @@ def test_meanwhile_runs_before_any_copy_and_its_error_raises_after_every_request
         out = bytearray(1 << 20)
         pipe.run(_parts_into([out], [(0, 1 << 20)]))  # every stager came back
         assert bytes(out) == data[: 1 << 20]
+    finally:
+        pipe.close()
+
+
+def test_preparers_wait_for_meanwhile_before_any_before_first(data_file):
+    """The pager evicts in meanwhile() and faults slices in in before_first: no fault-in may come before the room."""
+    pipe = ReadPipeline([str(data_file)], readers=2, request=16 << 10, preparers=2)
+    events, lock = [], threading.Lock()
+
+    def note(event):
+        with lock:
+            events.append(event)
+
+    def slow_room():
+        time.sleep(0.05)  # the preparers are idle meanwhile: they would fault in now without the gate
+        note("meanwhile done")
+
+    try:
+        pipe.run(_parts_into([bytearray(64 << 10) for _ in range(4)], [(i << 16, 64 << 10) for i in range(4)]),
+                 before_first=lambda i: note(f"first {i}"), meanwhile=slow_room)
+        assert events[0] == "meanwhile done" and sorted(events[1:]) == [f"first {i}" for i in range(4)]
+        events.clear()
+
+        def broken():
+            raise RuntimeError("eviction broke")
+
+        with pytest.raises(RuntimeError, match="eviction broke"):  # the preparers are released, not left waiting
+            pipe.run(_parts_into([bytearray(64 << 10)], [(0, 64 << 10)]), before_first=lambda i: note("first"),
+                     meanwhile=broken)
     finally:
         pipe.close()

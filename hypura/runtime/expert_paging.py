@@ -49,7 +49,6 @@ import dataclasses
 import os
 import random
 import sys
-import threading
 import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
@@ -258,21 +257,13 @@ class ExpertPager:
         self._count_served(layer, selected, self.on_disk[layer], missing)
         expert_bytes = self._expert_bytes(layer)
         slices = [(stack, e) for e in missing for stack in self.stacks[layer]]
-        roomy = threading.Event()  # set once evictions made room: no slice faults in before (RSS stays in)
-
-        def make_room() -> None:
-            try:
-                self._evict(keep={(layer, e) for e in used}, room=len(missing) * expert_bytes)
-            finally:
-                roomy.set()
-
-        def fault_in(i: int) -> None:
-            roomy.wait()
-            self._advise(*slices[i], 1, _MADV_POPULATE_WRITE)
-
         # the reads (into staging) start first and evictions run meanwhile, as they delayed the reads (MADV_DONTNEED
-        # of ~8 MB a layer: 1.9 ms on the CPU VM). A failed read raises here, on the compute thread
-        self._reads.run([self._slice(stack, e, 1) for stack, e in slices], before_first=fault_in, meanwhile=make_room)
+        # of ~8 MB a layer: 1.9 ms on the CPU VM); no slice faults in before they made room (RSS stays in).
+        # A failed read raises here, on the compute thread
+        keep, room = {(layer, e) for e in used}, len(missing) * expert_bytes
+        self._reads.run([self._slice(stack, e, 1) for stack, e in slices],
+                        before_first=lambda i: self._advise(*slices[i], 1, _MADV_POPULATE_WRITE),
+                        meanwhile=lambda: self._evict(keep, room))
         for e in missing:
             self._count_read(layer, e, expert_bytes)
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)

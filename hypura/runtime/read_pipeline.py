@@ -12,7 +12,8 @@ Protocol
     it) from a pool of STAGERS_PER_READER x readers, blocking while none is free, reads one request
     into it, and puts (request, stager, where the bytes lie) on the done queue, or the error and the
     stager back.
-  - Once all are submitted, the caller runs `meanwhile` (the pager evicts there, while the disk reads).
+  - Once all are submitted, the caller runs `meanwhile` (the pager evicts there, while the disk reads);
+    no before_first runs until it returned (the pager faults a slice in only once room is made).
   - The caller's thread takes every request's result off the done queue in completion order: before
     a part's first piece it calls before_first(part index) (the pager faults the slice in there), then
     hands the bytes to the part's sink (pieces of a part may arrive out of order, each with its
@@ -108,9 +109,18 @@ class ReadPipeline:
     def run(self, parts: list[tuple[TensorInfo, Sink]], before_first: Optional[Callable[[int], None]] = None,
             meanwhile: Optional[Callable[[], None]] = None) -> None:
         """Read every part's bytes into its sink; before_first(i) runs on this thread before part i's first piece
-        (or on the preparers), meanwhile() on this thread once every request is submitted, before any is copied."""
+        (or on the preparers), meanwhile() on this thread once every request is submitted, before any is copied
+        and before any before_first."""
         done: queue.SimpleQueue = queue.SimpleQueue()
-        ready = ([self._preparers.submit(before_first, i) for i in range(len(parts))]
+        cleared = threading.Event()  # set once meanwhile() returned (or raised)
+        if meanwhile is None:
+            cleared.set()
+
+        def prepare(i: int) -> None:
+            cleared.wait()
+            before_first(i)
+
+        ready = ([self._preparers.submit(prepare, i) for i in range(len(parts))]
                  if before_first is not None and self._preparers is not None else None)
         n = 0
         for i, (info, sink) in enumerate(parts):
@@ -120,7 +130,10 @@ class ReadPipeline:
         error, received, started = None, 0, set()
         try:
             if meanwhile is not None:  # the disk is busy already; an error still lets every request report
-                meanwhile()
+                try:
+                    meanwhile()
+                finally:
+                    cleared.set()
             while received < n:
                 i, pos, stager, skip, got, failed = done.get()
                 received += 1
