@@ -29,7 +29,10 @@ import sys
 import threading
 import time
 
-import cupy as cp
+try:
+    import cupy as cp
+except ImportError:
+    sys.exit(f"{__file__}: needs CuPy, on a machine with a CUDA GPU")
 
 from zero_copy_rate import EXPERT_BYTES, LAYERS, K, copy_token, launch_token, token_offsets
 
@@ -84,9 +87,13 @@ def binned_gbps(samples, t0: float, t1: float, width: float = 0.25) -> list[floa
 
 
 def llama_bench(binary: str, model: str, cores: set[int]) -> dict:
-    out = subprocess.run([binary, "-m", model, "-ngl", "0", "-t", str(len(cores)), "-p", "0", "-n", "64", "-r", "3",
-                          "-o", "json"], capture_output=True, text=True, check=True,
-                         preexec_fn=lambda: os.sched_setaffinity(0, cores)).stdout
+    run = subprocess.run([binary, "-m", model, "-ngl", "0", "-t", str(len(cores)), "-p", "0", "-n", "64", "-r", "3",
+                          "-o", "json"], capture_output=True, text=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+        sys.exit(f"llama-bench failed ({run.returncode}): {last}")
+    out = run.stdout
     row = json.loads(out)[0]
     return {"avg_ts": row["avg_ts"], "samples_ts": row["samples_ts"]}
 

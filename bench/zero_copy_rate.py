@@ -24,7 +24,10 @@ import statistics
 import sys
 import time
 
-import cupy as cp
+try:
+    import cupy as cp
+except ImportError:
+    sys.exit(f"{__file__}: needs CuPy, on a machine with a CUDA GPU")
 import numpy as np
 
 EXPERT_BYTES = 2_856_960  # 17.55 GB of experts / (48 layers x 128), rounded to 16 bytes
