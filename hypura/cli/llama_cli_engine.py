@@ -65,12 +65,12 @@ def load_model(s: Settings, model_path: str) -> Llama:
 
 class _quiet_python_stderr:
     def __enter__(self):
-        self.saved = sys.stderr
-        sys.stderr = open(os.devnull, "w")
+        self.saved, self.null = sys.stderr, open(os.devnull, "w")
+        sys.stderr = self.null
 
     def __exit__(self, *exc):
-        sys.stderr.close()
         sys.stderr = self.saved
+        self.null.close()  # the file this opened: sys.stderr may have been swapped meanwhile (pytest's capture)
 
 
 # --- tokens -------------------------------------------------------------------------------------
