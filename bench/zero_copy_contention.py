@@ -93,8 +93,7 @@ def llama_bench(binary: str, model: str, cores: set[int]) -> dict:
     if run.returncode != 0:
         last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
         sys.exit(f"llama-bench failed ({run.returncode}): {last}")
-    out = run.stdout
-    row = json.loads(out)[0]
+    row = json.loads(run.stdout)[0]
     return {"avg_ts": row["avg_ts"], "samples_ts": row["samples_ts"]}
 
 
@@ -129,12 +128,12 @@ def main(binary: str, model: str, out_path: str, pairs: int, load_kind: str) -> 
                   + (f", {load_kind} {rate:.1f} GB/s meanwhile" if loaded else ", alone"), flush=True)
     rows["load_alone_gbps"].append(load_alone())
 
-    load_alone = statistics.median(rows["load_alone_gbps"])
+    alone_gbps = statistics.median(rows["load_alone_gbps"])
     cpu_share = statistics.median(r["avg_ts"] for r in rows["llama_loaded"]) / statistics.median(
         r["avg_ts"] for r in rows["llama_alone"])
-    load_share = statistics.median(rows["load_meanwhile_gbps"]) / load_alone
-    ceiling_ms = CPU_TOKEN_GB / (CPU_GBPS * cpu_share + load_alone * load_share) * 1e3 + GPU_MS
-    print(f"{load_kind} alone {load_alone:.1f} GB/s; at once llama.cpp keeps {cpu_share:.2f} of its rate and the load "
+    load_share = statistics.median(rows["load_meanwhile_gbps"]) / alone_gbps
+    ceiling_ms = CPU_TOKEN_GB / (CPU_GBPS * cpu_share + alone_gbps * load_share) * 1e3 + GPU_MS
+    print(f"{load_kind} alone {alone_gbps:.1f} GB/s; at once llama.cpp keeps {cpu_share:.2f} of its rate and the load "
           f"{load_share:.2f} of its own.", flush=True)
     if load_kind == "zero-copy":
         print(f"A static CPU+GPU split of every layer's experts: >= {ceiling_ms:.1f} ms a "

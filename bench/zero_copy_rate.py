@@ -75,11 +75,11 @@ def _sink(device: int):
     return cp.zeros(1, cp.uint64)
 
 
-def launch_token(base: int, token, nbytes_each: int = EXPERT_BYTES) -> None:
+def launch_token(base: int, token) -> None:
     """One kernel launch a layer on the current stream, each reading the layer's K experts from address `base` on."""
     sink = _sink(cp.cuda.Device().id)
     for _, offsets in token:
-        _READ((_grid_x(), K), (256,), (cp.uint64(base), offsets, cp.int64(nbytes_each // 16), sink))
+        _READ((_grid_x(), K), (256,), (cp.uint64(base), offsets, cp.int64(EXPERT_BYTES // 16), sink))
 
 
 def copy_token(base: int, staging: int, token, stream: int) -> None:
