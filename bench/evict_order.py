@@ -26,8 +26,9 @@ from typing import Optional
 
 from hypura.runtime.expert_paging import (_MADV_DONTNEED, _MADV_NOHUGEPAGE, _MADV_POPULATE_WRITE, _libc_madvise,
                                           fault_in_threads)
+from hypura.runtime.disk_probe import scratch_sink
 from hypura.runtime.placement import TensorInfo, Tier
-from hypura.runtime.read_pipeline import ReadPipeline
+from hypura.runtime.read_pipeline import ReadPipeline, Sink
 
 SLICE = (900 << 10) // 4096 * 4096  # a qwen3-30b-a3b expert's Q4_K tensor (~0.9 MB), in whole pages
 RING = 8  # bursts of slots: a burst evicts the slots the burst RING - 1 before it filled
@@ -60,15 +61,13 @@ class Slots:
         self.mem.close()
 
 
-def one_burst(mode: str, pipe: ReadPipeline, slots: Optional[Slots], scratch: memoryview, offsets: list[int],
+def one_burst(mode: str, pipe: ReadPipeline, slots: Optional[Slots], scratch: Sink, offsets: list[int],
               b: int) -> None:
     """b: this mode's burst count; each evicting mode has slots of its own, so every eviction frees filled pages."""
     infos = [TensorInfo(name=f"slice {i}", ggml_type=0, shape=(SLICE,), file_offset=o, nbytes=SLICE,
                         file_idx=0, layer=0, default_tier=Tier.HOST, default_buft="CPU") for i, o in enumerate(offsets)]
     if mode == "probe":
-        def to_scratch(piece, _pos):
-            scratch[:len(piece)] = piece
-        pipe.run([(info, to_scratch) for info in infos])
+        pipe.run([(info, scratch) for info in infos])
         return
     ring = b % RING * slots.burst
     land = [ring + i for i in range(slots.burst)]
@@ -89,7 +88,7 @@ def one_burst(mode: str, pipe: ReadPipeline, slots: Optional[Slots], scratch: me
 
 def main(path: str, out: str, readers: int, burst: int, rounds: int) -> None:
     pipe = ReadPipeline([path], readers, preparers=fault_in_threads())
-    slots, scratch = {mode: Slots(burst) for mode in MODES[1:]}, memoryview(bytearray(pipe.request))
+    slots, scratch = {mode: Slots(burst) for mode in MODES[1:]}, scratch_sink(pipe.request)
     span = os.path.getsize(path) - SLICE
     for own in slots.values():  # every slot holds pages before the first eviction, as a running pager's do
         for i in range(RING * burst):

@@ -46,12 +46,9 @@ def bound(plan: Optional[Plan], disk_bytes: Optional[float] = None,
         return None
     r, b = plan.rates, plan.prediction.bytes_per_token
     hybrid = (b.get("cpu", 0) + b.get("link", 0)) / (r.cpu_read + (r.link or 0))
-    if disk_rate:
-        disk_s = (b.get("disk", 0) if disk_bytes is None else disk_bytes) / disk_rate
-    elif disk_bytes is None:
-        disk_s = r.disk_seconds(b.get("disk", 0), plan.traffic.expert_disk_bytes)
-    else:  # measured bytes of experts read by selection: random reads
-        disk_s = r.disk_seconds(disk_bytes, disk_bytes)
+    # measured bytes are experts read by selection (random reads); the plan's mix sequential and random ones
+    disk, experts = (b.get("disk", 0), plan.traffic.expert_disk_bytes) if disk_bytes is None else (disk_bytes,) * 2
+    disk_s = disk / disk_rate if disk_rate else r.disk_seconds(disk, experts)
     terms = {"hybrid cpu+link": hybrid, "disk": disk_s,
              "gpu": b.get("gpu", 0) / r.gpu_read if r.gpu_read else 0.0}
     limit = max(terms, key=terms.get)

@@ -13,17 +13,22 @@ import time
 from typing import Callable
 
 from hypura.runtime.placement import TensorInfo
-from hypura.runtime.read_pipeline import ReadPipeline
+from hypura.runtime.read_pipeline import ReadPipeline, Sink
+
+
+def scratch_sink(nbytes: int) -> Sink:
+    """A sink that copies every piece (at most nbytes) into one scratch buffer: the bytes are read, then dropped."""
+    scratch = memoryview(bytearray(nbytes))
+
+    def sink(piece: memoryview, _pos: int) -> None:
+        scratch[:len(piece)] = piece
+    return sink
 
 
 def burst_rate(reads: ReadPipeline, next_burst: Callable[[], list[TensorInfo]], seconds: float) -> dict:
     """Read bursts from next_burst() until `seconds` passed (at least one): bytes over time. Every piece is
     copied into one scratch buffer, so the probe costs no more memory than a request."""
-    scratch = memoryview(bytearray(reads.request))
-
-    def sink(piece: memoryview, _pos: int) -> None:
-        scratch[:len(piece)] = piece
-
+    sink = scratch_sink(reads.request)
     bursts = nbytes = 0
     t0 = time.perf_counter()
     while True:
