@@ -304,6 +304,21 @@ class Llama(llama_cpp.Llama):
         self._drain_experts()
         return rc[0] == 0
 
+    def decode_batch(self, batch, decode: bool = False) -> int:
+        """llama_decode a prepared llama_batch (tokens of any sequences), then synchronize, timed for
+        stats() as decode when `decode` (one new token per sequence) else as prefill. Returns
+        llama_decode's status (0 ok, 1 no KV slot, < 0 error); raises when weights could not be streamed."""
+        ctx, rc = self._ctx.ctx, []
+
+        def run():
+            rc.append(llama_cpp.llama_decode(ctx, batch))
+            llama_cpp.llama_synchronize(ctx)
+
+        self._stats.timed(run, batch.n_tokens, decode)
+        self.raise_stream_error()
+        self._drain_experts()
+        return rc[0]
+
     def _drain_experts(self) -> None:
         """Replay what the stream answered in C during the decode: counters exact, the log bounded; the
         decode's routing is counted."""

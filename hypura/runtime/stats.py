@@ -67,7 +67,9 @@ class RunStats:
         self.streamer, self.plan, self.gpu_free_at_start = streamer, plan, gpu_free_at_start
         self.prefill, self.decode = Phase(), Phase()
 
-    def timed(self, decode_fn, n_tokens: int) -> None:
+    def timed(self, decode_fn, n_tokens: int, decode: bool | None = None) -> None:
+        """Time decode_fn, filed as decode (one new token per sequence) or prefill; by default a batch of
+        one token is decode."""
         s = self.streamer.stats if self.streamer else None
         before = (dict(s.bytes), s.stall_s) if s else None
         if s:
@@ -77,7 +79,7 @@ class RunStats:
         t0 = time.perf_counter()
         decode_fn()
         dt = time.perf_counter() - t0
-        phase = self.decode if n_tokens == 1 else self.prefill
+        phase = self.decode if (n_tokens == 1 if decode is None else decode) else self.prefill
         if s:  # the hooks of the latest call, in ms from its start: where a token's time goes
             phase.timeline = [(kind, layer, round(1e3 * (t - t0), 3)) for kind, layer, t in s.timeline]
             phase.timeline.append(("end", -1, round(1e3 * dt, 3)))
