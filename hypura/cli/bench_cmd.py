@@ -45,8 +45,11 @@ from hypura.runtime.stats import describe
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the random tokens (a run that records routing for a later plan should use another).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
+@click.option("--parallel", metavar="N,N,...", default=None,
+              help="The batched engine at these sequence counts, as llama-batched-bench: -p prompt tokens and -n "
+                   "decode steps per sequence; aggregate prefill and decode tok/s beside the bound.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
-          profile_spec, expert_slots, cpu_share, seed, json_out) -> None:
+          profile_spec, expert_slots, cpu_share, seed, json_out, parallel) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound.
 
     Where the plan keeps experts on disk, the disk is also probed for a second before and after the runs
@@ -59,6 +62,14 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
 
     header = read_header(model)
     n_ctx = max(256, n_prompt + n_gen + 64)
+    # --- --parallel: the batched engine (hypura/engine/bench.py); the plan budgets every sequence's KV
+    batched = None
+    if parallel:
+        from hypura.engine.bench import BatchBenchSettings, parse_parallel
+
+        batched = BatchBenchSettings(n_prompt, n_gen, parse_parallel(parallel), repetitions, seed)
+        n_ctx = max(batched.parallel) * batched.n_ctx_per_seq
+    # --- end --parallel
     if plan_file and (gpu_mem or ram):
         raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
     plan, cache, rates = None, None, None
@@ -82,6 +93,14 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     say(f"loading {model} ({'plan' if plan else f'-ngl {n_gpu_layers}'}) ...")
     fa = {"on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
           "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[flash_attn]
+    if batched is not None:  # --- --parallel
+        from hypura.cli.bench_parallel import bench_parallel
+
+        bench_parallel(model, plan, batched, threads=threads, n_gpu_layers=n_gpu_layers, flash_attn_type=fa,
+                       expert_cache=cache, rates=rates or rates_for(machine_profile(profile_spec)), say=say,
+                       json_out=json_out, extra={"budgets": {"gpu_mem": gpu_mem, "ram": ram}, "flash_attn": flash_attn,
+                                                 "expert_cache": dataclasses.asdict(cache) if cache else None})
+        return  # --- end --parallel
     llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=False,
                 param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache)

@@ -1,0 +1,38 @@
+"""A llama_batch filled from a Step: each token with its position and its sequence's id (the slot), and
+an output flag only where a token is sampled."""
+
+from __future__ import annotations
+
+import llama_cpp
+
+from hypura.engine.scheduler import Step
+
+
+class Batch:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        # one sequence id per token: a shared prefix is copied between sequences, never decoded for two
+        self.c = llama_cpp.llama_batch_init(capacity, 0, 1)
+
+    def fill(self, step: Step) -> list[int]:
+        """Write `step` into the batch; returns, per chunk, the batch index of its last token."""
+        b, i, last = self.c, 0, []
+        assert step.n_tokens <= self.capacity
+        for chunk in step.chunks:
+            slot = chunk.seq.slot
+            for j, token in enumerate(chunk.tokens):
+                b.token[i] = token
+                b.pos[i] = chunk.pos + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = slot
+                b.logits[i] = 0
+                i += 1
+            last.append(i - 1)
+            b.logits[i - 1] = 1 if chunk.sample else 0
+        b.n_tokens = i
+        return last
+
+    def close(self) -> None:
+        if self.c is not None:
+            llama_cpp.llama_batch_free(self.c)
+            self.c = None

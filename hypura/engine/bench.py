@@ -1,0 +1,186 @@
+"""`hypura bench MODEL --parallel 1,4,16,32`: the engine's aggregate prefill and decode, measured as
+llama-batched-bench measures them (tools/batched-bench, is_pp_shared 0): B sequences of npp random
+prompt tokens each go through one step (llama.cpp splits it into n_ubatch micro-batches), then ntg
+steps of one token per sequence; prefill tok/s = B*npp / prefill time, aggregate decode tok/s =
+B*ntg / decode time. Each size gets a warm-up run, then r runs (median and spread), beside the bound.
+
+The bound: a decode step reads every weight once whatever the batch (an MoE layer: the union of the
+experts its B tokens select), so B tokens cost one pass of streamed bytes over the measured rates, and
+the bound grows with B until compute, which this bound leaves out, takes over (batch_bound)."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from hypura.bench import spread
+from hypura.engine.config import EngineConfig
+from hypura.engine.engine import Engine
+from hypura.engine.loader import engine_llama_kwargs
+from hypura.engine.types import SamplingParams
+from hypura.errors import HypuraError
+
+RUN_TIMEOUT_S = 3600.0  # one run's requests; a run that long on any plan means a stuck engine
+
+
+def parse_parallel(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise HypuraError(f"--parallel {text!r}: want sequence counts >= 1, comma-separated (e.g. 1,4,16,32)")
+    return sizes
+
+
+@dataclass(frozen=True)
+class BatchBenchSettings:
+    n_prompt: int = 128  # npp: prompt tokens per sequence
+    n_gen: int = 16  # ntg: decode steps per sequence, after the prefill step
+    parallel: tuple[int, ...] = (1, 4, 16, 32)
+    repeats: int = 3
+    seed: int = 0
+    n_threads: int = 0  # as reported (the Llama was made with them)
+
+    def __post_init__(self):
+        if self.n_prompt < 1 or self.n_gen < 0 or self.repeats < 1 or not self.parallel or min(self.parallel) < 1:
+            raise HypuraError("batched bench: want -p >= 1, -n >= 0, -r >= 1 and sequence counts >= 1")
+
+    @property
+    def n_ctx_per_seq(self) -> int:
+        return self.n_prompt + self.n_gen + 1  # the prompt, the first token, then ntg decoded ones
+
+    def llama_kwargs(self, **kwargs) -> dict:
+        """hypura.Llama keywords for the largest batch: every prompt fits one step, micro-batches of 512
+        tokens (llama-batched-bench's -ub default)."""
+        top = max(self.parallel)
+        kwargs.setdefault("n_ubatch", 512)
+        return engine_llama_kwargs(top, self.n_ctx_per_seq, n_batch=top * self.n_prompt, **kwargs)
+
+
+def _run(llm, s: BatchBenchSettings, b: int, n_gen: int, rng: random.Random) -> dict:
+    """One run of b sequences on a fresh engine: the requests are queued before it starts, so the first
+    step carries every prompt."""
+    engine = Engine(llm, EngineConfig(parallel=b, max_queue=b, step_tokens=b * s.n_prompt, prefix_cache=False))
+    params = SamplingParams(max_tokens=n_gen + 1, temperature=0.0, ignore_eos=True)
+    try:
+        requests = [engine.submit([rng.randrange(engine.n_vocab) for _ in range(s.n_prompt)], params)
+                    for _ in range(b)]
+        llm.stats(reset=True)
+        t0 = time.perf_counter()
+        engine.start()
+        results = [r.result(RUN_TIMEOUT_S) for r in requests]
+        wall = time.perf_counter() - t0
+        m = engine.metrics()
+    finally:
+        engine.close()
+    failed = [r.error for r in results if r.finish_reason != "length"]
+    if failed:
+        raise HypuraError(f"a batched run failed: {failed[0]}")
+    pre, dec, llama = m["prefill"], m["decode"], m["llm"]
+    return {"prefill_tok_s": pre["tok_s"], "decode_tok_s": dec["tok_s"], "prefill_steps": pre["steps"],
+            "decode_steps": dec["steps"], "prefill_s": pre["seconds"], "decode_s": dec["seconds"], "wall_s": wall,
+            # llama_decode and synchronize alone: the rest of a step is the engine's batching and sampling
+            "llama_prefill_s": llama["prefill"]["seconds"], "llama_decode_s": llama["decode"]["seconds"],
+            "stats": llama}
+
+
+def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambda msg: None) -> dict:
+    """plan: the Llama's (None: llama.cpp's placement); rates: the machine's, for the bound without one."""
+    rng = random.Random(s.seed)
+    sizes = []
+    for b in s.parallel:
+        progress(f"{b} sequences: warm-up")
+        _run(llm, s, b, min(s.n_gen, 2), rng)
+        runs = []
+        for i in range(s.repeats):
+            runs.append(_run(llm, s, b, s.n_gen, rng))
+            progress(f"{b} sequences, run {i + 1}/{s.repeats}: prefill {runs[-1]['prefill_tok_s']:.1f} tok/s, "
+                     f"decode {runs[-1]['decode_tok_s']:.2f} tok/s")
+        bound = batch_bound(llm.header, plan, rates, b)
+        dec = spread([r["decode_tok_s"] for r in runs]) if s.n_gen else {}
+        row = {"parallel": b, "prefill_tok_s": spread([r["prefill_tok_s"] for r in runs]), "decode_tok_s": dec,
+               "llama_decode_tok_s": spread([b * s.n_gen / r["llama_decode_s"] for r in runs if r["llama_decode_s"]]),
+               "bound": bound, "runs": [{k: v for k, v in r.items() if k != "stats"} for r in runs],
+               "stats": runs[-1]["stats"]}
+        if bound and dec:
+            row["bound_ratio"] = dec["median"] / bound["decode_tok_s"]
+        sizes.append(row)
+    return {"settings": {**s.__dict__, "parallel": list(s.parallel)}, "sizes": sizes}
+
+
+def batch_bound(header, plan, rates, b: int) -> Optional[dict]:
+    """Aggregate decode tok/s if a step of b tokens cost only its weight bytes at the measured rates.
+
+    Bytes a step reads: every dense weight once, and of a stacked expert tensor the experts any of the b
+    tokens select, 1 - (1 - k/E)^b of them under uniform routing (skewed real routing touches fewer).
+    They go by the plan's tiers and compute devices (without a plan: all in RAM, read by the CPU) and are
+    timed as hypura.bench.bound times a token: CPU-read and link-copied bytes share a budget, disk and GPU
+    reads bound on their own. Left out: KV reads, compute, fixed per-layer costs, and an expert cache's
+    hits (every expert a step touches counts as read from its tier)."""
+    rates = plan.rates if plan is not None else rates
+    if rates is None or (plan is None and rates.has_gpu):
+        return None  # llama.cpp's own GPU placement: not known here
+    k = int(header.get("expert_used_count", 0) or 0)
+    placed = plan.tensors if plan is not None else [_resident(t) for t in header.tensors]
+    paths = {"gpu": 0.0, "cpu": 0.0, "link": 0.0, "disk": 0.0}
+    expert_disk = 0.0
+    for t in placed:
+        if t.name == "token_embd.weight":
+            continue  # get_rows of b rows, not a pass over the tensor
+        units = [(t.tier, t.compute, t.nbytes)]
+        if t.experts:
+            n = len(t.experts)
+            touched = 1.0 - (1.0 - min(k, n) / n) ** b
+            computes = t.expert_compute or (t.compute,) * n
+            units = [(tier, dev, t.nbytes / n * touched) for tier, dev in zip(t.experts, computes)]
+        for tier, dev, nbytes in units:
+            paths[dev] += nbytes
+            if tier == "disk":
+                paths["disk"] += nbytes
+                expert_disk += nbytes if t.experts else 0.0
+            if dev == "gpu" and (tier == "ram" or (tier == "disk" and not rates.unified)):
+                paths["link"] += nbytes
+    shared = (paths["cpu"] + paths["link"]) / (rates.cpu_read + (rates.link or 0))
+    terms = {"hybrid cpu+link" if rates.link else "cpu": shared,
+             "disk": rates.disk_seconds(paths["disk"], expert_disk),
+             "gpu": paths["gpu"] / rates.gpu_read if rates.gpu_read else 0.0}
+    limit = max(terms, key=terms.get)
+    step_s = terms[limit]
+    return {"decode_tok_s": b / step_s if step_s else float("inf"), "limit": limit, "step_seconds": terms,
+            "step_bytes": paths}
+
+
+@dataclass(frozen=True)
+class _Resident:
+    name: str
+    nbytes: int
+    experts: tuple = ()
+    tier: str = "ram"
+    compute: str = "cpu"
+    expert_compute: tuple = ()
+
+
+def _resident(t) -> _Resident:
+    """A header tensor as a CPU-only machine holds it without a plan: in RAM, computed by the CPU."""
+    n = t.shape[2] if t.name.endswith("_exps.weight") and len(t.shape) == 3 else 0  # stacked experts [.., .., E]
+    return _Resident(t.name, t.nbytes, ("ram",) * n, expert_compute=("cpu",) * n)
+
+
+def report(r: dict) -> list[str]:
+    s = r["settings"]
+    cell = lambda m, f: f"{m['median']:{f}} ({m['min']:{f}}-{m['max']:{f}})" if m else "-"  # noqa: E731
+    lines = [f"npp {s['n_prompt']}, ntg {s['n_gen']}, threads {s['n_threads']}: median (min-max) of {s['repeats']} "
+             "runs; llama_decode: decode tok/s counting only llama_decode and synchronize; bound: a step's weight "
+             "bytes over the measured rates",
+             f"{'B':>4} {'prefill tok/s':>24} {'aggregate decode tok/s':>26} {'llama_decode':>13} {'bound':>10}"]
+    for row in r["sizes"]:
+        ld, b = row["llama_decode_tok_s"], row["bound"]
+        bound = f"{b['decode_tok_s']:.2f}" if b else "-"
+        why = f"  {b['limit']}, measured/bound {row['bound_ratio']:.2f}" if "bound_ratio" in row else ""
+        lines.append(f"{row['parallel']:>4} {cell(row['prefill_tok_s'], '.1f'):>24} "
+                     f"{cell(row['decode_tok_s'], '.2f'):>26} {format(ld['median'], '.2f') if ld else '-':>13} "
+                     f"{bound:>10}{why}")
+    return lines

@@ -1,0 +1,306 @@
+"""The Engine: one thread that owns the llama.cpp context and runs steps while there is work.
+
+Threading protocol:
+
+- `submit()` (any thread) checks the request, appends it to the waiting queue under the engine's lock
+  (QueueFull beyond EngineConfig.max_queue) and wakes the loop. `cancel()` marks the request and wakes
+  the loop; a request still waiting leaves the queue at once. Both hold the lock for bookkeeping only.
+- The engine thread, between steps: ends cancelled requests (llama_memory_seq_rm frees their KV), gives
+  free slots to waiting requests (oldest first; shared prefix copied, see prefix_cache.py), then runs one
+  step: a batch of every decoding sequence's next token and prompt chunks (scheduler.py), one
+  `llm.decode_batch`, and a sample for each sequence with logits in it. Every Event is emitted from this
+  thread, outside the lock. It sleeps when nothing is queued or running.
+- A failed llama_decode, or weights that could not be streamed, ends the requests of that step with
+  finish_reason "error" (their KV freed); the engine keeps serving the others.
+- `metrics()` takes the step lock for llm.stats(), so it waits at most one step. `close()` ends every
+  request (finish_reason "error", "engine closed") and joins the thread; the Llama stays the caller's.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import threading
+import time
+from typing import Callable, Optional
+
+import llama_cpp
+
+from hypura.engine.batch import Batch
+from hypura.engine.config import EngineConfig
+from hypura.engine.metrics import Counters
+from hypura.engine.prefix_cache import Slots
+from hypura.engine.request import Request
+from hypura.engine.sampler import Sampler
+from hypura.engine.scheduler import Step, plan_step
+from hypura.engine.sequence import Sequence
+from hypura.engine.text import TextStream
+from hypura.engine.types import EngineClosed, Event, PromptTooLong, QueueFull, Result, SamplingParams
+from hypura.errors import HypuraError
+
+log = logging.getLogger("hypura.engine")
+
+DECODE_STATUS = {1: "no free KV cells for the batch", 2: "aborted", -1: "invalid batch"}  # llama.h, llama_decode
+
+
+class Engine:
+    def __init__(self, llm, config: EngineConfig = EngineConfig()):
+        self.llm, self.config = llm, config
+        self._ctx = llm.ctx
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        n_seq = llama_cpp.llama_n_seq_max(self._ctx)
+        if n_seq < config.parallel:
+            raise HypuraError(f"the Llama holds {n_seq} sequences, fewer than parallel {config.parallel}: make it "
+                              "with param_overrides={'context_params': {'n_seq_max': N}} (hypura.engine.load does)")
+        unified = bool(llm.context_params.kv_unified)
+        # a unified cache is shared by all sequences; each stream of a split one holds its sequence only
+        per_seq = (llama_cpp.llama_n_ctx(self._ctx) // config.parallel if unified
+                   else llama_cpp.llama_n_ctx_seq(self._ctx))
+        self.n_ctx_per_seq = min(per_seq, config.n_ctx_per_seq or per_seq)
+        if self.n_ctx_per_seq < 2:
+            raise HypuraError(f"a context of {llama_cpp.llama_n_ctx(self._ctx)} leaves {per_seq} tokens to each of "
+                              f"{config.parallel} sequences: give a larger n_ctx")
+        n_batch = llama_cpp.llama_n_batch(self._ctx)
+        self.step_tokens = config.step_tokens or n_batch
+        if self.step_tokens > n_batch or self.step_tokens < config.parallel:
+            raise HypuraError(f"step_tokens {self.step_tokens} must lie within parallel {config.parallel} and the "
+                              f"context's n_batch {n_batch}")
+        self._slots = Slots(config.parallel, cross_copy=unified, cache=config.prefix_cache)
+        self._batch = Batch(self.step_tokens)
+        self._pieces: dict[int, bytes] = {}
+        self._cond = threading.Condition()  # guards _waiting, _cancelled, _closing, _counters' request counts
+        self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._cancelled: list[Request] = []  # left the queue before a slot: the engine thread ends them
+        self._active: list[Sequence] = []
+        self._counters = Counters()
+        self._closing = False
+        self._stopped: Optional[str] = None  # why the loop ended (None while it may run)
+        self._thread: Optional[threading.Thread] = None
+        llama_cpp.llama_memory_clear(self._mem, True)  # sequences start empty: slots own their KV from here
+
+    # --- any thread -----------------------------------------------------------------------------
+    def start(self) -> "Engine":
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("the engine was closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hypura-engine", daemon=True)
+                self._thread.start()
+        return self
+
+    def submit(self, prompt_tokens: list[int], params: SamplingParams = SamplingParams(),
+               on_event: Optional[Callable[[Event], None]] = None) -> Request:
+        """Queue a request; raises QueueFull, PromptTooLong, EngineClosed, or HypuraError for bad tokens."""
+        tokens = list(prompt_tokens)
+        if not tokens:
+            raise HypuraError("empty prompt: give at least one token")
+        if any(not isinstance(t, int) or not 0 <= t < self.n_vocab for t in tokens):
+            raise HypuraError(f"prompt tokens must be ids in 0..{self.n_vocab - 1}")
+        if len(tokens) + 1 > self.n_ctx_per_seq:
+            raise PromptTooLong(f"the prompt has {len(tokens)} tokens; a sequence holds {self.n_ctx_per_seq} "
+                                "(prompt and generated tokens)")
+        if not isinstance(params, SamplingParams):
+            raise HypuraError("params must be a hypura.engine.SamplingParams")
+        request = Request(tokens, params, on_event, self._cancel)
+        with self._cond:
+            if self._closing or self._stopped:
+                raise EngineClosed("the engine was closed" if self._closing else f"the engine stopped: {self._stopped}")
+            if len(self._waiting) >= self.config.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests wait already (max_queue {self.config.max_queue})")
+            self._waiting.append(request)
+            self._counters.submitted += 1
+            self._cond.notify()
+        return request
+
+    def _cancel(self, request: Request) -> None:
+        with self._cond:
+            if request in self._waiting:
+                self._waiting.remove(request)
+                self._cancelled.append(request)
+            self._cond.notify()
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens` as the engine streams it (special tokens not rendered)."""
+        return b"".join(self._piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def metrics(self) -> dict:
+        with self._cond:
+            out = self._counters.as_dict(active=len(self._active), queued=len(self._waiting))
+        out.update(parallel=self.config.parallel, n_ctx_per_seq=self.n_ctx_per_seq, step_tokens=self.step_tokens)
+        with self._step_lock:  # the engine thread updates llm's counters during a step
+            out["llm"] = self.llm.stats()
+        return out
+
+    def close(self) -> None:
+        """End every request, stop the loop and free the engine's llama.cpp objects (not the Llama)."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        if thread is None:
+            self._end_all("engine closed")
+            self._batch.close()
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- the engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        reason = "engine closed"
+        try:
+            while True:
+                with self._cond:
+                    while not (self._closing or self._waiting or self._active or self._cancelled):
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                    cancelled, self._cancelled = self._cancelled, []
+                    admit = [self._waiting.popleft() for _ in range(min(self._slots.free, len(self._waiting)))]
+                for request in cancelled:
+                    self._end_waiting(request, "cancelled")
+                with self._step_lock:
+                    self._drop_cancelled()
+                    for request in admit:
+                        self._admit(request)
+                    if self._active:
+                        self._step(plan_step(self._active, self.step_tokens))
+        except BaseException as e:  # a bug: every request learns of it, and submit() refuses new ones
+            log.exception("the engine loop failed")
+            reason = f"engine failed: {type(e).__name__}: {e}"
+        finally:
+            with self._cond:
+                self._stopped = reason
+            self._end_all(reason)
+            self._batch.close()
+
+    def _end_all(self, reason: str) -> None:
+        with self._cond:
+            waiting = list(self._waiting) + self._cancelled
+            self._waiting.clear()
+            self._cancelled = []
+        for request in waiting:
+            self._end_waiting(request, "cancelled" if request.cancel_requested else "error", reason)
+        for seq in list(self._active):
+            self._finish(seq, "cancelled" if seq.request.cancel_requested else "error", reason)
+
+    def _end_waiting(self, request: Request, finish_reason: str, error: Optional[str] = None) -> None:
+        queued = time.perf_counter() - request.submitted
+        self._count_finish(finish_reason)
+        request.finish(Result(text="", tokens=(), finish_reason=finish_reason, prompt_tokens=len(request.prompt),
+                              cached_tokens=0, queued_s=queued, prompt_s=0.0, decode_s=0.0,
+                              error=error if finish_reason == "error" else None))
+
+    def _count_finish(self, reason: str) -> None:
+        with self._cond:
+            self._counters.finished[reason] += 1
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self._active if s.request.cancel_requested]:
+            self._finish(seq, "cancelled")
+
+    def _admit(self, request: Request) -> None:
+        if request.cancel_requested:  # cancelled on its way out of the queue
+            self._end_waiting(request, "cancelled")
+            return
+        choice = self._slots.choose(request.prompt)
+        slot, reuse = choice.slot, self._reuse(choice)
+        self._slots.take(slot, request.prompt[:reuse])
+        sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq)
+        sampler.accept_prompt(request.prompt)
+        text = TextStream(self._piece, request.params.stop)
+        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq,
+                       lambda t: llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        self._active.append(seq)
+        with self._cond:
+            self._counters.prompt_tokens += len(request.prompt)
+            self._counters.cached_tokens += reuse
+
+    def _reuse(self, choice) -> int:
+        """Put the chosen prefix into the slot's KV (nothing else of the slot survives); what was reused."""
+        slot, source, reuse = choice.slot, choice.source, choice.reuse
+        mem = self._mem
+        if source is None or reuse == 0:
+            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+            return 0
+        if source == slot:
+            kept = llama_cpp.llama_memory_seq_rm(mem, slot, reuse, -1)  # false: this memory keeps whole sequences
+        else:
+            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+            llama_cpp.llama_memory_seq_cp(mem, source, slot, 0, reuse)
+            kept = True
+        # e.g. a sliding-window cache that dropped the first positions, or recurrent state: evaluate it all
+        if not kept or llama_cpp.llama_memory_seq_pos_min(mem, slot) != 0 or \
+                llama_cpp.llama_memory_seq_pos_max(mem, slot) != reuse - 1:
+            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+            return 0
+        return reuse
+
+    def _step(self, step: Step) -> None:
+        t0 = time.perf_counter()
+        for chunk in step.chunks:
+            chunk.seq.t_scheduled = chunk.seq.t_scheduled or t0
+        last = self._batch.fill(step)
+        try:
+            rc = self.llm.decode_batch(self._batch.c, decode=step.decode_only)
+            error = None if rc == 0 else f"llama_decode returned {rc} ({DECODE_STATUS.get(rc, 'fatal error')})"
+        except Exception as e:  # weights could not be streamed (the decode's results are void)
+            error = f"{type(e).__name__}: {e}"
+        if error is not None:
+            with self._cond:
+                self._counters.failed_steps += 1
+            for seq in {c.seq: None for c in step.chunks}:
+                self._finish(seq, "error", error)
+            return
+        generated = 0
+        for chunk, index in zip(step.chunks, last):
+            seq = chunk.seq
+            seq.n_past += len(chunk.tokens)
+            self._slots.kv[seq.slot].extend(chunk.tokens)
+            seq.next_token = None
+            if chunk.sample:
+                seq.on_token(seq.sampler.sample(self._ctx, index))
+                generated += 1
+                if seq.finish_reason is not None:
+                    self._finish(seq, seq.finish_reason)
+        with self._cond:
+            self._counters.step(time.perf_counter() - t0, step.prompt_tokens, generated)
+
+    def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
+        """End `seq`: a completed one ("stop", "length") leaves its KV cached in the slot, others free it."""
+        self._active.remove(seq)
+        keep = reason in ("stop", "length")
+        if not keep:
+            llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+        self._slots.release(seq.slot, keep)
+        if not self._slots.cache and keep:
+            llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+        seq.sampler.close()
+        result, last = seq.result(reason, error)
+        self._count_finish(reason)
+        seq.request.finish(result, last)
+
+    def _piece(self, token: int) -> bytes:
+        """A token's bytes, special tokens not rendered (cached: the vocabulary does not change)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece

@@ -1,0 +1,47 @@
+"""One way to make a Llama for the engine, and the engine on it (the server and `hypura bench --parallel`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+import llama_cpp
+
+from hypura.engine.config import EngineConfig
+from hypura.engine.engine import Engine
+from hypura.errors import HypuraError
+
+
+def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, **kwargs) -> dict:
+    """hypura.Llama keywords for `parallel` sequences of `n_ctx_per_seq` tokens each: one unified KV cache
+    of parallel x n_ctx_per_seq cells (sequences copy a shared prefix's cells instead of recomputing it),
+    n_seq_max = parallel, and flash attention unless asked otherwise (llama.cpp's default, "auto"): its CPU
+    kernel leaves a sequence's attention independent of the others in the batch (docs/engine.md)."""
+    if "n_ctx" in kwargs:
+        raise HypuraError("give n_ctx_per_seq: the context is parallel x n_ctx_per_seq tokens")
+    overrides = {name: dict(fields) for name, fields in (kwargs.pop("param_overrides", None) or {}).items()}
+    context = overrides.setdefault("context_params", {})
+    context.setdefault("n_seq_max", parallel)
+    context.setdefault("kv_unified", True)
+    if "flash_attn" not in kwargs:
+        context.setdefault("flash_attn_type", llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    kwargs.setdefault("verbose", False)
+    return dict(kwargs, n_ctx=parallel * n_ctx_per_seq, param_overrides=overrides)
+
+
+def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 4096,
+         config: Optional[EngineConfig] = None, **llama_kwargs):
+    """Load `model_path` as hypura.Llama (llama-cpp-python's keywords plus Hypura's: plan, gpu_mem, ram, ...)
+    for `parallel` sequences of `n_ctx_per_seq` tokens, and start an Engine on it. Returns (llm, engine);
+    close the engine, then the Llama."""
+    from hypura import Llama
+
+    config = dataclasses.replace(config, parallel=parallel) if config else EngineConfig(parallel=parallel)
+    llm = Llama(str(model_path), **engine_llama_kwargs(parallel, n_ctx_per_seq, **llama_kwargs))
+    try:
+        engine = Engine(llm, config).start()
+    except BaseException:
+        llm.close()
+        raise
+    return llm, engine

@@ -1,0 +1,50 @@
+"""The engine's counters since it was made: requests, tokens, and steps timed as llama-batched-bench
+reports them (a step with any prompt chunk counts as prefill, one of generated tokens only as decode;
+a step's time runs from building its batch to the last sampled token's event)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypura.engine.types import FINISH_REASONS
+
+
+@dataclass
+class Phase:
+    steps: int = 0
+    tokens: int = 0  # prompt tokens evaluated (prefill) / tokens generated (decode)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "tokens": self.tokens, "seconds": self.seconds,
+                "tok_s": self.tokens / self.seconds if self.seconds else 0.0}
+
+
+@dataclass
+class Counters:
+    submitted: int = 0
+    finished: dict = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    prompt_tokens: int = 0  # of finished and running requests' prompts
+    cached_tokens: int = 0  # of those, reused from a shared prefix
+    generated_tokens: int = 0
+    prefill: Phase = field(default_factory=Phase)
+    decode: Phase = field(default_factory=Phase)
+    failed_steps: int = 0  # llama_decode failed or weights could not be streamed
+
+    def step(self, seconds: float, prompt_tokens: int, generated: int) -> None:
+        phase = self.prefill if prompt_tokens else self.decode
+        phase.steps += 1
+        phase.seconds += seconds
+        phase.tokens += prompt_tokens if prompt_tokens else generated
+        self.generated_tokens += generated
+
+    def as_dict(self, active: int, queued: int) -> dict:
+        return {
+            "requests": {"total": self.submitted, "active": active, "queued": queued,
+                         "finished": sum(self.finished.values()), "by_reason": dict(self.finished)},
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "generated_tokens": self.generated_tokens,
+            "steps": self.prefill.steps + self.decode.steps, "failed_steps": self.failed_steps,
+            "prefill": self.prefill.as_dict(), "decode": self.decode.as_dict(),
+            "prefill_tok_s": self.prefill.as_dict()["tok_s"], "decode_tok_s": self.decode.as_dict()["tok_s"],
+        }

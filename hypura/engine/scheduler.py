@@ -1,0 +1,55 @@
+"""What one step (one llama_decode) carries, under a token budget:
+
+    [ next token of every decoding sequence ][ prompt chunks, oldest request first, while budget lasts ]
+
+Decode tokens go first, so a long prompt never stalls the running sequences: it is evaluated in chunks
+over several steps, each taking the budget they leave. Logits are asked for only where a token is
+sampled: each decode token, and a prompt's last token (the chunk that completes it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypura.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: Sequence
+    tokens: list[int]
+    pos: int  # position of tokens[0] in the sequence
+    sample: bool  # sample from the logits of its last token
+    prompt: bool  # a prompt chunk (else a sequence's next generated token)
+
+
+@dataclass(frozen=True)
+class Step:
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks)
+
+    @property
+    def decode_only(self) -> bool:
+        """Only generated tokens (one per sequence): timed as decode, not prefill."""
+        return not any(c.prompt for c in self.chunks)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks if c.prompt)
+
+
+def plan_step(sequences: list[Sequence], budget: int) -> Step:
+    """`sequences` in admission order; `budget` >= their number (every decode token fits)."""
+    chunks = [Chunk(s, [s.next_token], s.n_past, True, False) for s in sequences if s.next_token is not None]
+    left = budget - len(chunks)
+    for s in sequences:
+        if left <= 0:
+            break
+        if s.prefilling:
+            n = min(len(s.prompt) - s.n_past, left)
+            chunks.append(Chunk(s, s.prompt[s.n_past: s.n_past + n], s.n_past, s.n_past + n == len(s.prompt), True))
+            left -= n
+    return Step(tuple(chunks))

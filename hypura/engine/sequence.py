@@ -1,0 +1,66 @@
+"""A request while it holds a slot: its prompt's progress through the KV cache, the tokens it generated,
+its sampler and its text, and the rules that end it. Engine thread only."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from hypura.engine.request import Request
+from hypura.engine.sampler import Sampler
+from hypura.engine.text import TextStream
+from hypura.engine.types import Event, Result
+
+
+class Sequence:
+    def __init__(self, request: Request, slot: int, cached: int, sampler: Sampler, text: TextStream,
+                 n_ctx: int, is_eog):
+        self.request, self.slot, self.sampler, self.text = request, slot, sampler, text
+        self.prompt = request.prompt
+        self.cached = cached  # prompt tokens whose KV came from another sequence (shared prefix)
+        self.n_past = cached  # tokens of this sequence in the KV cache
+        self.n_ctx = n_ctx
+        self._is_eog = is_eog
+        self.generated: list[int] = []
+        self.next_token: Optional[int] = None  # sampled, to be decoded by the next step
+        self.t_scheduled: Optional[float] = None  # its first step began
+        self.t_prompt_done: Optional[float] = None
+        self.t_first: Optional[float] = None
+        self.t_last: Optional[float] = None
+        self.finish_reason: Optional[str] = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+    def on_token(self, token: int) -> None:
+        """Take a sampled token: emit its text, or end the request (finish_reason set)."""
+        now = time.perf_counter()
+        if self.t_prompt_done is None:
+            self.t_prompt_done = now
+        p = self.request.params
+        if self._is_eog(token) and not p.ignore_eos:
+            self.finish_reason = "stop"  # the end-of-generation token is neither text nor counted
+            return
+        self.generated.append(token)
+        self.t_first = self.t_first or now
+        self.t_last = now
+        self.request.emit(Event(text=self.text.push(token), token=token))
+        if self.text.stopped:
+            self.finish_reason = "stop"
+        elif len(self.generated) == p.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:
+            self.finish_reason = "length"  # max_tokens, or the sequence's context is full
+        else:
+            self.next_token = token
+
+    def result(self, reason: str, error: Optional[str] = None) -> tuple[Result, str]:
+        """The Result, and the text released only now (held back until the end)."""
+        last = self.text.flush()
+        now = time.perf_counter()
+        start = self.t_scheduled or now
+        prompt_end = self.t_prompt_done or now
+        decode_s = self.t_last - self.t_first if self.t_first is not None else 0.0
+        return Result(text=self.text.text, tokens=tuple(self.generated), finish_reason=reason,
+                      prompt_tokens=len(self.prompt), cached_tokens=self.cached,
+                      queued_s=start - self.request.submitted, prompt_s=prompt_end - start,
+                      decode_s=decode_s, error=error), last

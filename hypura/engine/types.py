@@ -1,0 +1,90 @@
+"""What the batched engine takes and gives: a request's sampling settings, the events it streams, its
+result, and the errors `Engine.submit` raises. The HTTP server and `hypura bench --parallel` speak only
+these types and the Engine's methods (hypura/engine/__init__.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from hypura.errors import HypuraError
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's generation settings, with llama.cpp's sampler meanings (common/sampling.cpp)."""
+
+    max_tokens: int = 128  # -1: until a stop, end of generation or the sequence's context is full
+    temperature: float = 0.8  # <= 0: greedy (argmax)
+    top_k: int = 40  # <= 0: off
+    top_p: float = 0.95  # 1.0: off
+    min_p: float = 0.05  # 0.0: off
+    repeat_penalty: float = 1.0  # 1.0: off
+    repeat_last_n: int = 64  # tokens the penalties look back over
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: Optional[int] = None  # None: a random seed per request
+    stop: tuple[str, ...] = ()  # generation ends before the first of these strings (not returned)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        bad = []
+        if self.max_tokens < -1 or self.max_tokens == 0:
+            bad.append(f"max_tokens {self.max_tokens} (want >= 1, or -1 for no limit)")
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                bad.append(f"{name} {getattr(self, name)} (want a finite number)")
+        if not 0.0 <= self.top_p <= 1.0 or not 0.0 <= self.min_p <= 1.0:
+            bad.append(f"top_p {self.top_p} / min_p {self.min_p} (want 0..1)")
+        if self.repeat_penalty <= 0 or self.repeat_last_n < -1:
+            bad.append(f"repeat_penalty {self.repeat_penalty} / repeat_last_n {self.repeat_last_n} (want > 0 / >= -1)")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            bad.append(f"seed {self.seed} (want 0 .. 2^32-1)")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            bad.append("stop (want non-empty strings)")
+        if bad:
+            raise HypuraError("bad sampling settings: " + "; ".join(bad))
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a running request reports, in order: text as it is generated, then one final event."""
+
+    text: str  # new text since the previous event (held back while it may still start a stop string)
+    token: Optional[int] = None  # the token that produced it; None on the final event
+    finish_reason: Optional[str] = None  # set on the final event only: one of FINISH_REASONS
+    error: Optional[str] = None  # with finish_reason "error": why
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished request: what it generated and what it cost."""
+
+    text: str
+    tokens: tuple[int, ...]  # generated token ids
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int  # of prompt_tokens, reused from an earlier sequence's KV (shared prefix)
+    queued_s: float  # from submit() to its first scheduled step
+    prompt_s: float  # evaluating the prompt (its chunks' steps)
+    decode_s: float  # from the first generated token to the last
+    error: Optional[str] = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+class QueueFull(HypuraError):
+    """Too many requests wait already (EngineConfig.max_queue): try again later."""
+
+
+class PromptTooLong(HypuraError):
+    """The prompt (and at least one generated token) does not fit a sequence's context."""
+
+
+class EngineClosed(HypuraError):
+    """The engine was closed: no new requests."""
