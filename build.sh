@@ -181,9 +181,9 @@ setup_venv() {
     local want_stamp
     want_stamp=$(cat "$ROOT/pyproject.toml" | hash_of)
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want_stamp" ]; then
-        say "installing hypura (editable) and test dependencies"
+        say "installing hypura (editable), its server extra and test dependencies"
         # shellcheck disable=SC2046
-        "$py" -m pip install -q $(pip_offline_args) -e "$ROOT[test]" || die "could not install hypura"
+        "$py" -m pip install -q $(pip_offline_args) -e "$ROOT[test,server]" || die "could not install hypura"
         echo "$want_stamp" > "$stamp"
     fi
     # where hypura (and through it llama_cpp) finds our patched library

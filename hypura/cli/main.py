@@ -16,9 +16,10 @@ def _register() -> None:
     from hypura.cli.inspect_cmd import inspect
     from hypura.cli.profile_cmd import profile
     from hypura.cli.routing_cmd import routing
+    from hypura.cli.serve_cmd import serve
     from hypura.synth.command import synth
 
-    for command in (synth, profile, inspect, bench, routing):
+    for command in (synth, profile, inspect, bench, routing, serve):
         cli.add_command(command)
 
 

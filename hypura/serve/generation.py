@@ -1,0 +1,118 @@
+"""What both APIs do to run a request: prompt tokens (a rendered chat template, text or token ids),
+the context check, submission to the engine with its errors mapped to HTTP, and a whole result.
+
+Rendering and tokenizing run on a worker thread: a long conversation, or a hostile template running
+into its deadline, never stalls the loop that streams every other request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from hypura.engine import EngineClosed, PromptTooLong, QueueFull, Result, SamplingParams
+from hypura.errors import HypuraError
+from hypura.serve.bridge import EngineStream
+from hypura.serve.chat_template import TemplateError, TemplateRejected
+from hypura.serve.errors import ApiError
+from hypura.serve.registry import ModelEntry
+
+RETRY_AFTER_S = "1"  # a queue slot frees when any running request ends: ask for a quick retry
+
+
+async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) -> list[int]:
+    """The conversation through the model's chat template, tokenized as llama-cpp-python does after a
+    Jinja template: special tokens parsed, no BOS added (the template writes its own)."""
+    template = entry.chat_template()
+
+    def run() -> list[int]:
+        text = template.render(messages, add_generation_prompt=True, **template_vars)
+        return entry.engine.tokenize(text, add_special=False, parse_special=True)
+
+    try:
+        return await asyncio.to_thread(run)
+    except TemplateRejected as e:
+        raise ApiError(400, str(e)) from None
+    except TemplateError as e:
+        raise ApiError(500, f"model '{entry.name}': {e}") from None
+
+
+async def text_tokens(entry: ModelEntry, text: str) -> list[int]:
+    """A raw prompt, as llama-cpp-python's create_completion tokenizes it (BOS as the model wants)."""
+    return await asyncio.to_thread(entry.engine.tokenize, text, True, True)
+
+
+def checked_token_ids(entry: ModelEntry, tokens, field: str) -> list[int]:
+    """Token ids a client sent: ints of this model's vocabulary (llama.cpp would read out of bounds)."""
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ApiError(400, f"'{field}' must be a list of token ids")
+    bad = [t for t in tokens if not 0 <= t < entry.n_vocab]
+    if bad:
+        raise ApiError(400, f"'{field}' has token id {bad[0]}, outside this model's vocabulary "
+                            f"(0..{entry.n_vocab - 1})")
+    return tokens
+
+
+@dataclass(frozen=True)
+class Job:
+    """A request ready for the engine."""
+
+    entry: ModelEntry
+    tokens: list[int]
+    params: SamplingParams
+
+
+def make_job(entry: ModelEntry, tokens: list[int], params: SamplingParams, n_ctx: Optional[int] = None) -> Job:
+    """Check that the prompt leaves room for a token in the context (`n_ctx`, at most the server's per
+    sequence), and bound max_tokens by what is left of it."""
+    limit = entry.n_ctx if n_ctx is None else min(n_ctx, entry.n_ctx)
+    if not tokens:
+        raise ApiError(400, "the prompt is empty")
+    if len(tokens) >= limit:
+        raise ApiError(400, f"the prompt is {len(tokens)} tokens, but the context is {limit} tokens per "
+                            f"request (prompt and reply together): shorten it", "context_length_exceeded")
+    room = limit - len(tokens)
+    if params.max_tokens == -1 or params.max_tokens > room:
+        params = dataclasses.replace(params, max_tokens=room)
+    return Job(entry, tokens, params)
+
+
+def sampling(**fields) -> SamplingParams:
+    """SamplingParams from request fields (None: the default); its own check becomes a 400."""
+    try:
+        return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+    except HypuraError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def submit(job: Job) -> EngineStream:
+    try:
+        return EngineStream(job.entry.engine, job.tokens, job.params)
+    except QueueFull:
+        raise ApiError(429, "the server is busy: too many requests are waiting; retry shortly",
+                       "rate_limit_exceeded", {"Retry-After": RETRY_AFTER_S}) from None
+    except PromptTooLong as e:
+        raise ApiError(400, str(e), "context_length_exceeded") from None
+    except EngineClosed:
+        raise ApiError(503, "the server is shutting down") from None
+    except HypuraError as e:  # what else the engine refuses in a request
+        raise ApiError(400, str(e)) from None
+
+
+@dataclass(frozen=True)
+class Finished:
+    text: str
+    result: Result
+    error: Optional[str]  # the engine's reason when finish_reason is "error"
+
+
+async def run_to_end(job: Job) -> Finished:
+    """Submit and wait for the whole text (the caller races this against the client's disconnect)."""
+    stream = submit(job)
+    parts = []
+    async for event in stream.events():
+        parts.append(event.text)
+    result = stream.result()
+    return Finished("".join(parts), result, stream.final.error if stream.final else None)

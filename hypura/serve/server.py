@@ -1,0 +1,151 @@
+"""Running the server: bind, serve with uvicorn, load the models meanwhile, shut down cleanly.
+
+The socket is bound before anything loads (a taken port is one clear error, at once), then uvicorn
+serves while a thread loads each model through `hypura.Llama` and starts its engine: /health answers
+503 until every model is loaded, 200 after. A model that fails to load stops the server with its
+error. On shutdown (Ctrl-C, SIGTERM, `stop()`) open streams get a few seconds, are then cancelled
+(which cancels their engine requests), and the engines and models are closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import uvicorn
+
+from hypura.errors import HypuraError
+from hypura.model_file import read_header
+from hypura.serve.app import ServerState, create_app
+from hypura.serve.registry import open_model
+from hypura.serve.settings import ServeSettings
+
+log = logging.getLogger("hypura.serve")
+
+GRACEFUL_SHUTDOWN_S = 5  # streams still open at shutdown get this long before they are cancelled
+# uvicorn's default keeps idle connections 5 s; clients that pool connections reconnect when closed
+KEEP_ALIVE_S = 5
+
+
+def start_engine(path: Path, settings: ServeSettings):
+    """(llm, engine) for `path`: a hypura.Llama sized for `parallel` sequences of `n_ctx` tokens, planned
+    from the budgets when given, and its batched engine, started."""
+    from hypura.engine import EngineConfig, load
+
+    config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache)
+    return load(path, settings.parallel, settings.n_ctx, config=config, gpu_mem=settings.gpu_mem, ram=settings.ram,
+                **settings.llama_kwargs)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        raise HypuraError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)  # backlog: connections the kernel holds before uvicorn accepts them
+    return sock
+
+
+class _Stopped(BaseException):
+    """The signal that stopped the server, raised again by uvicorn once it has shut down."""
+
+
+@contextlib.contextmanager
+def _stop_signals_return():
+    """uvicorn shuts down on SIGINT/SIGTERM, then raises the signal again for the handler it found; with
+    this one, `run()` closes the models and returns (exit 0) instead of dying by the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(signum, frame):
+        raise _Stopped()
+
+    saved = {sig: signal.signal(sig, stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+class Server:
+    """One `hypura serve`: `run()` blocks (the CLI), `start()` serves from a thread (tests, embedding)."""
+
+    def __init__(self, settings: ServeSettings, engine_starter: Callable = start_engine, log_level: str = "info"):
+        for path in settings.models:  # a missing or broken file is one error now, not after binding
+            read_header(path)
+        self.settings = settings
+        self.state = ServerState(settings)
+        self.engine_starter = engine_starter
+        self.sock = bind(settings.host, settings.port)
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(create_app(self.state), log_level=log_level, lifespan="off",
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S)
+        self.uvicorn = uvicorn.Server(config)
+        self._loader = threading.Thread(target=self._load, name="hypura-serve-load", daemon=True)
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        host = self.settings.host
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+
+    def _load(self) -> None:
+        try:
+            for path in self.settings.models:
+                entry = open_model(Path(path), self.settings, self.engine_starter)
+                self.state.registry.add(entry)
+                log.info("loaded %s as %s in %.1f s", path, entry.name, entry.load_s)
+                if entry.template_error:
+                    log.warning("%s: %s (chat routes will answer 500)", entry.name, entry.template_error)
+            self.state.ready = True
+            log.info("ready: %s", ", ".join(e.name for e in self.state.registry))
+        except Exception as e:  # HypuraError, ModelFileError, llama.cpp's ValueError: the server cannot serve
+            self.state.error = f"loading failed: {e}"
+            self.uvicorn.should_exit = True
+
+    def run(self) -> None:
+        """Serve until stopped (Ctrl-C and SIGTERM stop it cleanly); raises HypuraError if a model failed
+        to load."""
+        self._loader.start()
+        try:
+            with _stop_signals_return():
+                self.uvicorn.run(sockets=[self.sock])
+        except _Stopped:
+            pass
+        finally:
+            self._close()
+        if self.state.error:
+            raise HypuraError(self.state.error)
+
+    def start(self) -> "Server":
+        """Serve from a thread; a model that fails to load stops it, with the reason in `state.error`."""
+        def run():
+            with contextlib.suppress(HypuraError):
+                self.run()
+
+        self._thread = threading.Thread(target=run, name="hypura-serve", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _close(self) -> None:
+        self._loader.join(GRACEFUL_SHUTDOWN_S)  # a model being loaded: closed too if it is done by then
+        if self._loader.is_alive():
+            log.warning("stopping while a model still loads")
+        self.state.ready = False
+        self.state.registry.close()
+        self.sock.close()

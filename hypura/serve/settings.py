@@ -1,0 +1,48 @@
+"""`hypura serve`'s settings, read once from its flags; every bound the server enforces is here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+from hypura.errors import HypuraError
+
+DEFAULT_HOST = "127.0.0.1"  # closed by default: reachable from this machine only unless --host says otherwise
+DEFAULT_PORT = 11434  # Ollama's port, so that Ollama clients find the server without configuration
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    models: tuple[Path, ...]  # GGUF files, loaded at start; requests can name only these
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    parallel: int = 4  # sequences decoded together per llama_decode (the engine's batch)
+    n_ctx: int = 4096  # context per sequence, in tokens
+    gpu_mem: Union[int, str, None] = None  # budgets passed to hypura.Llama, which plans placement from them
+    ram: Union[int, str, None] = None
+    api_key: Optional[str] = None  # when set, every route but /health wants "Authorization: Bearer KEY"
+    max_queue: int = 64  # requests waiting for a sequence beyond `parallel`; more get 429
+    # reuse the KV of a shared prefix (a chat's earlier turns) instead of evaluating it again; off, a reply
+    # depends on its prompt alone (a reused prefix's KV was computed in other batches: near ties can flip)
+    prefix_cache: bool = True
+    # a 128k-token conversation is about 0.5 MB of JSON; nothing larger (no images) is accepted
+    max_body_bytes: int = 8 << 20
+    llama_kwargs: dict = field(default_factory=dict)  # further hypura.Llama keyword arguments (n_threads, ...)
+
+    def __post_init__(self):
+        bad = []
+        if not self.models:
+            bad.append("no model")
+        if not 0 <= self.port <= 65535:
+            bad.append(f"--port {self.port} (want 0..65535)")
+        if self.parallel < 1:
+            bad.append(f"--parallel {self.parallel} (want >= 1)")
+        if self.n_ctx < 16:
+            bad.append(f"-c {self.n_ctx} (want >= 16 tokens per sequence)")
+        if self.max_queue < 1 or self.max_body_bytes < 1024:
+            bad.append(f"--max-queue {self.max_queue} / max_body_bytes {self.max_body_bytes} (want >= 1 / >= 1024)")
+        if self.api_key is not None and not self.api_key.strip():
+            bad.append("--api-key is empty")
+        if bad:
+            raise HypuraError("bad serve settings: " + "; ".join(bad))

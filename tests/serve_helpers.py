@@ -1,0 +1,39 @@
+"""The real server for tests: `hypura serve`'s Server with the real engine and the default model, in this
+process, on 127.0.0.1 and a free port."""
+
+from __future__ import annotations
+
+import time
+
+from hypura.serve.server import Server
+from hypura.serve.settings import ServeSettings
+from serve_fakes import MODEL  # noqa: F401  (the default model's name, for the tests importing it from here)
+# one llama.cpp thread: ggml's workers spin while they wait, and on a busy 2-core machine two starve each other
+ONE_THREAD = {"n_threads": 1, "n_threads_batch": 1}
+
+
+def real_server(model_path, parallel=4, n_ctx=512, **settings) -> Server:
+    settings.setdefault("llama_kwargs", ONE_THREAD)
+    server = Server(ServeSettings(models=(model_path,), port=0, parallel=parallel, n_ctx=n_ctx, **settings),
+                    log_level="warning").start()
+    deadline = time.monotonic() + 120
+    while not server.state.ready:
+        assert server.state.error is None, server.state.error
+        assert time.monotonic() < deadline, "the model did not load in 120 s"
+        time.sleep(0.05)
+    return server
+
+
+def engine_of(server):
+    return next(iter(server.state.registry)).engine
+
+
+def wait_idle(engine, timeout=10.0) -> dict:
+    """engine.metrics() once no request is active or queued (fails after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = engine.metrics()
+        if m["requests"]["active"] == 0 and m["requests"]["queued"] == 0:
+            return m
+        assert time.monotonic() < deadline, f"requests left running: {m['requests']}"
+        time.sleep(0.02)
