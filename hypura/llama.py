@@ -20,6 +20,7 @@ point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
 
 import llama_cpp  # noqa: E402
 
+from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
 from hypura.runtime.coactivation import CoactivationPredictor, CoactivationRecorder, model_key  # noqa: E402
@@ -179,11 +180,17 @@ class Llama(llama_cpp.Llama):
         with hooks:
             # weight copies queue on the host->GPU copy engine: a pinned activation copy would wait behind them
             lib().hypura_cpu_compute_pageable(copies_to_gpu)
+            log = LogCapture()  # llama.cpp says why a load failed only in its log
             try:
-                super().__init__(model_path, *args, **kwargs)
-            except Exception:
+                with log:
+                    super().__init__(model_path, *args, **kwargs)
+                log.replay()
+            except Exception as e:
                 hooks.raise_pending()
                 self._close_streamer()
+                clearer = log.failure(e, model_path)
+                if clearer is not None:
+                    raise clearer from None
                 raise
             finally:
                 files.close()
@@ -327,6 +334,19 @@ class Llama(llama_cpp.Llama):
             experts.drain()
         if recorder is not None:
             recorder.flush()
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """llama_cpp.Llama.tokenize with a buffer sized by the text: llama-cpp-python's holds the model's
+        training context (its context_length) on every call, gigabytes where a file states billions."""
+        n_max = len(text) + 3  # a token per byte at most, BOS, EOS and a space prefix
+        tokens = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), tokens, n_max, add_bos, special)
+        if n < 0:  # llama_tokenize asks for a buffer of -n tokens
+            tokens = (llama_cpp.llama_token * -n)()
+            n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), tokens, -n, add_bos, special)
+        if n < 0:
+            raise RuntimeError(f"Failed to tokenize: {len(text)} bytes of text, n_tokens={n}")
+        return list(tokens[:n])
 
     def clear_memory(self) -> None:
         """Empty the KV cache (the next decode starts at position 0)."""

@@ -153,6 +153,9 @@ ffi.cdef(
     void ggml_free(struct ggml_context * ctx);
     size_t ggml_tensor_overhead(void);
     struct ggml_tensor * ggml_new_tensor_1d(struct ggml_context * ctx, int type, int64_t ne0);
+    int64_t ggml_blck_size(int type);
+    size_t ggml_type_size(int type);
+    const char * ggml_type_name(int type);
 
     size_t ggml_backend_dev_count(void);
     ggml_backend_dev_t ggml_backend_dev_get(size_t index);

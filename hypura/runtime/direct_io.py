@@ -121,7 +121,9 @@ class DirectReader:
                 if n == 0 and got < target:  # nothing before the end of file; a short read that progressed is fine
                     failures += 1
                     if failures > self.retries:
-                        raise DiskReadError(f"{self.path}: reads at byte {pos + got} keep returning nothing")
+                        now = os.fstat(self.fd).st_size  # a file cut while in use reads as nothing past its new end
+                        cut = f": the file shrank to {now} bytes while in use" if now < self.size else ""
+                        raise DiskReadError(f"{self.path}: reads at byte {pos + got} keep returning nothing{cut}")
                 got += n
                 if self.direct and got < target:
                     got -= got % DIRECT_ALIGN  # O_DIRECT resumes on a block boundary

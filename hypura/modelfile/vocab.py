@@ -1,0 +1,106 @@
+"""The tokenizer tables checked as llama_vocab::impl::load reads them (src/llama-vocab.cpp).
+
+load() throws on a missing or mistyped table (clean, but late), aborts when two tokens share a
+text (GGML_ASSERT(id_to_token.size() == token_to_id.size())), and leaves traps for later: a
+vocabulary type without a tokenizer aborts at the first tokenize (GGML_ASSERT(type !=
+LLAMA_VOCAB_TYPE_NONE)), and an SPM vocabulary missing a byte token throws std::out_of_range out
+of llama_tokenize (byte_to_token), which no C caller can catch. Each is checked here.
+"""
+
+from __future__ import annotations
+
+import gguf
+
+from hypura.modelfile.metadata import Meta
+from hypura.modelfile.problems import Invalid, Name, Problem
+from hypura.modelfile.reader import TYPE_NAMES, type_name
+
+V = gguf.GGUFValueType
+
+TOKENS, SCORES, TOKEN_TYPE = "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"
+MERGES, MODEL, CHARSMAP = "tokenizer.ggml.merges", "tokenizer.ggml.model", "tokenizer.ggml.precompiled_charsmap"
+SUPPRESS = "tokenizer.ggml.suppress_tokens"
+DECODED_ARRAYS = frozenset({TOKENS})  # string arrays whose elements a check needs
+
+# llama-vocab.cpp load(): tokenizer models it knows, and those it reads BPE merges for
+_BPE_MODELS = ("gpt2", "hybriddna", "whitespace", "gemma4")
+_MODELS = _BPE_MODELS + ("llama", "bert", "t5", "rwkv", "plamo2")
+# "no_vocab"/"none" (no tokenizer) and "test" (a hash of the text) make a model that cannot
+# tokenize a prompt: llama.cpp aborts (GGML_ASSERT(type != LLAMA_VOCAB_TYPE_NONE)) when asked to
+_NO_TEXT_MODELS = ("no_vocab", "none", "test")
+# vocabularies whose tokenizer falls back to byte tokens "<0xXX>" with std::map::at (byte_to_token)
+_BYTE_TOKEN_MODELS = ("llama", "plamo2")
+
+
+def check_vocab(meta: Meta) -> int:
+    """The vocabulary size, after the checks of llama_vocab::impl::load."""
+    model = meta.scalar(MODEL, V.STRING, required=True)
+    if model in _NO_TEXT_MODELS:
+        raise Invalid(MODEL, model, "a tokenizer for text (Hypura runs prompts)")
+    if model not in _MODELS:
+        raise Invalid(MODEL, model, "one of llama.cpp's tokenizers: " + ", ".join(_MODELS))
+    meta.scalar("tokenizer.ggml.pre", V.STRING)
+    tokens = _array(meta, TOKENS, (V.STRING,), required=True)
+    n_tokens = tokens.count
+    if n_tokens < 1:
+        raise Invalid(TOKENS, type_name(tokens), "at least one token")
+    for key, types in ((SCORES, (V.INT32, V.FLOAT32)), (TOKEN_TYPE, (V.INT32,))):
+        kv = _array(meta, key, types)
+        if kv is not None and kv.count < n_tokens:
+            raise Invalid(key, type_name(kv), f"at least one entry per token ({n_tokens})")
+    _array(meta, SUPPRESS, (V.INT32,))
+    if model in _BPE_MODELS and not (meta.scalar("tokenizer.ggml.pre", V.STRING) == "kimi-k2" and
+                                     meta.find(MERGES) is None):
+        _array(meta, MERGES, (V.STRING,), required=True)
+    if model == "t5":
+        _charsmap(meta)
+    vocab_size = meta.u32("%s.vocab_size")
+    if vocab_size is not None and vocab_size != n_tokens:  # Hypura's planner sizes the logits by it
+        raise Invalid(meta.key("%s.vocab_size"), vocab_size, f"the tokenizer's {n_tokens} tokens")
+    texts = _unique_texts(tokens.items)
+    if model in _BYTE_TOKEN_MODELS:
+        _byte_tokens(texts, model)
+    return n_tokens
+
+
+def _array(meta: Meta, key: str, types: tuple, required: bool = False):
+    kv = meta.find(key)
+    if kv is None:
+        if required:
+            raise Invalid(key, Name("missing"), "the tokenizer's table (llama.cpp requires it)")
+        return None
+    if kv.vtype != V.ARRAY or kv.sub_type not in types:
+        names = " or ".join(f"arr[{TYPE_NAMES[t]}]" for t in types)
+        raise Invalid(key, type_name(kv), f"type {names} (llama-vocab.cpp: invalid gguf type)")
+    return kv
+
+
+def _unique_texts(items: list[bytes]) -> set[bytes]:
+    """The token texts as llama.cpp keys them, each once: read as C strings (gguf_get_arr_str), so cut at
+    a NUL byte, and an empty one becomes "[EMPTY_<id>]"."""
+    texts: dict[bytes, int] = {}
+    for i, text in enumerate(items):
+        text = text.split(b"\0", 1)[0] or f"[EMPTY_{i}]".encode()
+        first = texts.setdefault(text, i)
+        if first != i:
+            raise Invalid(f"{TOKENS}[{i}]", text, f"a token text of its own (token {first} has it)")
+    return set(texts)
+
+
+def _byte_tokens(texts: set[bytes], model: str) -> None:
+    for ch in range(256):
+        if f"<0x{ch:02X}>".encode() not in texts and (model == "plamo2" or bytes([ch]) not in texts):
+            raise Problem(f"{TOKENS} has no byte token <0x{ch:02X}>: expected one for every byte "
+                          f"(the {model} tokenizer falls back to them)")
+
+
+def _charsmap(meta: Meta) -> None:
+    kv = meta.find(CHARSMAP)
+    if kv is None:
+        return
+    if kv.vtype != V.ARRAY or kv.sub_type not in (V.INT8, V.UINT8):
+        raise Invalid(CHARSMAP, type_name(kv), "type arr[i8] or arr[u8]")
+    data = bytes(b & 0xFF for b in kv.items)
+    blob = int.from_bytes(data[:4], "little") if len(data) >= 4 else None
+    if blob is None or blob + 4 >= len(data):
+        raise Invalid(CHARSMAP, type_name(kv), "an XCDA blob size within the array (llama-vocab.cpp)")
