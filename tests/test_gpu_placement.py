@@ -214,10 +214,10 @@ def test_prompts_over_cpu_weights_that_change_within_a_graph(moe_model, dense_mo
     try:
         assert (llm._pager is not None) == (which == "paged experts")
         got = _logits(llm, tokens)
-        # the same CPU kernels read the same bytes (in session 11 the reference had repacking off while the
+        # the same CPU kernels read the same bytes (on the H200 the reference once had repacking off while the
         # host pool's layers were repacked, and the two differed by up to 0.39): bit-equal, but for the
         # pager's router hook, whose graph split alone moves H200 prompt logits by <= 2.4e-7
-        # (bench/prompt_numerics.py, 2026-12-03: the same with a no-op hook on resident experts)
+        # (H200, 2026-12-03: the same with a no-op hook on resident experts)
         assert not np.isnan(got).any()
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 if which == "paged experts" else 0)
         assert llm.stats()["stream"]["bytes"].get("disk", 0) > 0  # read within the prompt's graph

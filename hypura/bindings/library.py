@@ -60,7 +60,7 @@ def point_llama_cpp_at_our_library() -> Path:
 def preload_our_library() -> None:
     """Point llama_cpp at our library and load it now, when it is built; silent when not
     (`hypura synth`/`inspect` need no library). Loading it before numpy matters: on the GPU
-    machine's image, numpy first crashed llama.cpp's std::regex (bench/gpu_import_order.py)."""
+    machine's image, numpy first crashed llama.cpp's std::regex (H200, 2026-12-02)."""
     try:
         path = point_llama_cpp_at_our_library()
     except HypuraError:

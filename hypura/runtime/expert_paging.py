@@ -151,7 +151,7 @@ class PagingStats:
     def as_dict(self) -> dict:
         return {"accesses": self.accesses, "hits": self.hits, "reads": self.reads, "bytes": self.bytes,
                 "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served),
-                # what a layer's reads achieve while decode waits: beside burst_reads.py's rate for the same reads
+                # what a layer's reads achieve while decode waits: beside `hypura bench`'s disk probe of the same reads
                 "read_gbps_in_stall": self.waited_bytes / self.wait_s / 1e9 if self.wait_s else 0.0,
                 "prefetch": {"issued": self.prefetched, "used": self.prefetch_used, "waits": self.prefetch_waits,
                              "precision": self.prefetch_used / self.prefetched if self.prefetched else 0.0,

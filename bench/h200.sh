@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The benchmarks behind bench/RESULTS.md's H200 tables, in phases that one command runs in order:
+#   bash bench/h200.sh setup ab defaults ... pack
+# carry [".anchors", ".whl", ".device", ".prebuilt", ".oldtree"] (bench/device_prep.sh makes them; .oldtree, an
+# optional `git archive` of an earlier hypura/, is the other side of `ab`). One build serves both sides: our
+# patched library with no hooks installed is llama.cpp itself, so llama-bench, llama-completion and
+# llama-batched-bench from it are vanilla llama.cpp of the same source.
+# `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
+# machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
+#   phases: setup | ab | profile | defaults | cgroup | batched | serve | pack
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
+export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
+export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench llama-completion llama-batched-bench"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+export XDG_CACHE_HOME=/tmp/xdg  # a fresh machine: no cached profile, no recorded routing
+# the 70B and the MoE model are read from disk (O_DIRECT); the resident 14B does not fit beside them
+M70=/tmp/l70.gguf MQ3=/tmp/q3.gguf M14=/dev/shm/q14.gguf TOK=.device/tiny-llama.gguf
+KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
+GIB=$((1 << 30))
+hy() { python3 -m hypura.cli.main "$@"; }
+hycli() { python3 -m hypura.cli.llama_cli "$@"; }
+old() { PYTHONPATH=/tmp/site:$PWD/.oldtree python3 -m hypura.cli.main "$@"; }
+libdir() { cat /tmp/hypura-lib; }
+models_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
+drop_cache() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+note() { echo "$*" | tee -a "$RES/summary.txt"; }
+tps() { grep -o '"avg_ts": [0-9.]*' "$1" | awk '{print $2}' | paste -sd' '; }
+
+hold_gpu() {  # another process holds the GPU down to $1 GiB free (a torch allocation left alive)
+    release_gpu
+    setsid python3 -c "
+import torch, time, sys
+free, _ = torch.cuda.mem_get_info()
+keep = int(float(sys.argv[1]) * (1 << 30))
+x = torch.empty(free - keep, dtype=torch.uint8, device='cuda')
+open('/tmp/gpu-held', 'w').write(str(torch.cuda.mem_get_info()[0]))
+time.sleep(3600)" "$1" > /tmp/hold.log 2>&1 &
+    echo $! > /tmp/hold.pid
+    while [ ! -f /tmp/gpu-held ]; do sleep 1; done
+    note "GPU held: $(( $(cat /tmp/gpu-held) / (1 << 20) )) MiB free"
+}
+release_gpu() { [ -f /tmp/hold.pid ] && kill "$(cat /tmp/hold.pid)" 2> /dev/null; rm -f /tmp/hold.pid /tmp/gpu-held; sleep 2; }
+
+memory_cgroup() {  # a cgroup limited to $1 bytes of memory (page cache included); prints its folder
+    local cg
+    if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2> /dev/null; then
+        cg=/sys/fs/cgroup/hypura-budget; echo +memory > /sys/fs/cgroup/cgroup.subtree_control 2> /dev/null
+        mkdir -p $cg && echo "$1" > $cg/memory.max && echo 0 > $cg/memory.swap.max 2> /dev/null; [ -f $cg/memory.max ] || return 1
+    elif [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+        cg=/sys/fs/cgroup/memory/hypura-budget; mkdir -p $cg && echo "$1" > $cg/memory.limit_in_bytes || return 1
+    else return 1; fi
+    echo $cg
+}
+in_cgroup() { local cg=$1; shift; bash -c "echo \$\$ > $cg/cgroup.procs; exec $*"; }
+
+phase() {
+[ -f /tmp/hypura-lib ] && export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)  # a prebuilt one's RPATH is gone
+case "$1" in
+setup)  # wheels, models (in the background), the library (prebuilt or built), the GPU tests
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$RES/gpu.txt"
+    { lscpu | grep -iE "model name|^cpu\(s\)"; df -h /tmp /dev/shm; free -g; uname -r; } > "$RES/machine.txt"
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+    if [ "${MODELS:-1}" = 1 ] && [ ! -f /tmp/synth.rc ]; then
+        setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK > /tmp/synth70.log 2>&1 &
+            python3 -m hypura.cli.main synth qwen3-30b-a3b $MQ3 --tokenizer-from $TOK > /tmp/synthq3.log 2>&1 &
+            python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; wait
+            echo done > /tmp/synth.rc" > /dev/null 2>&1 &
+    fi
+    start=$SECONDS
+    if ls .prebuilt/lib-$KEY.tar.xz.part* > /dev/null 2>&1; then
+        mkdir -p /tmp/prebuilt && cat .prebuilt/lib-$KEY.tar.xz.part* | tar xJf - -C /tmp/prebuilt || exit 1
+        echo /tmp/prebuilt > /tmp/hypura-lib
+        note "prebuilt library $KEY"
+    elif [ ! -f /tmp/hypura-lib ]; then
+        lib=$(./build.sh lib 2> "$RES/build.log") || { tail -40 "$RES/build.log"; exit 1; }
+        note "build: $((SECONDS - start)) s, lib: $lib"
+        echo "$lib" > /tmp/hypura-lib
+        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench llama-completion llama-batched-bench | xz -T16 -3) \
+            | split -b 15M -d - "$OUT/lib-$KEY.tar.xz.part"
+    fi
+    export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)
+    if [ "${GPUTESTS:-1}" = 1 ]; then
+        HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf \
+            HYPURA_GPU_TEST_DENSE=$PWD/$TOK PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
+            timeout 180 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_gpu_placement.py > "$RES/pytest-gpu.txt" 2>&1
+        tail -3 "$RES/pytest-gpu.txt"
+    fi
+    ;;
+ab)  # the headline runs on this tree and on .oldtree, same library, same call: resident, dense streaming, paging
+    models_done
+    "$(libdir)/llama-bench" -m $M14 -ngl 99 -p 512 -n 128 -r 3 -o json > "$RES/vanilla-q14-ngl99.json" 2> /dev/null
+    note "q14 vanilla llama-bench -ngl 99 (pp512 tg128): $(tps "$RES/vanilla-q14-ngl99.json")"
+    "$(libdir)/llama-bench" -m $M70 -ngl 14 -p 0 -n 16 -r 3 -o json > "$RES/vanilla-l70-ngl14.json" 2> /dev/null
+    note "l70 vanilla llama-bench -ngl 14 tg16: $(tps "$RES/vanilla-l70-ngl14.json")"
+    for side in new old; do
+        run=hy; [ $side = old ] && run=old
+        [ $side = old ] && [ ! -d .oldtree ] && continue
+        $run bench $M14 -p 512 -n 128 -r 3 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
+        $run bench $M70 --gpu-mem 8GiB --ram 64GiB -c 256 -p 0 -n 16 -r 3 --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
+            | sed "s/^/l70 $side: /" | tee -a "$RES/summary.txt"
+        drop_cache
+        $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -c 256 -p 0 -n 32 -r 3 --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
+            | sed "s/^/q3 $side: /" | tee -a "$RES/summary.txt"
+    done
+    ;;
+profile)  # the full machine profile (the defaults ran on the brief first-use one); predictions of both
+    timeout 300 python3 -m hypura.cli.main profile --force --json --model $M70 > "$RES/profile-full.json" 2> "$RES/profile.err"
+    for p in brief full; do
+        f=$RES/profile-$p.json; [ $p = brief ] && f=$(ls /tmp/xdg/hypura/profile*.json 2> /dev/null | head -1)
+        [ -f "$f" ] || continue
+        hy inspect $M70 --gpu-mem 8GiB --ram 64GiB -c 256 --profile "$f" --json "$RES/plan-l70-g8-$p.json" > /dev/null 2>&1
+        hy inspect $MQ3 --gpu-mem 4GiB --ram 8GiB -c 256 --profile "$f" --json "$RES/plan-q3-g4-r8-$p.json" > /dev/null 2>&1
+        note "predicted ($p profile): l70 g8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-l70-g8-$p.json" | head -1), q3 g4 r8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-q3-g4-r8-$p.json" | head -1)"
+    done
+    ;;
+defaults)  # no placement flags, the GPU held by another process: vanilla's --fit beside Hypura's plan
+    models_done
+    args='-p "Once upon a time" -n 16 -no-cnv --temp 0'
+    hold_gpu 8.5
+    eval "\"$(libdir)/llama-completion\" -m $M70 $args" > "$RES/vanilla-l70-default.txt" 2>&1
+    note "l70 vanilla default @8.5: $(grep -a 'eval time' "$RES/vanilla-l70-default.txt" | tail -1)"
+    eval "hycli -m $M70 $args" > "$RES/hypura-l70-default.txt" 2>&1
+    note "l70 hypura default @8.5: $(grep -a 'hypura:\|eval time' "$RES/hypura-l70-default.txt" | tail -3 | paste -sd' ')"
+    hold_gpu 4.5
+    eval "\"$(libdir)/llama-completion\" -m $MQ3 $args" > "$RES/vanilla-q3-default.txt" 2>&1
+    note "q3 vanilla default @4.5: $(grep -a 'eval time' "$RES/vanilla-q3-default.txt" | tail -1)"
+    eval "hycli -m $MQ3 $args" > "$RES/hypura-q3-default.txt" 2>&1
+    note "q3 hypura default @4.5: $(grep -a 'hypura:\|eval time' "$RES/hypura-q3-default.txt" | tail -3 | paste -sd' ')"
+    release_gpu
+    ;;
+cgroup)  # the 70B larger than RAM too: a 24 GiB memory cgroup (page cache counted), cache dropped, GPU at 8.5 GiB
+    models_done
+    cg=$(memory_cgroup $((24 * GIB))) || { note "no memory cgroup here"; return 0; }
+    hold_gpu 8.5
+    drop_cache
+    in_cgroup $cg timeout 200 python3 -m hypura.cli.llama_cli -m $M70 -p "'Once upon a time'" -n 8 -no-cnv --temp 0 \
+        > "$RES/hypura-l70-cgroup.txt" 2>&1
+    note "l70 hypura cgroup 24G: $(grep -a 'hypura:\|eval time' "$RES/hypura-l70-cgroup.txt" | tail -3 | paste -sd' ')"
+    drop_cache
+    in_cgroup $cg timeout 200 python3 -m hypura.cli.main bench $M70 -p 0 -n 4 -r 1 --json "$RES/hypura-l70-cgroup-bench.json" \
+        > "$RES/hypura-l70-cgroup-bench.txt" 2>&1
+    note "l70 hypura bench cgroup 24G: $(tail -3 "$RES/hypura-l70-cgroup-bench.txt" | paste -sd' ')"
+    drop_cache
+    in_cgroup $cg timeout 120 "$(libdir)/llama-completion" -m $M70 -p "'Once upon a time'" -n 4 -no-cnv --temp 0 \
+        > "$RES/vanilla-l70-cgroup.txt" 2>&1
+    note "l70 vanilla cgroup 24G (rc $?): $(grep -a 'eval time' "$RES/vanilla-l70-cgroup.txt" | tail -1)"
+    release_gpu
+    ;;
+batched)  # aggregate decode and prefill at 1/4/16/32 sequences beside llama-batched-bench
+    models_done
+    bb() { "$(libdir)/llama-batched-bench" -m "$1" -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 "${@:2}" 2>&1 \
+        | grep -E '^\|' > "$RES/vanilla-batched-$(basename "$1" .gguf).txt"; cat "$RES/vanilla-batched-$(basename "$1" .gguf).txt"; }
+    bb $M70 -ngl 14
+    hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-l70.json" \
+        2>&1 | tail -8 | tee -a "$RES/summary.txt"
+    "$(libdir)/llama-batched-bench" -m $M14 -c 8192 -ngl 99 -npp 128 -ntg 16 -npl 16 2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q14.txt"
+    cat "$RES/vanilla-batched-q14.txt"
+    hy bench $M14 --parallel 16 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q14.json" 2>&1 | tail -4 | tee -a "$RES/summary.txt"
+    bb $MQ3 -ngl 99 -ncmoe 41
+    hy bench $MQ3 --gpu-mem 4GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q3.json" \
+        2>&1 | tail -8 | tee -a "$RES/summary.txt"
+    ;;
+serve)  # the same through `hypura serve`: 16 concurrent openai clients beside the engine alone
+    models_done
+    timeout 400 python3 bench/serve_throughput.py $M70 --clients 16 --parallel 16 --tokens 16 --gpu-mem 8GiB --ram 64GiB \
+        > "$RES/serve-l70.txt" 2>&1
+    tail -6 "$RES/serve-l70.txt" | tee -a "$RES/summary.txt"
+    ;;
+pack)
+    cp /tmp/synth*.log "$RES/" 2> /dev/null
+    tar czf "$OUT/results.tgz" -C "$RES" .
+    ;;
+*) echo "unknown phase $1"; exit 2 ;;
+esac
+}
+
+for p in "$@"; do
+    echo "== $p $(date +%T)" | tee -a "$RES/summary.txt"
+    phase "$p"
+done
