@@ -34,7 +34,7 @@ wheels() {
 }
 ls .whl/cffi-*.whl > /dev/null 2>&1 || wheels cffi pycparser diskcache gguf
 ls .whl/starlette-*.whl > /dev/null 2>&1 || wheels starlette uvicorn openai pydantic pydantic-core annotated-types \
-    typing-inspection jiter distro sniffio
+    typing-inspection jiter distro sniffio httpx2 httpcore2 truststore idna anyio h11 certifi typing-extensions
 ls .whl/llama_cpp_python-*.whl > /dev/null 2>&1 ||
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$PY" -m pip wheel -q --no-deps -w .whl "llama-cpp-python==0.3.36"
 
