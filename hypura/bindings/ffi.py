@@ -188,7 +188,7 @@ ffi.cdef(
     """
 )
 
-EXPECTED_API_VERSION = 8
+EXPECTED_API_VERSION = 9
 
 
 @functools.lru_cache(maxsize=None)
