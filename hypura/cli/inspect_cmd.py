@@ -37,6 +37,8 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 @click.option("-c", "--ctx-size", type=click.IntRange(1), default=4096, show_default=True, help="Context length.")
 @click.option("-ub", "--ubatch-size", type=click.IntRange(1), default=512, show_default=True,
               help="Prefill micro-batch.")
+@click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True,
+              help="Sequences decoded together (hypura serve/bench --parallel): plan for steps of this many tokens.")
 @click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default="f16", show_default=True,
               help="KV cache element type (llama.cpp -ctk/-ctv).")
 @click.option("--profile", "profile_spec", metavar="FILE|NAME",
@@ -55,12 +57,12 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the plan as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw placement by layer and tier as a PNG.")
 @click.option("--tensors", is_flag=True, help="List every tensor's tier.")
-def inspect(model, gpu_mem, ram, ctx_size, ubatch_size, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
+def inspect(model, gpu_mem, ram, ctx_size, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
             no_gpu, no_disk, prefetch_depth, routing, solver, json_out, plot, tensors) -> None:
     """Show where every tensor of MODEL would live and the predicted speed, reading only its header."""
     header = read_header(model)
     profile = machine_profile(profile_spec)
-    settings = PlanSettings(n_ctx=ctx_size, n_ubatch=ubatch_size, kv_bytes_per_element=KV_TYPES[kv_type],
+    settings = PlanSettings(n_ctx=ctx_size, n_ubatch=ubatch_size, kv_bytes_per_element=KV_TYPES[kv_type], parallel=parallel,
                             **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
     overrides = RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw, no_gpu=no_gpu)
     t0 = time.perf_counter()

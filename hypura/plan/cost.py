@@ -1,21 +1,34 @@
 """The cost model: one function from bytes moved per path to predicted tok/s.
 
-Decode, per token: every path moves its bytes concurrently (copies and disk reads are issued
-layers ahead by the prefetcher), but GPU and CPU compute run one after the other, because layer
-L+1 needs layer L's output. So
+Decode, per step: each of `parallel` sequences (llama.cpp's n_seq_max, the engine's batch) adds one
+token. Every path moves its bytes concurrently (copies and disk reads are issued layers ahead by the
+prefetcher), but GPU and CPU compute run one after the other, because layer L+1 needs layer L's output:
 
-    time = max(gpu_bytes/gpu_rate + cpu_bytes/cpu_rate + fixed costs,  link_bytes/link_rate,
-               disk_bytes/disk_rate)
+    step = max(gpu time + cpu time + op-offload copies + fixed costs,  link_bytes/link_rate,
+               disk_bytes/disk_rate);   aggregate decode tok/s = parallel / step
 
-which for the hybrid (CPU computes some non-resident layers while the link streams others into
-GPU slots) gives DESIGN.md's bound: non-resident bytes / (CPU rate + link rate).
-Prefill, per micro-batch: llama.cpp offloads every matmul of a batch >= 32 to the GPU, copying
-host weights over the link, so time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate).
-Beside CPU-computed weights from disk the runtime turns that offload off: the CPU's units then add
-their FLOPs at the CPU's rate, and their bytes leave the link.
+A device's time is its weight bytes at its read rate (measured by one-token decode, that token's
+compute included) plus the FLOPs of the step's other tokens at its matmul rate: CPU matmuls turn
+FLOP-bound within a few tokens, while a streamed or disk-read layer's bytes are paid once a step
+whatever the batch, so a batch moves the best split toward GPU compute. A batch also widens what a
+step reads of an MoE layer: each expert with probability 1 - (1 - p)^parallel, under uniform routing
+n_expert * (1 - (1 - k/n_expert)^parallel) distinct experts of a layer. From OP_OFFLOAD_MIN_BATCH
+tokens on, llama.cpp's op offload computes CPU-resident weights on the GPU after copying them (a
+stacked expert tensor whole) from pageable memory every step, at PAGEABLE_LINK_DEFAULT-like rates: why
+vanilla's batched decode of a partly offloaded model is slower at 32 sequences than at 16. The runtime
+turns op offload off beside CPU weights that hooks fill mid-graph (disk-tier ones).
 
-`traffic()` turns a placement into `Traffic`; the runtime and `bench` build `Traffic` from their
-counters and call the same `predict()` for the bound they print beside a measurement.
+For one sequence and the hybrid (the CPU computes some non-resident layers while the link streams
+others into GPU slots) this gives DESIGN.md's bound: non-resident bytes / (CPU rate + link rate).
+Prefill, per micro-batch: llama.cpp offloads every matmul of a batch >= 32 to the GPU, copying host
+weights over the link (streamed ones from pinned memory, CPU-resident ones from pageable memory), so
+time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate). Beside CPU-computed weights from
+disk the runtime turns that offload off: the CPU's units then add their FLOPs at the CPU's rate, and
+their bytes leave the link.
+
+`traffic()` turns a placement into `Traffic` (through `StepLoad`, which the solver also updates unit by
+unit); the runtime and `bench` build `Traffic` from their counters and call the same `predict()` for
+the bound they print beside a measurement.
 """
 
 from __future__ import annotations
@@ -49,6 +62,7 @@ class Rates:
     stream_split_s: float = knobs.STREAM_SPLIT_S  # when layers stream (the compute hooks are on)
     disk_readers: int = 1  # concurrent O_DIRECT readers that read fastest (the profile's best thread count)
     expert_disk_read: float | None = None  # random expert-sized reads (None: an older profile; disk_read)
+    pageable_link: float | None = None  # host->GPU copies from pageable memory (llama.cpp's op offload)
 
     def disk_seconds(self, nbytes: float, expert_bytes: float = 0.0) -> float:
         """Seconds to read nbytes from disk, of which expert_bytes are experts read where routers send
@@ -58,6 +72,10 @@ class Rates:
     def link_beside(self, cpu_bytes: float) -> float | None:
         """The link's rate when the CPU decodes `cpu_bytes` a token at the same time (both read RAM)."""
         return self.link * knobs.LINK_BESIDE_CPU if self.link and cpu_bytes > 0 and not self.unified else self.link
+
+    @property
+    def pageable_rate(self) -> float:
+        return self.pageable_link or knobs.PAGEABLE_LINK_DEFAULT
 
     @property
     def has_gpu(self) -> bool:
@@ -70,7 +88,8 @@ class Rates:
 
 @dataclass(frozen=True)
 class Traffic:
-    """Bytes per decode token on each path, and per prefill micro-batch of n_ubatch tokens."""
+    """Bytes per decode step (one token of each of `parallel` sequences) on each path, and per prefill
+    micro-batch of n_ubatch tokens."""
 
     gpu_bytes: float = 0.0  # read by GPU compute: resident weights, filled slots, KV
     cpu_bytes: float = 0.0  # read by CPU compute
@@ -86,20 +105,27 @@ class Traffic:
     prefill_disk_bytes: float = 0.0
     prefill_on_gpu: bool = False  # a plan that uses the GPU computes batches there (op_offload)
     prefill_cpu_flops: float = 0.0  # of prefill_flops, what the CPU computes all the same (op_offload off)
+    prefill_offload_bytes: float = 0.0  # of prefill_link_bytes, CPU-resident weights copied from pageable memory
+    parallel: int = 1  # tokens a decode step carries, one per sequence
+    decode_gpu_flops: float = 0.0  # a step's FLOPs (all its tokens) computed by the GPU
+    decode_cpu_flops: float = 0.0
+    offload_bytes: float = 0.0  # host weights op offload copies to the GPU every step (parallel >= 32)
+    op_offload: bool = True  # llama.cpp's op offload as the plan wants it (the engine's loader applies False)
 
 
 @dataclass(frozen=True)
 class Prediction:
-    decode_tok_s: float
-    decode_limit: str  # which path bounds a token: gpu | cpu | link | disk
+    decode_tok_s: float  # aggregate: every sequence's tokens
+    decode_limit: str  # which path bounds a step: gpu | cpu | offload (op offload's copies) | link | disk
     prefill_tok_s: float
     prefill_limit: str  # compute | link | disk
-    seconds: dict = field(default_factory=dict)  # per decode token, per path (+ "overhead")
-    bytes_per_token: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)  # per decode step, per path (+ "overhead")
+    bytes_per_token: dict = field(default_factory=dict)  # per decode step (one token when parallel is 1)
+    parallel: int = 1
 
     def gbps(self) -> dict:
         """Each path's rate at the predicted tok/s, GB/s: the headline a streaming engine prints."""
-        return {k: v * self.decode_tok_s / 1e9 for k, v in self.bytes_per_token.items()}
+        return {k: v * self.decode_tok_s / self.parallel / 1e9 for k, v in self.bytes_per_token.items()}
 
 
 def _div(num: float, rate: float | None) -> float:
@@ -108,52 +134,144 @@ def _div(num: float, rate: float | None) -> float:
     return num / rate if rate else float("inf")
 
 
+def step_probability(p: float, parallel: int) -> float:
+    """Probability that a step of `parallel` tokens reads a unit each token reads with probability p."""
+    return 1.0 if p >= 1.0 else 1.0 - (1.0 - p) ** parallel
+
+
+def batch_compute_s(nbytes: float, flops: float, read_rate: float | None, flop_rate: float | None,
+                    parallel: int) -> float:
+    """A device's seconds for a step: its weight bytes at the one-token decode rate (that token's compute
+    included), then the FLOPs of the step's other tokens at its matmul rate."""
+    return _div(nbytes, read_rate) + _div(flops * (parallel - 1) / parallel, flop_rate)
+
+
+def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, offload: float, link: float,
+                   disk: float, expert_disk: float, r: Rates, parallel: int) -> dict:
+    """Seconds of one decode step on each path, fixed costs left out (predict adds them)."""
+    return {GPU: batch_compute_s(gpu, gpu_flops, r.gpu_read, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT, parallel),
+            CPU: batch_compute_s(cpu, cpu_flops, r.cpu_read, r.cpu_flops, parallel),
+            "offload": _div(offload, r.pageable_rate),
+            # op offload's copies cross the same link as the streamed ones
+            "link": _div(link, r.link_beside(cpu)) + _div(offload, r.link), "disk": r.disk_seconds(disk, expert_disk)}
+
+
+@dataclass
+class StepLoad:
+    """What one decode step of `parallel` tokens asks of each path, summed unit by unit: traffic() adds
+    every unit, the solver moves units between devices with add(..., sign=-1) and add(...). CPU-computed
+    units in RAM are kept apart (`host`): from OP_OFFLOAD_MIN_BATCH tokens on, op offload computes them
+    on the GPU after a pageable copy, unless a disk-tier unit is CPU-computed (the runtime turns it off) or
+    the plan turns it off; llama.cpp does so on a GPU machine whatever the plan computes there (-ngl 0 too)."""
+
+    rates: Rates
+    parallel: int
+    op_offload_on: bool = True  # llama.cpp's context setting op_offload, as the plan leaves it
+    gpu: float = 0.0
+    gpu_flops: float = 0.0
+    cpu: float = 0.0
+    cpu_flops: float = 0.0
+    host: float = 0.0
+    host_flops: float = 0.0
+    host_copy: float = 0.0  # whole tensors: op offload copies a stacked expert tensor, not the experts used
+    link: float = 0.0
+    disk: float = 0.0
+    expert_disk: float = 0.0
+    disk_cpu: int = 0  # CPU-computed disk-tier units
+
+    def add(self, u, tier: str, dev: str, sign: int = 1) -> None:
+        a = sign * step_probability(u.p, self.parallel) * u.nbytes
+        f = 0.0 if u.host_only else sign * 2.0 * self.parallel * u.elements * u.p  # get_rows: no matmul
+        if tier == DISK:
+            self.disk += a
+            self.expert_disk += a if u.expert >= 0 else 0.0
+            self.disk_cpu += sign if dev == CPU and not u.host_only else 0
+        if dev == GPU:
+            self.gpu, self.gpu_flops = self.gpu + a, self.gpu_flops + f
+            if tier == RAM or (tier == DISK and not self.rates.unified):
+                self.link += a
+        elif tier == RAM and not u.host_only:
+            self.host, self.host_flops = self.host + a, self.host_flops + f
+            self.host_copy += sign * u.nbytes
+        else:
+            self.cpu, self.cpu_flops = self.cpu + a, self.cpu_flops + f
+
+    def add_kv(self, kv_tier: str, kv_bytes: float) -> None:
+        if kv_tier == GPU:
+            self.gpu += knobs.KV_READ_FILL * kv_bytes
+        else:
+            self.cpu += knobs.KV_READ_FILL * kv_bytes
+
+    @property
+    def op_offload(self) -> bool:
+        return (self.op_offload_on and self.rates.has_gpu and not self.rates.unified and self.disk_cpu == 0
+                and self.parallel >= knobs.OP_OFFLOAD_MIN_BATCH)
+
+    def paths(self) -> dict:
+        """Per-path bytes and FLOPs with the host units where llama.cpp computes them."""
+        if self.op_offload:
+            return dict(gpu=self.gpu + self.host, gpu_flops=self.gpu_flops + self.host_flops, cpu=self.cpu,
+                        cpu_flops=self.cpu_flops, offload=self.host_copy)
+        return dict(gpu=self.gpu, gpu_flops=self.gpu_flops, cpu=self.cpu + self.host,
+                    cpu_flops=self.cpu_flops + self.host_flops, offload=0.0)
+
+    def seconds(self) -> float:
+        """The step's time without fixed costs: what the solver's split minimises."""
+        s = decode_seconds(**self.paths(), link=self.link, disk=self.disk, expert_disk=self.expert_disk,
+                           r=self.rates, parallel=self.parallel)
+        return max(s[GPU] + s[CPU] + s["offload"], s["link"], s["disk"])
+
+
 def predict(t: Traffic, r: Rates) -> Prediction:
-    gpu_s, cpu_s = _div(t.gpu_bytes, r.gpu_read), _div(t.cpu_bytes, r.cpu_read)
+    s = decode_seconds(t.gpu_bytes, t.decode_gpu_flops, t.cpu_bytes, t.decode_cpu_flops, t.offload_bytes,
+                       t.link_bytes, t.disk_bytes, t.expert_disk_bytes, r, t.parallel)
     gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
     streaming = t.link_bytes > 0 or t.disk_bytes > 0
     overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
-    paths = {"compute": gpu_s + cpu_s + overhead, "link": _div(t.link_bytes, r.link_beside(t.cpu_bytes)),
-             "disk": r.disk_seconds(t.disk_bytes, t.expert_disk_bytes)}
+    paths = {"compute": s[GPU] + s[CPU] + s["offload"] + overhead, "link": s["link"], "disk": s["disk"]}
     limit = max(paths, key=paths.get)
     if limit == "compute":
-        limit = GPU if gpu_s + gpu_fixed >= cpu_s + cpu_fixed else CPU
-    token_s = max(paths.values())
+        parts = {GPU: s[GPU] + gpu_fixed, CPU: s[CPU] + cpu_fixed, "offload": s["offload"]}
+        limit = max(parts, key=parts.get)  # max() keeps the first of equals: gpu
+    step_s = max(paths.values())
 
     if t.prefill_on_gpu:
         pre_compute = _div(t.prefill_flops - t.prefill_cpu_flops, r.gpu_flops) + _div(t.prefill_cpu_flops, r.cpu_flops)
     else:
         pre_compute = _div(t.prefill_flops, r.cpu_flops)
-    pre = {"compute": pre_compute, "link": _div(t.prefill_link_bytes, r.link),
-           "disk": _div(t.prefill_disk_bytes, r.disk_read)}
+    pre_link = _div(t.prefill_link_bytes - t.prefill_offload_bytes, r.link) + _div(t.prefill_offload_bytes,
+                                                                                   r.pageable_rate)
+    pre = {"compute": pre_compute, "link": pre_link, "disk": _div(t.prefill_disk_bytes, r.disk_read)}
     pre_limit = max(pre, key=pre.get)
     batch_s = max(pre.values())
+    nbytes = {"gpu": t.gpu_bytes, "cpu": t.cpu_bytes, "link": t.link_bytes, "disk": t.disk_bytes}
+    seconds = {"gpu": s[GPU], "cpu": s[CPU], "link": s["link"], "disk": s["disk"], "overhead": overhead}
+    if t.offload_bytes:
+        nbytes["offload"], seconds["offload"] = t.offload_bytes, s["offload"]
     return Prediction(
-        decode_tok_s=1.0 / token_s if token_s > 0 else float("inf"),
+        decode_tok_s=t.parallel / step_s if step_s > 0 else float("inf"),
         decode_limit=limit,
         prefill_tok_s=t.n_ubatch / batch_s if batch_s > 0 else float("inf"),
-        prefill_limit=pre_limit,
-        seconds={"gpu": gpu_s, "cpu": cpu_s, "link": paths["link"], "disk": paths["disk"], "overhead": overhead},
-        bytes_per_token={"gpu": t.gpu_bytes, "cpu": t.cpu_bytes, "link": t.link_bytes, "disk": t.disk_bytes},
+        prefill_limit=pre_limit, seconds=seconds, bytes_per_token=nbytes, parallel=t.parallel,
     )
 
 
 def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tier: str, kv_bytes: int,
-            rates: Rates, n_ubatch: int = knobs.N_UBATCH) -> Traffic:
+            rates: Rates, n_ubatch: int = knobs.N_UBATCH, parallel: int = 1, op_offload: bool = True) -> Traffic:
     """Bytes per path of a placement: `tiers[i]` (gpu|ram|disk) and `compute[i]` (gpu|cpu) of
-    unit i; a dense unit is read every token, an expert with its probability p."""
-    acc = dict.fromkeys(PATHS, 0.0)
-    pre_link = pre_disk = flops = expert_disk = 0.0
+    unit i; a dense unit is read every step, an expert when any of the step's `parallel` tokens selects
+    it (each with its probability p). op_offload False: the plan turns llama.cpp's op offload off (a batch's
+    CPU units then compute on the CPU, prompts too)."""
+    on_gpu = rates.has_gpu and GPU in compute
+    step = StepLoad(rates, parallel, op_offload)
+    for u, tier, dev in zip(mu.units, tiers, compute):
+        step.add(u, tier, dev)
+    step.add_kv(kv_tier, kv_bytes)
+    offloaded = step.op_offload  # a step's host units computed on the GPU: one graph split with its units
+    pre_link = pre_disk = flops = 0.0
     cpu_flops = cpu_link = 0.0  # what op offload would move to the GPU in a batch: CPU units' flops and bytes
     layer_devs: dict[tuple[int, int], set[str]] = {}
     for u, tier, dev in zip(mu.units, tiers, compute):
-        a = u.p * u.nbytes
-        acc[dev] += a
-        if tier == DISK:
-            acc["disk"] += a
-            expert_disk += a if u.expert >= 0 else 0.0
-        if dev == GPU and (tier == RAM or (tier == DISK and not rates.unified)):
-            acc["link"] += a
         if u.host_only:
             continue  # get_rows of one embedding row: no matmul, no batch copy
         unit_flops = 2.0 * n_ubatch * u.elements * u.p
@@ -166,8 +284,7 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
             if dev == CPU:
                 cpu_flops, cpu_link = cpu_flops + unit_flops, cpu_link + touched
         part = 0 if u.role in ("attn", "norm", "other") else 1
-        layer_devs.setdefault((u.stage, part), set()).add(dev)
-    acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * kv_bytes
+        layer_devs.setdefault((u.stage, part), set()).add(GPU if offloaded and tier == RAM else dev)
     # attention runs where the KV cache is, between the projections (q, k, v before; output after)
     kv_dev = kv_tier if kv_tier == GPU else CPU
     for (stage, part), devs in list(layer_devs.items()):
@@ -176,21 +293,25 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
 
     sequence = [d for key in sorted(layer_devs) for d in sorted(layer_devs[key])]
     splits = sum(a != b for a, b in zip(sequence, sequence[1:]))
-    on_gpu = rates.has_gpu and GPU in compute
-    # the runtime turns op offload off beside CPU weights that hooks fill mid-graph (disk-tier ones): then
-    # the CPU computes every CPU unit of a batch too, and none of their bytes cross the link
-    offload_off = on_gpu and any(tier == DISK and dev == CPU for tier, dev in zip(tiers, compute))
+    # the runtime turns op offload off beside CPU weights that hooks fill mid-graph (disk-tier ones), the plan
+    # may too: then the CPU computes every CPU unit of a batch too, and none of their bytes cross the link
+    offload_off = on_gpu and (not op_offload or any(tier == DISK and dev == CPU for tier, dev in zip(tiers, compute)))
     if offload_off:
         pre_link -= cpu_link
     layers = {GPU: set(), CPU: set()}
     for (layer, _), devs in layer_devs.items():
         for d in devs:
             layers[d].add(layer)
+    paths = step.paths()
     return Traffic(
-        gpu_bytes=acc[GPU], cpu_bytes=acc[CPU], link_bytes=acc["link"], disk_bytes=acc["disk"],
-        expert_disk_bytes=expert_disk,
+        gpu_bytes=paths["gpu"], cpu_bytes=paths["cpu"], link_bytes=step.link, disk_bytes=step.disk,
+        expert_disk_bytes=step.expert_disk,
         gpu_layers=len(layers[GPU]), cpu_layers=len(layers[CPU]), splits=splits,
         n_ubatch=n_ubatch, prefill_flops=flops, prefill_link_bytes=pre_link if on_gpu else 0.0,
         prefill_disk_bytes=pre_disk, prefill_on_gpu=on_gpu,
         prefill_cpu_flops=cpu_flops if offload_off else 0.0,
+        # CPU-resident weights sit in pageable host memory; on unified memory the GPU reads RAM as it is
+        prefill_offload_bytes=cpu_link if on_gpu and not offload_off and not rates.unified else 0.0,
+        parallel=parallel, decode_gpu_flops=paths["gpu_flops"], decode_cpu_flops=paths["cpu_flops"],
+        offload_bytes=paths["offload"], op_offload=op_offload,
     )

@@ -29,6 +29,8 @@ def with_expert_cache(plan: Plan, mu: ModelUnits, expert_probs: Mapping[int, Seq
     r, dims = plan.rates, mu.dims
     if not mu.experts or r.gpu_read is None or not r.link or plan.unified:
         return plan
+    if plan.prediction.parallel > 1:
+        return plan  # the cache serves one-token batches (ExpertCacheSettings.max_tokens): a batch computes from RAM
     experts = [u for u in mu.units if u.expert >= 0]
     tiers = _expert_tiers(plan, mu)
     if DISK in tiers.values():

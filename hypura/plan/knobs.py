@@ -85,3 +85,12 @@ HOST_BUFFER_OFFLOADED = 64 * MiB
 # (streaming attention would drag the KV cache along)
 ROLE_RANK = {"norm": 0, "other": 0, "router": 1, "attn": 2, "output": 3, "shared": 4,
              "ffn": 5, "expert": 6, "embd": 7}
+
+# --- parallel sequences (batched decode) -----------------------------------------------------
+# llama.cpp's CUDA backend computes an op whose weight lies in a host buffer on the GPU, copying the
+# weight there first, once the op's batch reaches this many tokens (ggml-cuda.cu,
+# ggml_backend_cuda_device_offload_op; GGML_OP_OFFLOAD_MIN_BATCH overrides it)
+OP_OFFLOAD_MIN_BATCH = 32
+# those copies read ordinary (pageable) host memory, staged by the driver: H200 profile 8.5 GB/s,
+# 7.3 on 2026-12-04 (DESIGN.md); used when a profile did not measure its own (h2d_pageable_bw)
+PAGEABLE_LINK_DEFAULT = 8e9

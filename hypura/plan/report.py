@@ -124,15 +124,17 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
 
 def describe_prediction(plan: Plan) -> list[str]:
     pr = plan.prediction
-    rows = [["  path", "bytes/token", "s/token", "at predicted rate"]]
+    unit = "token" if pr.parallel == 1 else "step"  # a step: one token of each sequence
+    rows = [["  path", f"bytes/{unit}", f"s/{unit}", "at predicted rate"]]
     rates = pr.gbps()
-    for path in ("gpu", "cpu", "link", "disk"):
-        b = pr.bytes_per_token[path]
+    for path in ("gpu", "cpu", "offload", "link", "disk"):  # offload: op offload's pageable copies
+        b = pr.bytes_per_token.get(path, 0)
         if b:
             rows.append([f"  {path}", fmt_size(b), f"{pr.seconds[path]:.4f}", f"{rates[path]:.1f} GB/s"])
     rows.append(["  fixed", "", f"{pr.seconds['overhead']:.4f}", "per-layer costs and CPU/GPU hand-offs"])
     rate = lambda x: f"{x:.0f}" if x >= 100 else f"{x:.3g}"  # noqa: E731
-    return ([f"predict  decode {rate(pr.decode_tok_s)} tok/s (limited by {pr.decode_limit}), "
+    return ([f"predict  {'decode' if pr.parallel == 1 else f'aggregate decode of {pr.parallel} sequences'} "
+             f"{rate(pr.decode_tok_s)} tok/s (limited by {pr.decode_limit}), "
              f"prefill {rate(pr.prefill_tok_s)} tok/s (limited by {pr.prefill_limit})",
              f"         a chat turn ({knobs.OBJECTIVE_PROMPT_TOKENS} prompt + {knobs.OBJECTIVE_DECODE_TOKENS} "
              f"generated tokens, what plans minimise): {turn_seconds(pr):.1f} s"] + _table(rows))

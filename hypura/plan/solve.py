@@ -33,20 +33,23 @@ from dataclasses import dataclass
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
-from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic, predict, traffic
+from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, predict, traffic
 from hypura.plan.units import ModelUnits
 
 
 @dataclass(frozen=True)
 class PlanSettings:
-    n_ctx: int = 4096  # llama.cpp's default context (common_params.n_ctx)
+    n_ctx: int = 4096  # llama.cpp's default context (common_params.n_ctx); every sequence's cells together
     n_ubatch: int = knobs.N_UBATCH
     prefetch_depth: int = knobs.PREFETCH_DEPTH
     kv_bytes_per_element: float = knobs.KV_BYTES_PER_ELEMENT
+    # sequences decoded together (`--parallel`, llama.cpp's n_seq_max): a decode step carries one token
+    # of each, and the plan minimises the time of such steps (cost.py)
+    parallel: int = 1
 
     def __post_init__(self):
-        if self.n_ctx < 1 or self.n_ubatch < 1 or self.prefetch_depth < 0:
-            raise HypuraError("context, micro-batch must be >= 1 and prefetch depth >= 0")
+        if self.n_ctx < 1 or self.n_ubatch < 1 or self.prefetch_depth < 0 or self.parallel < 1:
+            raise HypuraError("context, micro-batch and parallel sequences must be >= 1 and prefetch depth >= 0")
 
 
 @dataclass(frozen=True)
@@ -176,22 +179,15 @@ class _Problem:
                     tiers[i] = DISK
         return tiers
 
-    def split(self, tiers: list[str], kv_tier: str) -> list[str]:
-        """Move non-resident units to GPU compute (streamed into slots) while the time falls."""
-        units, r = self.mu.units, self.r
+    def split(self, tiers: list[str], kv_tier: str, op_offload: bool) -> list[str]:
+        """Move non-resident units to GPU compute (streamed into slots) while the step's time falls."""
+        units = self.mu.units
         compute = [GPU if t == GPU else CPU for t in tiers]
-        acc = {GPU: 0.0, CPU: 0.0}
-        disk = expert_disk = 0.0
+        step = StepLoad(self.r, self.s.parallel, op_offload)
         for u, t, c in zip(units, tiers, compute):
-            acc[c] += u.p * u.nbytes
-            disk += u.p * u.nbytes if t == DISK else 0.0
-            expert_disk += u.p * u.nbytes if t == DISK and u.expert >= 0 else 0.0
-        acc[kv_tier if kv_tier == GPU else CPU] += knobs.KV_READ_FILL * self.kv
-        g, c, link = acc[GPU], acc[CPU], 0.0
-        time = lambda g, c, link: max(g / r.gpu_read + c / r.cpu_read,  # noqa: E731
-                                      link / r.link_beside(c) if r.link else (float("inf") if link else 0.0),
-                                      r.disk_seconds(disk, expert_disk))
-        best = time(g, c, link)
+            step.add(u, t, c)
+        step.add_kv(kv_tier, self.kv)
+        best = step.seconds()
         # experts never stream through layer slots (the runtime would copy whole stacked tensors):
         # an expert cache loads them one by one instead (plan/experts.py)
         movable = [i for i, u in enumerate(units) if tiers[i] == DISK and not u.host_only and u.expert < 0]
@@ -201,21 +197,27 @@ class _Problem:
         spread = _spread_order(sorted({units[i].stage for i in ram}))
         # attention first: its CPU compute beside a GPU KV cache costs two more hand-offs a layer
         movable += sorted(ram, key=lambda i: (units[i].role != "attn", spread[units[i].stage], i))
-        for i in movable:  # disk units first: on unified memory they need no link copy
-            a = units[i].p * units[i].nbytes
-            dl = a if tiers[i] == RAM or not r.unified else 0.0
-            t = time(g + a, c - a, link + dl)
+        # disk units first: on unified memory they need no link copy, and the last CPU-computed one
+        # gone lets op offload back on for a large batch (StepLoad)
+        for i in movable:
+            step.add(units[i], tiers[i], CPU, -1)
+            step.add(units[i], tiers[i], GPU)
+            t = step.seconds()
             if t >= best:
+                step.add(units[i], tiers[i], GPU, -1)
+                step.add(units[i], tiers[i], CPU)
                 break
-            g, c, link, best = g + a, c - a, link + dl, t
+            best = t
             compute[i] = GPU
         return compute
 
-    def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str) -> Solution | _Shortfall:
+    def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
+              op_offload: bool = True) -> Solution | _Shortfall:
         """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
         host compute buffer) grown until what the placement needs fits in what was reserved."""
         b, units = self.b, self.mu.units
-        config = (f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
+        config = ((f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
+                  + ("" if op_offload else ", op offload off"))
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
         runtime = knobs.GPU_PROCESS_RAM if use_gpu else 0
         ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0) + runtime
@@ -229,7 +231,7 @@ class _Problem:
                 return self._shortfall(gpu_cap < 0, use_gpu, kv_tier, gpu_fixed + pool, b.ram - ram_cap,
                                        pool, staging, host_buf)
             tiers = fill(gpu_cap, ram_cap)
-            compute = self.split(tiers, kv_tier) if stream else [GPU if t == GPU else CPU for t in tiers]
+            compute = self.split(tiers, kv_tier, op_offload) if stream else [GPU if t == GPU else CPU for t in tiers]
             slots = self.slots_need(tiers, compute, lambda t, c: t != GPU and c == GPU)
             stages = self.slots_need(tiers, compute, lambda t, c: t == DISK)
             cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
@@ -250,7 +252,7 @@ class _Problem:
                   "compute": need_host, "staging": sum(stages), "runtime": runtime},
             DISK: {"weights": weights[DISK]},
         }
-        tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch)
+        tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch, self.s.parallel, op_offload)
         return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, predict(tr, self.r),
                         solver, config)
 
@@ -306,6 +308,10 @@ def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSetti
     never worse than it on the cost model."""
     p = _Problem(mu, budgets, rates, settings)
     streams = (False, True) if rates.can_stream_to_gpu else (False,)
-    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer") for g, kv, st in p.configs(streams)]
+    # from OP_OFFLOAD_MIN_BATCH sequences on, op offload copies CPU weights every step: a plan may turn it
+    # off (the CPU computes them, prompts too), which the objective weighs against slower prefill
+    offloads = (True, False) if rates.has_gpu and settings.parallel >= knobs.OP_OFFLOAD_MIN_BATCH else (True,)
+    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off)
+                  for g, kv, st in p.configs(streams) for off in offloads]
     candidates += [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
     return _pick(candidates, p)
