@@ -87,5 +87,5 @@ def rates_for(profile: MachineProfile, o: RateOverrides = RateOverrides()) -> Ra
         cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
         cpu_flops=profile.cpu.prefill_flops, gpu_read=pick(o.gpu_bw, gpu.decode_bw),
         link=pick(o.link_bw, link), gpu_flops=gpu.prefill_flops, unified=gpu.unified, disk_readers=readers,
-        expert_disk_read=experts,
+        expert_disk_read=experts, pageable_link=None if gpu.unified else gpu.h2d_pageable_bw,
     )
