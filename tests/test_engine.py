@@ -345,6 +345,29 @@ def test_a_streaming_error_ends_the_requests_of_its_step(tiny_llama, monkeypatch
         assert {r.finish_reason for r in results} == {"error"}
         assert all("could not be streamed" in r.error and "Input/output error" in r.error for r in results)
         assert engine.metrics()["requests"]["active"] == 0
+        # the engine is not left failed: the next request ends at once with the reason, and so on
+        for _ in range(2):
+            after = engine.submit(tokens, GREEDY).result(60)
+            assert after.finish_reason == "error" and "could not be streamed" in after.error
+        assert engine.metrics()["requests"]["active"] == 0
     finally:
         engine.close()
         llm.close()
+
+
+def test_budgets_plan_for_the_batch_and_the_plan_sets_op_offload(tiny_llama):
+    import dataclasses
+
+    from hypura.engine.loader import plan_for_parallel
+
+    kwargs = engine_llama_kwargs(8, 64, tiny_llama, ram="2GiB", gpu_mem="0")
+    plan = kwargs["plan"]
+    assert "gpu_mem" not in kwargs and "ram" not in kwargs  # the plan stands for them
+    assert plan.prediction.parallel == plan.traffic.parallel == 8 and plan.n_ctx == 8 * 64
+    assert "op_offload" not in kwargs["param_overrides"]["context_params"]
+    off = dataclasses.replace(plan, traffic=dataclasses.replace(plan.traffic, op_offload=False))
+    assert engine_llama_kwargs(8, 64, plan=off)["param_overrides"]["context_params"]["op_offload"] is False
+    # no budgets, no plan: no placement, hypura.Llama's own default
+    plain = engine_llama_kwargs(8, 64, tiny_llama)
+    assert "plan" not in plain and "gpu_mem" not in plain and plain["param_overrides"]["context_params"]["n_seq_max"] == 8
+    assert plan_for_parallel(tiny_llama, 2, 128, ram="2GiB").prediction.parallel == 2

@@ -86,7 +86,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
                                     link_rate=rates.link or 1.0)
     elif gpu_mem or ram:
         plan = plan_with_routing(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
-                                 settings=PlanSettings(n_ctx=n_ctx))
+                                 settings=PlanSettings(n_ctx=n_ctx, parallel=max(batched.parallel) if batched else 1))
     elif plan_file:
         plan = plan_file
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731

@@ -19,9 +19,10 @@ def bench_parallel(model, plan, settings: BatchBenchSettings, *, threads, n_gpu_
     from hypura.llama import Llama
 
     say(f"{max(settings.parallel)} sequences of {settings.n_ctx_per_seq} tokens at most")
-    llm = Llama(model, plan=plan, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu_layers,
-                expert_cache=expert_cache,
-                **settings.llama_kwargs(param_overrides={"context_params": {"flash_attn_type": flash_attn_type}}))
+    # a plan from budgets was made for the largest size (docs/engine.md); the keywords apply its op offload
+    llm = Llama(model, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu_layers, expert_cache=expert_cache,
+                **settings.llama_kwargs(plan=plan,
+                                        param_overrides={"context_params": {"flash_attn_type": flash_attn_type}}))
     settings = dataclasses.replace(settings, n_threads=llm.n_threads)
     say(f"threads  {llm.n_threads}")
     try:
@@ -31,6 +32,7 @@ def bench_parallel(model, plan, settings: BatchBenchSettings, *, threads, n_gpu_
     result.update(model=str(model), machine={"host": platform.node(), "python": sys.version.split()[0]}, **extra)
     if llm.plan is not None:
         result["plan"] = {"mode": llm.plan.mode, "config": llm.plan.config, "memory": llm.plan.memory,
+                          "parallel": llm.plan.prediction.parallel,
                           "prediction": dataclasses.asdict(llm.plan.prediction)}
     for line in report(result):
         click.echo(line)
