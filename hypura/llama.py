@@ -8,7 +8,6 @@ every tensor's placement goes through `hypura.runtime.placement.LoaderHooks`.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import warnings
 import weakref
 from typing import Callable, Iterable, Optional, Union
@@ -234,7 +233,6 @@ class Llama(llama_cpp.Llama):
         model = self._c_model()
         self._expert_copies = Transfers([], {}, False, copy_stream=True) if gpu else None
         self._caches_of = model
-        settings = self._with_share_threads(settings) if gpu else settings
         self._experts = ExpertStreamer(model, router.layers, router.n_used, settings,
                                        Tier.GPU if gpu else Tier.HOST, self._expert_copies, self._recorder)
         if self._on_route is None:  # hits need no Python; an on_route callback must see every batch
@@ -247,13 +245,6 @@ class Llama(llama_cpp.Llama):
                                           router.n_used)
         self._streamer.on_selected = self._lookahead.seen
         self._pager.likely_next = self._lookahead.likely_next
-
-    def _with_share_threads(self, settings: ExpertCacheSettings) -> ExpertCacheSettings:
-        """The CPU's share of the misses runs with the context's threads. It is opt-in (settings.cpu_rate):
-        on the H200 it made decode slower with every routing measured (bench/RESULTS.md, 2026-12-03)."""
-        if settings.cpu_rate and not settings.cpu_threads:
-            return dataclasses.replace(settings, cpu_threads=self.n_threads)
-        return settings
 
     def _route(self, layer: int, ids) -> None:
         if self._pager is not None:  # first: the experts must be in RAM before anything computes from them

@@ -90,13 +90,7 @@ ffi.cdef(
         int32_t max_tokens;
         int32_t n_expert;
         int32_t * slot_of;
-        struct ggml_tensor * keep;
-        struct ggml_tensor * cpu_out;
-        int32_t cpu_dirty;
-        struct ggml_tensor * cur;
     };
-    int32_t hypura_expert_cache_cpu(const struct hypura_expert_cache * cache, const float * x,
-                                    const int32_t * ids, int32_t n_tokens, float * out, int32_t n_threads);
     const struct hypura_expert_cache * hypura_expert_cache_new(
         const struct llama_model * model, int32_t layer, int32_t n_slots, int32_t max_tokens, int32_t tier);
     void hypura_expert_caches_free(const struct llama_model * model);

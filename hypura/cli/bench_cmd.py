@@ -39,9 +39,6 @@ from hypura.runtime.stats import describe
 @click.option("--expert-slots", type=click.IntRange(-1), default=None,
               help="MoE: an expert cache of this many slots a layer in GPU memory, the experts pinned in RAM "
                    "(-1: as many as --gpu-mem leaves beside the other tensors); llama.cpp places the rest.")
-@click.option("--cpu-share/--no-cpu-share", default=False, show_default=True,
-              help="With --expert-slots: the CPU computes a share of the missed experts beside the copies, "
-                   "by the profile's rates (measured slower on the H200 so far).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the random tokens (a run that records routing for a later plan should use another).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all results as JSON here.")
@@ -49,7 +46,7 @@ from hypura.runtime.stats import describe
               help="The batched engine at these sequence counts, as llama-batched-bench: -p prompt tokens and -n "
                    "decode steps per sequence; aggregate prefill and decode tok/s beside the bound.")
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
-          profile_spec, expert_slots, cpu_share, seed, json_out, parallel) -> None:
+          profile_spec, expert_slots, seed, json_out, parallel) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound.
 
     Where the plan keeps experts on disk, the disk is also probed for a second before and after the runs
@@ -80,10 +77,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
             if not gpu_mem:
                 raise HypuraError("--expert-slots -1 needs --gpu-mem")
             expert_slots = slots_for_budget(header, parse_size(gpu_mem))
-        rates = rates_for(machine_profile(profile_spec))  # the CPU's share of misses, and the bound
-        share = cpu_share and bool(rates.link)
-        cache = ExpertCacheSettings(expert_slots, cpu_rate=rates.cpu_read if share else 0.0,
-                                    link_rate=rates.link or 1.0)
+        rates = rates_for(machine_profile(profile_spec))  # for the bound
+        cache = ExpertCacheSettings(expert_slots)
     elif gpu_mem or ram:
         plan = plan_with_routing(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
                                  settings=PlanSettings(n_ctx=n_ctx, parallel=max(batched.parallel) if batched else 1))

@@ -12,12 +12,9 @@ Protocol (include/hypura.h "Expert caches" and the router hook; all on the threa
     else is decided (policy scores, counters, co-activation counts).
   - Any other batch calls routed(L, selected [n_tokens, k]) after L's router ran, before L's expert
     matmuls: replay the log; wait for L's loads in flight (prefetches) and publish them; a selected
-    expert with a slot is a hit; the misses split between the CPU and the copy engine (by rates,
-    settings): the copy engine's take the slots of the policy's victims (never one this batch
-    needs) and load (demand loads) while the CPU computes its share from RAM (hypura_expert_cache_cpu
-    on the layer's input); the loads are waited for and published; write L's slot ids (row t,
-    column i -> the slot of selected[t, i]) and keep/cpu_out (the CPU's outputs in their places;
-    cpu_dirty keeps the stream's C path off the layer until they are reset); then prefetch for the
+    expert with a slot is a hit; the misses take the slots of the policy's victims (never one this
+    batch needs) and load (demand loads); the loads are waited for and published; write L's slot ids
+    (row t, column i -> the slot of selected[t, i]); then prefetch for the
     next MoE layer the co-activation predictor's top experts into its slots, not waited for (its
     slots are free to overwrite: nothing reads them before their own hook waited, and the C side
     sees them only then).
@@ -44,7 +41,6 @@ from hypura.runtime.transfers import Piece, Transfers
 
 # host buffer types whose bytes are ggml's plain layout: slices of them copy into slots as they are
 PLAIN_HOST_BUFFERS = ("CPU", "CPU_Mapped", "CUDA_Host")
-CPU_COMPUTED = "cpu"  # accesses whose expert the CPU computed from RAM
 EXPERT_NAMES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
@@ -54,18 +50,12 @@ class ExpertCacheSettings:
     max_tokens: int = 1  # batches up to this many tokens use the cache (decode); needs slots >= k * max_tokens
     policy: str = DEFAULT_POLICY
     prefetch: int = -1  # experts prefetched for the next layer; -1: k (one token's worth)
-    # Missed experts split between the CPU, computing them where they lie, and the copy engine, which
-    # brings them to slots, whichever finishes first by these rates (bytes/s), both at once. cpu_rate
-    # 0: every miss is copied.
-    cpu_rate: float = 0.0
-    link_rate: float = 1.0
-    cpu_threads: int = 0  # threads for the CPU's share (0: ggml's default)
 
     def __post_init__(self):  # checked before a model loads
         if self.policy not in POLICIES:
             raise HypuraError(f"unknown expert cache policy {self.policy!r}; known: {', '.join(POLICIES)}")
-        if self.max_tokens < 1 or self.cpu_rate < 0 or self.link_rate <= 0:
-            raise HypuraError("expert cache settings: max_tokens must be >= 1, cpu_rate >= 0, link_rate > 0")
+        if self.max_tokens < 1:
+            raise HypuraError("expert cache settings: max_tokens must be >= 1")
 
 
 class _Layer:
@@ -81,8 +71,6 @@ class _Layer:
         self.parts = [(c_cache.slots[i], ffi.cast("uint8_t *", lib().ggml_get_data(c_cache.experts[i])),
                        lib().ggml_nbytes(c_cache.slots[i]) // n_slots)
                       for i in range(3) if c_cache.experts[i] != ffi.NULL]
-        # cpu_out (F32 [n_embd, n_used, max_tokens]) over ids (I32 [n_used, max_tokens])
-        self.n_embd = lib().ggml_nbytes(c_cache.cpu_out) // lib().ggml_nbytes(c_cache.ids)
 
     def take_slot(self, expert: int, pinned: set) -> Optional[int]:
         """A slot for `expert` (evicting the policy's victim outside `pinned`), None if none can be had."""
@@ -154,12 +142,9 @@ class ExpertStreamer:
         ly = self.layers[layer]
         self._wait(ly)
         rows = selected.tolist()  # plain ints: this runs once per MoE layer and token
-        on_cpu = self._cpu_share(ly, rows)
-        uses = self._account(ly, rows, on_cpu)
+        uses = self._account(ly, rows)
         demand = []
         for e in uses:
-            if e in on_cpu:
-                continue
             if e not in ly.slot_of:
                 slot = ly.take_slot(e, set(uses))
                 if slot is None:
@@ -168,14 +153,11 @@ class ExpertStreamer:
             ly.cache.touch(e)
         if demand:
             self._load(ly, demand, "demand")
-        cpu_out = self._compute_on_cpu(ly, rows, on_cpu)  # while the copy engine loads the others
-        if demand:
             self._wait(ly)
         ly.publish()
         slot_of = ly.slot_of
-        ids = np.array([[slot_of.get(e, 0) for e in row] for row in rows], np.int32)  # CPU's: any slot
+        ids = np.array([[slot_of[e] for e in row] for row in rows], np.int32)
         lib().ggml_backend_tensor_set(ly.c.ids, ffi.from_buffer(ids), 0, ids.nbytes)
-        self._set_cpu_share(ly, rows, on_cpu, cpu_out)
         self._observe(layer, rows)
         self._prefetch(layer, rows)
         self.hook_s += time.perf_counter() - t0
@@ -193,9 +175,8 @@ class ExpertStreamer:
                     ly.cache.touch(e)
                 self._observe(layer, rows)
 
-    def _account(self, ly: _Layer, rows: list, on_cpu: set = frozenset()) -> Counter:
-        """Count a batch's accesses (one per token and selected expert): hits, loads from RAM, or
-        computed by the CPU."""
+    def _account(self, ly: _Layer, rows: list) -> Counter:
+        """Count a batch's accesses (one per token and selected expert): hits or loads from RAM."""
         uses = Counter(e for row in rows for e in row)
         self.stats.accesses += sum(map(len, rows))
         for e, count in uses.items():
@@ -205,58 +186,8 @@ class ExpertStreamer:
                     ly.cache.prefetched.discard(e)
                     self.stats.prefetch_used += 1
             else:
-                self.stats.hits[CPU_COMPUTED if e in on_cpu else RAM] += count
+                self.stats.hits[RAM] += count
         return uses
-
-    # --- the CPU's share of the misses --------------------------------------------------------
-    def _cpu_share(self, ly: _Layer, rows: list) -> set:
-        """The missed experts the CPU computes: each goes to whichever of the CPU and the copy engine
-        finishes its queue first (an expert costs its bytes over that path's rate)."""
-        s = self.settings
-        if not s.cpu_rate or ly.c.cur == ffi.NULL:  # NULL: this architecture weights experts' inputs
-            return set()
-        size = sum(part[2] for part in ly.parts)
-        cpu_s = link_s = 0.0
-        out = set()
-        for e in sorted({e for row in rows for e in row} - ly.slot_of.keys()):
-            if cpu_s + size / s.cpu_rate <= link_s + size / s.link_rate:
-                cpu_s += size / s.cpu_rate
-                out.add(e)
-            else:
-                link_s += size / s.link_rate
-        return out
-
-    def _compute_on_cpu(self, ly: _Layer, rows: list, on_cpu: set) -> Optional[np.ndarray]:
-        """[n_tokens, k, n_embd] outputs of the CPU's experts (other positions repeat one of them)."""
-        if not on_cpu:
-            return None
-        L, c = lib(), ly.c
-        n_tokens, k = len(rows), len(rows[0])
-        x = np.empty((n_tokens, ly.n_embd), np.float32)
-        L.ggml_backend_tensor_get(c.cur, ffi.from_buffer(x), 0, x.nbytes)
-        some = next(iter(on_cpu))
-        ids = np.array([[e if e in on_cpu else some for e in row] for row in rows], np.int32)
-        out = np.empty((n_tokens, k, ly.n_embd), np.float32)
-        if L.hypura_expert_cache_cpu(c, ffi.from_buffer("float[]", x), ffi.from_buffer("int32_t[]", ids), n_tokens,
-                                     ffi.from_buffer("float[]", out), self.settings.cpu_threads) != 0:
-            raise HypuraError("the CPU could not compute its share of the experts")
-        return out
-
-    def _set_cpu_share(self, ly: _Layer, rows: list, on_cpu: set, cpu_out: Optional[np.ndarray]) -> None:
-        """keep = 0 and the CPU's outputs where the CPU computed the expert; 1 and 0 elsewhere."""
-        c, L = ly.c, lib()
-        if cpu_out is None and not c.cpu_dirty:
-            return
-        k = len(rows[0])
-        keep = np.ones((c.max_tokens, k), np.float32)
-        out = np.zeros((c.max_tokens, k, ly.n_embd), np.float32)
-        for t, row in enumerate(rows):
-            for i, e in enumerate(row):
-                if e in on_cpu:
-                    keep[t, i], out[t, i] = 0.0, cpu_out[t, i]
-        L.ggml_backend_tensor_set(c.keep, ffi.from_buffer(keep), 0, keep.nbytes)
-        L.ggml_backend_tensor_set(c.cpu_out, ffi.from_buffer(out), 0, out.nbytes)
-        c.cpu_dirty = 1 if on_cpu else 0  # the stream answers this layer again once keep is all 1
 
     def _observe(self, layer: int, rows: list) -> None:
         """Note co-activations: each token's experts at the previous MoE layer, then at this one. The
