@@ -1,6 +1,6 @@
 """The architectures the vendored llama.cpp loads: src/llama-arch.cpp LLM_ARCH_NAMES, restated
 (product code cannot read vendor/; the `gguf` package's list is another version's).
-tests/test_modelfile_roles.py compares it with the vendored source."""
+tests/test_modelfile_tables.py compares it with the vendored source."""
 
 ARCHITECTURES = frozenset((
     'clip', 'llama', 'llama4', 'deci', 'falcon', 'grok', 'gpt2', 'gptj', 'gptneox', 'mpt', 'baichuan',

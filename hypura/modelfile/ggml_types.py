@@ -2,7 +2,7 @@
 
 Product code cannot read vendor/ at run time, so the table is copied from ggml/include/ggml.h
 (enum ggml_type) and ggml/src/ggml.c (type_traits: block size, bytes per block);
-tests/test_modelfile_types.py compares it with the built library. The `gguf` package has its own
+tests/test_modelfile_tables.py compares it with the built library. The `gguf` package has its own
 list, which lags the vendored ggml (it lacks GGML_TYPE_Q2_0 = 42): it is not used here.
 """
 

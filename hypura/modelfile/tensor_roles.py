@@ -5,7 +5,7 @@ The op decides which ggml types the weight may have (ggml_types.py): ELEMENTWISE
 DIV, ROPE factors, SCALE) must be F32, MATMUL ones (MUL_MAT, MUL_MAT_ID, GET_ROWS) a type with a dot
 product; OTHER ones (convolutions, scans, unused) are left to llama.cpp. A ".bias" of any of them is
 added (ADD, ADD_ID): ELEMENTWISE. "%d" is a block or sub-block index. Names that map to two ops
-are in OTHER. tests/test_modelfile_roles.py compares these lists with the vendored llama-arch.cpp.
+are in OTHER. tests/test_modelfile_tables.py compares these lists with the vendored llama-arch.cpp.
 """
 
 ELEMENTWISE = (

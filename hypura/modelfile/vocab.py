@@ -4,7 +4,9 @@ load() throws on a missing or mistyped table (clean, but late), aborts when two 
 text (GGML_ASSERT(id_to_token.size() == token_to_id.size())), and leaves traps for later: a
 vocabulary type without a tokenizer aborts at the first tokenize (GGML_ASSERT(type !=
 LLAMA_VOCAB_TYPE_NONE)), and an SPM vocabulary missing a byte token throws std::out_of_range out
-of llama_tokenize (byte_to_token), which no C caller can catch. Each is checked here.
+of llama_tokenize (byte_to_token), which no C caller can catch; and a tokenizer that adds a BOS,
+EOS or SEP token to every prompt aborts there (GGML_ASSERT(special_bos_id != LLAMA_TOKEN_NULL)) when
+that token's id is outside the vocabulary and its tokenizer has no default for it. Each is checked here.
 """
 
 from __future__ import annotations
@@ -30,6 +32,25 @@ _MODELS = _BPE_MODELS + ("llama", "bert", "t5", "rwkv", "plamo2")
 _NO_TEXT_MODELS = ("no_vocab", "none", "test")
 # vocabularies whose tokenizer falls back to byte tokens "<0xXX>" with std::map::at (byte_to_token)
 _BYTE_TOKEN_MODELS = ("llama", "plamo2")
+# load(): the special token ids each tokenizer defaults to (None: LLAMA_TOKEN_NULL) and whether it
+# adds BOS, EOS to a prompt unless the file says otherwise. BPE's default to add a BOS depends on the
+# pre-tokenizer (llama3, tekken, chameleon, gemma4 do): taken as adding one. WPM (bert) always adds BOS and SEP.
+_SPECIAL_DEFAULTS = {  # model: ({"bos": id, "eos": id, "sep": id}, add_bos, add_eos)
+    "llama": ({"bos": 1, "eos": 2, "sep": None}, True, False),
+    "bert": ({"bos": 101, "eos": None, "sep": 102}, True, False),
+    "gpt2": ({"bos": 11, "eos": 11, "sep": None}, True, False),
+    "hybriddna": ({"bos": 11, "eos": 11, "sep": None}, True, False),
+    "whitespace": ({"bos": 11, "eos": 11, "sep": None}, True, False),
+    "gemma4": ({"bos": None, "eos": None, "sep": None}, True, False),
+    "t5": ({"bos": None, "eos": 1, "sep": None}, False, True),
+    "rwkv": ({"bos": None, "eos": None, "sep": None}, False, False),
+    "plamo2": ({"bos": 1, "eos": 2, "sep": None}, False, False),
+}
+# these tokenize without special tokens; llama-cpp-python's completion still appends the EOS id when told
+# to add one, and an EOS of LLAMA_TOKEN_NULL (-1) then fails llama_decode
+_NO_SPECIAL_TOKENS = ("rwkv", "plamo2")
+_SPECIAL_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+                 "sep": "tokenizer.ggml.seperator_token_id"}
 
 
 def check_vocab(meta: Meta) -> int:
@@ -57,10 +78,34 @@ def check_vocab(meta: Meta) -> int:
     vocab_size = meta.u32("%s.vocab_size")
     if vocab_size is not None and vocab_size != n_tokens:  # Hypura's planner sizes the logits by it
         raise Invalid(meta.key("%s.vocab_size"), vocab_size, f"the tokenizer's {n_tokens} tokens")
+    _special_tokens(meta, model, n_tokens)
     texts = _unique_texts(tokens.items)
     if model in _BYTE_TOKEN_MODELS:
         _byte_tokens(texts, model)
     return n_tokens
+
+
+def _special_tokens(meta: Meta, model: str, n_tokens: int) -> None:
+    """Each special token the tokenizer adds to a prompt has an id within the vocabulary: the file's
+    when it is (llama.cpp ignores one outside), else the tokenizer's default when that is."""
+    if model not in _SPECIAL_DEFAULTS:
+        return
+    defaults, add_bos, add_eos = _SPECIAL_DEFAULTS[model]
+    add_bos = meta.scalar("tokenizer.ggml.add_bos_token", V.BOOL, add_bos)
+    if model == "gemma4" or meta.scalar("tokenizer.ggml.pre", V.STRING) == "gemma4":
+        add_bos = True  # load(): forced for Gemma 4's pre-tokenizer
+    adds = {"bos": (add_bos or model == "bert") and model not in _NO_SPECIAL_TOKENS,
+            "eos": meta.scalar("tokenizer.ggml.add_eos_token", V.BOOL, add_eos), "sep": model == "bert"}
+    for which, added in adds.items():
+        if not added:
+            continue
+        stated = meta.u32(_SPECIAL_KEYS[which])
+        default = defaults[which]
+        if (stated is not None and stated < n_tokens) or (default is not None and default < n_tokens):
+            continue
+        value = Name("missing") if stated is None else stated
+        raise Invalid(_SPECIAL_KEYS[which], value, f"a token id below {n_tokens} (the {model} tokenizer adds "
+                                                   f"{which.upper()} to every prompt)")
 
 
 def _array(meta: Meta, key: str, types: tuple, required: bool = False):

@@ -110,6 +110,14 @@ def _swapped_shape(model: Model) -> bytes:
     return m.to_bytes()
 
 
+def _special_missing(model: Model, tokenizer: bytes, which: str) -> bytes:
+    """A tokenizer without a default for `which` (bos, eos), told to add it, its id outside the vocabulary:
+    llama.cpp asserts at the first tokenize."""
+    m = set_kv(model, "tokenizer.ggml.model", STR, tokenizer)
+    m = set_kv(m, f"tokenizer.ggml.add_{which}_token", BOOL, True)
+    return set_kv(m, f"tokenizer.ggml.{which}_token_id", U32, 4_000_000_000).to_bytes()
+
+
 def _q2_0_weight(model: Model) -> bytes:
     """A matmul weight stored as GGML_TYPE_Q2_0 (42), which the vendored ggml computes with."""
     m = model.copy()
@@ -160,6 +168,12 @@ CASES: dict[str, tuple[str, Callable[[Model], bytes], object]] = {
     "long-tensor-name": ("tiny-llama", _long_tensor_name, "tensor 0 name length is"),
     "missing-tensor": ("tiny-llama", _renamed_tensor, "tensor 'blk.0.attn_q.weight' not found"),
     "wrong-shape": ("tiny-llama", _swapped_shape, "tensor 'blk.0.ffn_up.weight' has wrong shape"),
+    "bos-outside-vocab": ("smollm2", lambda m: _special_missing(m, b"t5", "bos"),
+                          "tokenizer.ggml.bos_token_id is 4000000000: expected a token id below 49152"),
+    "eos-outside-vocab": ("tiny-llama", lambda m: _special_missing(m, b"gemma4", "eos"),
+                          "tokenizer.ggml.eos_token_id is 4000000000: expected a token id below"),
+    "rwkv-eos-outside-vocab": ("tiny-llama", lambda m: _special_missing(m, b"rwkv", "eos"),
+                               "tokenizer.ggml.eos_token_id is 4000000000"),  # llama-cpp-python appended -1
     "chat-template-syntax": ("smollm2", lambda m: set_kv(m, "tokenizer.chat_template", STR,
                                                          b"{% if messages %}{{ 'x' }").to_bytes(),
                              "tokenizer.chat_template does not parse"),

@@ -10,7 +10,7 @@ import random
 import struct
 
 from . import mutators as m1
-from .gguf_model import ARR, STR, U32, KV, Model, encode_value
+from .gguf_model import ARR, BOOL, STR, U32, KV, Model, encode_value
 
 
 def duplicate_key(rng: random.Random, model: Model, raw: bytes):
@@ -116,6 +116,38 @@ def other_tokenizer(rng: random.Random, model: Model, raw: bytes):
     return f"{key} = {new!r}", m.to_chunks()
 
 
+def special_tokens(rng: random.Random, model: Model, raw: bytes):
+    """The special tokens a tokenizer adds to every prompt: the tokenizer swapped, BOS/EOS/SEP ids set
+    outside the vocabulary or dropped, the add_bos/add_eos flags set."""
+    m = model.copy()
+    edits = []
+    if rng.random() < 0.6:
+        new = rng.choice(("t5", "gemma4", "bert", "llama", "gpt2", "rwkv", "plamo2"))
+        kv = m.find("tokenizer.ggml.model")
+        kv.vtype, (kv.payload, kv.sub_type, kv.count) = STR, encode_value(STR, new.encode())
+        edits.append(f"tokenizer {new}")
+    n_tokens = m.find("tokenizer.ggml.tokens").count
+    for which in rng.sample(("bos", "eos", "seperator"), rng.randint(1, 3)):
+        key = f"tokenizer.ggml.{which}_token_id"
+        old = m.find(key)
+        if old is not None:
+            m.kvs.remove(old)
+        if rng.random() < 0.75:
+            value = rng.choice((n_tokens, n_tokens + 1, 2**31, 2**32 - 1, 0, 1, 101, 102))
+            m.kvs.append(KV(key, U32, struct.pack("<I", value)))
+            edits.append(f"{which}={value}")
+        else:
+            edits.append(f"{which} dropped")
+    for which in rng.sample(("bos", "eos"), rng.randint(0, 2)):
+        key, value = f"tokenizer.ggml.add_{which}_token", rng.random() < 0.7
+        old = m.find(key)
+        if old is not None:
+            m.kvs.remove(old)
+        m.kvs.append(KV(key, BOOL, struct.pack("<?", value)))
+        edits.append(f"add_{which}={value}")
+    return "; ".join(edits), m.to_chunks()
+
+
 def swap_values(rng: random.Random, model: Model, raw: bytes):
     """Two keys exchange their values (and types)."""
     m = model.copy()
@@ -189,7 +221,7 @@ MUTATIONS = (
     (m1.retype, 10), (m1.array_edit, 10), (m1.tensor_type, 6), (m1.norm_type, 4), (m1.tensor_shape, 5),
     (m1.tensor_offset, 3), (m1.tensor_name, 5), (duplicate_key, 2), (drop_key, 3), (add_key, 5), (alignment, 4),
     (huge_count, 4), (other_arch, 3), (other_tokenizer, 3), (swap_values, 2), (truncate, 6), (string_edit, 5),
-    (consistent_hparams, 6),
+    (consistent_hparams, 6), (special_tokens, 4),
 )
 
 
