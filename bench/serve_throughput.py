@@ -1,21 +1,26 @@
-"""What HTTP costs: aggregate generation through `hypura serve` beside the engine driven directly.
+"""What HTTP costs: aggregate decode through `hypura serve` beside the engine driven directly.
 
-    python3 bench/serve_throughput.py [MODEL] [--clients 16] [--parallel 4] [--tokens 32] [--threads N]
-        [--gpu-mem 8GiB --ram 64GiB]
+    python3 bench/serve_throughput.py [MODEL] [--clients 16] [--parallel N (default: --clients)] [--tokens 128]
+        [--threads N] [--gpu-mem 8GiB --ram 64GiB] [--json FILE]
 
-Both runs load the model the same way (hypura.engine.load: `parallel` sequences, the budgets' plan) and
-generate `--tokens` tokens for each of `--clients` requests with ignore_eos, so that every request is
-as long as asked. First the engine alone (submit all, wait for all), then the same requests from as
-many concurrent `openai` clients (AsyncOpenAI, /v1/completions, streaming) against the server on
-127.0.0.1. Printed: requests/s and generated tok/s of each, the served/engine ratio, and the served
-time to first token (median over the clients; they all start at once, so it includes the queue).
+Both runs load the model the same way (hypura.engine.load: `parallel` sequences, the budgets' plan made
+for steps of `parallel` tokens) and generate `--tokens` tokens for each of `--clients` requests with
+ignore_eos, so that every request is as long as asked. First the engine alone (submit all, wait for
+all), then the same requests from as many concurrent `openai` clients (AsyncOpenAI, /v1/completions,
+streaming) against the server on 127.0.0.1. Reported for each: aggregate decode tok/s as `hypura bench
+--parallel` counts it (the engine's decode-only steps: generated tokens / their time), generated tok/s
+end to end (prompts and queue included), requests/s; for the served run the median time to first
+token (all clients start at once, so it includes the queue) and served/engine ratios. A table goes to
+stderr, the JSON to stdout (and --json FILE).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import sys
 import time
 
 import hypura  # noqa: F401  first: our library loads before numpy
@@ -31,14 +36,32 @@ def engine_run(args) -> dict:
         params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, seed=0)
         warm = engine.submit(engine.tokenize(PROMPTS[-1]), params)
         warm.result()
+        before = engine.metrics()
         started = time.perf_counter()
         requests = [engine.submit(engine.tokenize(PROMPTS[i]), params) for i in range(args.clients)]
         tokens = sum(r.result().completion_tokens for r in requests)
         elapsed = time.perf_counter() - started
+        decode = _decode_since(before, engine.metrics())
+        plan = llm.plan
     finally:
         engine.close()
         llm.close()
-    return {"elapsed": elapsed, "tokens": tokens}
+    return {"elapsed_s": elapsed, "tokens": tokens, **decode, **_plan_summary(plan)}
+
+
+def _decode_since(before: dict, after: dict) -> dict:
+    """The engine's decode-only steps between two metrics() snapshots, as `hypura bench --parallel` times them."""
+    tokens = after["decode"]["tokens"] - before["decode"]["tokens"]
+    seconds = after["decode"]["seconds"] - before["decode"]["seconds"]
+    return {"decode_tok_s": tokens / seconds if seconds else 0.0, "decode_steps": after["decode"]["steps"] -
+            before["decode"]["steps"], "failed_steps": after["failed_steps"] - before["failed_steps"]}
+
+
+def _plan_summary(plan) -> dict:
+    if plan is None:
+        return {"plan": None}
+    return {"plan": {"mode": plan.mode, "config": plan.config, "parallel": plan.prediction.parallel,
+                     "predicted_decode_tok_s": plan.prediction.decode_tok_s}}
 
 
 async def _clients(url: str, args) -> dict:
@@ -60,12 +83,14 @@ async def _clients(url: str, args) -> dict:
                 n = chunk.usage.completion_tokens
         return first, n
 
+    before = args.engine.metrics()
     started = time.perf_counter()
     results = await asyncio.gather(*(one(i) for i in range(args.clients)))
     elapsed = time.perf_counter() - started
     await client.close()
-    return {"elapsed": elapsed, "tokens": sum(n for _, n in results),
-            "ttft": statistics.median(f for f, _ in results if f is not None)}
+    return {"elapsed_s": elapsed, "tokens": sum(n for _, n in results),
+            "ttft_s": statistics.median(f for f, _ in results if f is not None),
+            **_decode_since(before, args.engine.metrics())}
 
 
 def served_run(args) -> dict:
@@ -81,8 +106,9 @@ def served_run(args) -> dict:
             if server.state.error:
                 raise SystemExit(server.state.error)
             time.sleep(0.1)
-        args.name = next(iter(server.state.registry)).name
-        return asyncio.run(_clients(server.url, args))
+        entry = next(iter(server.state.registry))
+        args.name, args.engine = entry.name, entry.engine
+        return {**asyncio.run(_clients(server.url, args)), **_plan_summary(entry.llm.plan)}
     finally:
         server.stop()
 
@@ -97,23 +123,36 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--parallel", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--parallel", type=int, default=None, help="sequences decoded together (default: --clients)")
+    p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--ctx", type=int, default=512, help="context per sequence")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--gpu-mem", default=None)
     p.add_argument("--ram", default=None)
+    p.add_argument("--json", dest="json_out", default=None, help="write the JSON here too")
     args = p.parse_args()
     args.model = args.model or str(default_model_path())
-    engine = engine_run(args)
-    served = served_run(args)
-    print(f"{args.clients} requests x {args.tokens} tokens, parallel {args.parallel}")
-    print("| run | requests/s | generated tok/s | time to first token (median) |")
-    print("|---|---|---|---|")
-    for name, r in (("engine", engine), ("hypura serve + openai clients", served)):
-        ttft = f"{r['ttft'] * 1000:.0f} ms" if "ttft" in r else "-"
-        print(f"| {name} | {args.clients / r['elapsed']:.2f} | {r['tokens'] / r['elapsed']:.1f} | {ttft} |")
-    print(f"served / engine: {(served['tokens'] / served['elapsed']) / (engine['tokens'] / engine['elapsed']):.2f}")
+    args.parallel = args.parallel or args.clients
+    runs = {"engine": engine_run(args), "served": served_run(args)}
+    for r in runs.values():
+        r.update(generated_tok_s=r["tokens"] / r["elapsed_s"], requests_s=args.clients / r["elapsed_s"])
+    result = {"model": args.model, "clients": args.clients, "parallel": args.parallel, "tokens": args.tokens,
+              "budgets": {"gpu_mem": args.gpu_mem, "ram": args.ram}, **runs,
+              "served_over_engine": {k: runs["served"][k] / runs["engine"][k] if runs["engine"][k] else None
+                                     for k in ("decode_tok_s", "generated_tok_s")}}
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    say(f"{args.clients} requests x {args.tokens} tokens, parallel {args.parallel}")
+    say("| run | aggregate decode tok/s | generated tok/s | requests/s | time to first token (median) |")
+    say("|---|---|---|---|---|")
+    for name, r in (("engine", runs["engine"]), ("hypura serve + openai clients", runs["served"])):
+        ttft = f"{r['ttft_s'] * 1000:.0f} ms" if "ttft_s" in r else "-"
+        say(f"| {name} | {r['decode_tok_s']:.1f} | {r['generated_tok_s']:.1f} | {r['requests_s']:.2f} | {ttft} |")
+    say("served / engine: " + ", ".join(f"{k} {v:.2f}" for k, v in result["served_over_engine"].items() if v))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":

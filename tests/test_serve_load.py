@@ -115,8 +115,12 @@ def _raw(port: int, path: str, body: dict) -> socket.socket:
 
 
 @pytest.mark.parametrize("path,body", [
-    ("/api/chat", {"messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": LEAVER_ASKS}}),
-    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": LEAVER_ASKS, "stream": False})])
+    # a reply the model ended on its own before the client left would not be cancelled: greedy, this one runs
+    # to LEAVER_ASKS tokens (Ollama has no ignore_eos)
+    ("/api/chat", {"messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+                   "options": {"num_predict": LEAVER_ASKS, "temperature": 0}}),
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": LEAVER_ASKS, "stream": False,
+                         "ignore_eos": True})])
 def test_a_client_that_leaves_frees_its_sequence(server, path, body):
     engine = engine_of(server)
     before = wait_idle(engine)

@@ -6,7 +6,10 @@ B*ntg / decode time. Each size gets a warm-up run, then r runs (median and sprea
 
 The bound: a decode step reads every weight once whatever the batch (an MoE layer: the union of the
 experts its B tokens select), so B tokens cost one pass of streamed bytes over the measured rates, and
-the bound grows with B until compute, which this bound leaves out, takes over (batch_bound)."""
+the bound grows with B until compute, which this bound leaves out, takes over (batch_bound). Beside it,
+with a plan, the cost model's prediction of the plan's placement at each size (plan/cost.py: compute
+FLOPs, op offload's copies and the experts a batch touches included; the plan itself was made for the
+largest size)."""
 
 from __future__ import annotations
 
@@ -107,6 +110,7 @@ def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambd
                "stats": runs[-1]["stats"]}
         if bound and dec:
             row["bound_ratio"] = dec["median"] / bound["decode_tok_s"]
+        row["predicted"] = predicted(llm.header, plan, b)
         sizes.append(row)
     return {"settings": {**s.__dict__, "parallel": list(s.parallel)}, "sizes": sizes}
 
@@ -153,6 +157,22 @@ def batch_bound(header, plan, rates, b: int) -> Optional[dict]:
             "step_bytes": paths}
 
 
+def predicted(header, plan, b: int) -> Optional[dict]:
+    """The cost model's aggregate decode and prefill for the plan's placement at b sequences."""
+    from hypura.plan import model_units, predict, traffic
+
+    if plan is None or plan.expert_slots:
+        return None  # llama.cpp's placement, or an expert cache (a one-sequence prediction)
+    mu = model_units(header)
+    placed = [plan.placement(u.tensors[0]) for u in mu.units]
+    tiers = [t.experts[u.expert] if u.expert >= 0 else t.tier for u, t in zip(mu.units, placed)]
+    compute = [t.expert_compute[u.expert] if u.expert >= 0 else t.compute for u, t in zip(mu.units, placed)]
+    pr = predict(traffic(mu, tiers, compute, plan.kv_tier, plan.kv_bytes, plan.rates, plan.n_ubatch, b,
+                         plan.traffic.op_offload), plan.rates)
+    return {"decode_tok_s": pr.decode_tok_s, "decode_limit": pr.decode_limit, "prefill_tok_s": pr.prefill_tok_s,
+            "prefill_limit": pr.prefill_limit}
+
+
 @dataclass(frozen=True)
 class _Resident:
     name: str
@@ -174,13 +194,16 @@ def report(r: dict) -> list[str]:
     cell = lambda m, f: f"{m['median']:{f}} ({m['min']:{f}}-{m['max']:{f}})" if m else "-"  # noqa: E731
     lines = [f"npp {s['n_prompt']}, ntg {s['n_gen']}, threads {s['n_threads']}: median (min-max) of {s['repeats']} "
              "runs; llama_decode: decode tok/s counting only llama_decode and synchronize; bound: a step's weight "
-             "bytes over the measured rates",
-             f"{'B':>4} {'prefill tok/s':>24} {'aggregate decode tok/s':>26} {'llama_decode':>13} {'bound':>10}"]
+             "bytes over the measured rates; predicted: the cost model's decode / prefill for the plan",
+             f"{'B':>4} {'prefill tok/s':>24} {'aggregate decode tok/s':>26} {'llama_decode':>13} {'predicted':>17} "
+             f"{'bound':>10}"]
     for row in r["sizes"]:
         ld, b = row["llama_decode_tok_s"], row["bound"]
         bound = f"{b['decode_tok_s']:.2f}" if b else "-"
         why = f"  {b['limit']}, measured/bound {row['bound_ratio']:.2f}" if "bound_ratio" in row else ""
+        p = row.get("predicted")
+        pred = f"{p['decode_tok_s']:.2f} / {p['prefill_tok_s']:.0f}" if p else "-"
         lines.append(f"{row['parallel']:>4} {cell(row['prefill_tok_s'], '.1f'):>24} "
                      f"{cell(row['decode_tok_s'], '.2f'):>26} {format(ld['median'], '.2f') if ld else '-':>13} "
-                     f"{bound:>10}{why}")
+                     f"{pred:>17} {bound:>10}{why}")
     return lines
