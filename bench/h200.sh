@@ -7,7 +7,7 @@
 # llama-batched-bench from it are vanilla llama.cpp of the same source.
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
-#   phases: setup | ab | profile | defaults | cgroup | batched | serve | pack
+#   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | serve | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -147,19 +147,24 @@ cgroup)  # the 70B larger than RAM too: a 24 GiB memory cgroup (page cache count
     note "l70 vanilla cgroup 24G (rc $?): $(grep -a 'eval time' "$RES/vanilla-l70-cgroup.txt" | tail -1)"
     release_gpu
     ;;
-batched)  # aggregate decode and prefill at 1/4/16/32 sequences beside llama-batched-bench
+batched-l70|batched-q14|batched-q3)  # aggregate decode and prefill at 1/4/16/32 sequences beside llama-batched-bench
     models_done
-    bb() { "$(libdir)/llama-batched-bench" -m "$1" -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 "${@:2}" 2>&1 \
+    bb() { "$(libdir)/llama-batched-bench" -m "$1" -c 8192 -npp 128 -ntg 16 -npl "$2" "${@:3}" 2>&1 \
         | grep -E '^\|' > "$RES/vanilla-batched-$(basename "$1" .gguf).txt"; cat "$RES/vanilla-batched-$(basename "$1" .gguf).txt"; }
-    bb $M70 -ngl 14
-    hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-l70.json" \
-        2>&1 | tail -8 | tee -a "$RES/summary.txt"
-    "$(libdir)/llama-batched-bench" -m $M14 -c 8192 -ngl 99 -npp 128 -ntg 16 -npl 16 2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q14.txt"
-    cat "$RES/vanilla-batched-q14.txt"
-    hy bench $M14 --parallel 16 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q14.json" 2>&1 | tail -4 | tee -a "$RES/summary.txt"
-    bb $MQ3 -ngl 99 -ncmoe 41
-    hy bench $MQ3 --gpu-mem 4GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q3.json" \
-        2>&1 | tail -8 | tee -a "$RES/summary.txt"
+    case "$1" in
+    batched-l70)
+        bb $M70 1,4,16,32 -ngl 14
+        hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-l70.json" \
+            2>&1 | tail -8 | tee -a "$RES/summary.txt" ;;
+    batched-q14)
+        bb $M14 1,4,16,32 -ngl 99
+        hy bench $M14 --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q14.json" 2>&1 | tail -8 \
+            | tee -a "$RES/summary.txt" ;;
+    batched-q3)
+        bb $MQ3 1,4,16,32 -ngl 99 -ncmoe 41
+        hy bench $MQ3 --gpu-mem 4GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q3.json" \
+            2>&1 | tail -8 | tee -a "$RES/summary.txt" ;;
+    esac
     ;;
 serve)  # the same through `hypura serve`: 16 concurrent openai clients beside the engine alone
     models_done
