@@ -97,10 +97,10 @@ ab)  # the headline runs on this tree and on .oldtree, same library, same call: 
         run=hy; [ $side = old ] && run=old
         [ $side = old ] && [ ! -d .oldtree ] && continue
         $run bench $M14 -p 512 -n 128 -r 3 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
-        $run bench $M70 --gpu-mem 8GiB --ram 64GiB -c 256 -p 0 -n 16 -r 3 --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
+        $run bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 16 -r 3 --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
             | sed "s/^/l70 $side: /" | tee -a "$RES/summary.txt"
         drop_cache
-        $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -c 256 -p 0 -n 32 -r 3 --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
+        $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -p 0 -n 32 -r 3 --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
             | sed "s/^/q3 $side: /" | tee -a "$RES/summary.txt"
     done
     ;;
