@@ -23,8 +23,7 @@ from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
 from hypura.runtime.coactivation import CoactivationPredictor, CoactivationRecorder, model_key  # noqa: E402
-from hypura.runtime.expert_paging import (  # noqa: E402
-    ExpertPager, disk_prefetch, llama_threads, paged_tensors, recorded_guess)
+from hypura.runtime.expert_paging import ExpertPager, llama_threads, paged_tensors  # noqa: E402
 from hypura.runtime.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.plan_policy import plan_layout, plan_policy, resolve_plan  # noqa: E402
@@ -39,7 +38,6 @@ from hypura.profile.devices import has_gpu  # noqa: E402
 from hypura.runtime.transfers import Transfers  # noqa: E402
 from hypura.runtime.stats import RunStats, gpu_free  # noqa: E402
 from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout  # noqa: E402
-from hypura.runtime.router_lookahead import RouterLookahead  # noqa: E402
 from hypura.runtime.streaming import LayerStreamer, Router  # noqa: E402
 
 
@@ -155,11 +153,6 @@ class Llama(llama_cpp.Llama):
         router = (Router.of(self.header, self._route)
                   if on_route is not None or expert_cache or self._pager is not None else None)
         self._recorder = self._routing_recorder(router)
-        # reading disk experts ahead is opt-in ($HYPURA_DISK_PREFETCH): from recorded routing it guessed too little
-        # to gain on synthetic routing, and decode ran slower (H200, bench/RESULTS.md)
-        prefetch = disk_prefetch() if self._pager is not None else None
-        if prefetch == "recorded" and self._recorder is not None:
-            self._pager.likely_next = recorded_guess(self._recorder)
         if layout.tensors or router:
             self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,
                                                       router)
@@ -197,8 +190,6 @@ class Llama(llama_cpp.Llama):
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
         if expert_cache is not None:
             self._start_experts(expert_cache, router)
-        if prefetch == "router":
-            self._start_lookahead(router)
         self._stats = RunStats(self._streamer, self.plan, gpu_free_at_start)
         self._wrap_decode()
 
@@ -237,14 +228,6 @@ class Llama(llama_cpp.Llama):
                                        Tier.GPU if gpu else Tier.HOST, self._expert_copies, self._recorder)
         if self._on_route is None:  # hits need no Python; an on_route callback must see every batch
             self._experts.attach(self._streamer.c_stream)
-
-    def _start_lookahead(self, router: Router) -> None:
-        """The pager reads ahead what the next layer's router makes of this layer's router input."""
-        model = self._c_model()
-        self._lookahead = RouterLookahead(model, router.layers, int(self.header.get("embedding_length")),
-                                          router.n_used)
-        self._streamer.on_selected = self._lookahead.seen
-        self._pager.likely_next = self._lookahead.likely_next
 
     def _route(self, layer: int, ids) -> None:
         if self._pager is not None:  # first: the experts must be in RAM before anything computes from them

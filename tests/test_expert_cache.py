@@ -9,8 +9,9 @@ import pytest
 import hypura
 from hypura.model_file import read_header
 from hypura.runtime.coactivation import CoactivationPredictor, model_key
-from hypura.runtime.expert_cache import LayerCache, TieredExpertCache, expected_hit_rate
-from hypura.runtime.routing_trace import RoutingTrace
+from hypura.runtime.expert_cache import LayerCache, expected_hit_rate
+from routing_trace import RoutingTrace
+from tiered_expert_cache import TieredExpertCache
 from hypura.synth.routing import Routing
 from hypura.synth.writer import write_synth
 

@@ -98,18 +98,6 @@ class CoactivationPredictor:
         order = np.argsort(-scores, kind="stable")[:m]
         return [int(e) for e in order if scores[e] > 0]
 
-    def likely(self, layer: int, experts, p_min: float, min_tokens: int) -> list[int]:
-        """Experts at layer+1 that followed one of `experts` (one token's selection) at `layer` in at least p_min
-        of the recorded tokens that selected it (only experts seen in min_tokens tokens count), likeliest first."""
-        if not 0 <= layer < len(self.counts) or not len(experts):
-            return []
-        rows = self.counts[layer][np.asarray(experts)].astype(np.float64)
-        k = len(experts)
-        seen = rows.sum(axis=1, keepdims=True) / k  # a token that selected i counts k pairs (one size k)
-        p = np.where(seen >= min_tokens, rows / np.maximum(seen, 1), 0.0).max(axis=0)
-        order = np.argsort(-p, kind="stable")
-        return [int(e) for e in order if p[e] >= p_min]
-
     # --- persistence ---------------------------------------------------------------------------
     @staticmethod
     def path_for(key: str) -> Path:
@@ -164,12 +152,6 @@ class CoactivationRecorder:
         if self._last_layer >= 0 and len(self._last) == len(rows):
             self._pending += [(self.index[self._last_layer], prev, cur) for prev, cur in zip(self._last, rows)]
         self._last, self._last_layer = rows, layer
-
-    def likely_next(self, layer: int, experts: list[int], p_min: float, min_tokens: int) -> tuple[int, list[int]]:
-        """The next MoE layer after `layer` (-1: none) and its experts likely to follow `experts` (predictor.likely)."""
-        if layer not in self.next_layer:
-            return -1, []
-        return self.next_layer[layer], self.predictor.likely(self.index[layer], experts, p_min, min_tokens)
 
     def flush(self) -> None:
         if self._selected:

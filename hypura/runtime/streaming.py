@@ -14,8 +14,7 @@ llama_decode, with the GIL taken by cffi)
   - prefetch: walk the layers after L in graph order, cyclically (the next token starts over),
     up to the plan's prefetch depth; submit each one not in its slot while its slot is free;
     stop at the first whose slot is busy, so loads stay in graph order.
-  - routed(layer, ids), with a Router: the layer's chosen experts, handed to its callback (after
-    on_selected, if set, saw their tensor).
+  - routed(layer, ids), with a Router: the layer's chosen experts, handed to its callback.
   A Python error in a hook is stored, the hook returns -1 and C stops calling; the Llama raises it
   after the decode that hit it (`raise_pending`), so no logits computed from missing weights leak.
   One loader thread does the I/O (transfers.py); the hooks only submit and wait.
@@ -82,7 +81,6 @@ class LayerStreamer:
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
         self.stats = StreamStats()
         self.error: Optional[BaseException] = None
-        self.on_selected: Optional[Callable] = None  # (layer, selected ids tensor), before the router's callback
         gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
         self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk)
         pinned = layout.pinned_bytes() + _ALIGN * len(layout.tensors)
@@ -159,8 +157,6 @@ class LayerStreamer:
 
     def _routed(self, layer: int, selected, _user_data) -> int:
         r = self.router
-        if self.on_selected is not None:  # the tensor itself, valid in this call only (router_lookahead.py)
-            self.on_selected(layer, selected)
         r.callback(layer, selected_ids(selected, r.n_expert, r.n_used))
         return 0
 
