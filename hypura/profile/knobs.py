@@ -39,7 +39,7 @@ LLAMA_CTX = 256
 
 # --- defaults when nothing was measured (inspect without `hypura profile`) --------------------
 # conservative figures so an unmeasured plan does not promise too much
-DEFAULT_DISK_BW = 1.4e9  # DESIGN.md's H200 host NVMe with O_DIRECT; consumer NVMe reads 2-7 GB/s
+DEFAULT_DISK_BW = 1.4e9  # the H200 host's NVMe with O_DIRECT (docs/design.md); consumer NVMe reads 2-7 GB/s
 DEFAULT_CPU_DECODE_BW = 20e9  # llama.cpp CPU decode on dual-channel DDR4/DDR5 desktops: 15-40 GB/s
-DEFAULT_LINK_BW = 25e9  # PCIe 4.0 x16 pinned copies (~25 GB/s); DESIGN.md measured 55 on PCIe 5.0
+DEFAULT_LINK_BW = 25e9  # PCIe 4.0 x16 pinned copies (~25 GB/s); 55 measured on the H200's PCIe 5.0
 DEFAULT_GPU_DECODE_BW = 500e9  # a mid-range discrete GPU's effective decode read rate

@@ -35,7 +35,7 @@ def _gpu_info(dev, progress: Callable[[str], None]) -> GpuInfo:
         h2d_pageable_bw=links.h2d_pageable_bw, d2d_bw=links.d2d_bw,
         decode_bw=links.d2d_bw * plan_knobs.GPU_READ_EFFICIENCY, prefill_flops=plan_knobs.GPU_FLOPS_DEFAULT,
         method=(f"links measured; decode rate = device copy x {plan_knobs.GPU_READ_EFFICIENCY} and prefill "
-                f"{plan_knobs.GPU_FLOPS_DEFAULT / 1e12:.0f} TFLOP/s from the planner's fit to DESIGN.md's H200 runs"),
+                f"{plan_knobs.GPU_FLOPS_DEFAULT / 1e12:.0f} TFLOP/s from the planner's fit to vanilla llama.cpp's H200 runs"),
     )
 
 

@@ -1,4 +1,4 @@
-"""Expert caches and their policies, counted the way ../shared/DESIGN.md defines the metrics.
+"""Expert caches and their policies, counted as docs/design.md defines the metrics.
 
 A cache holds whole experts of one layer (the unit the runtime loads: one expert's slice of each
 stacked `ffn_*_exps` tensor). Tiers stack: a GPU cache over a RAM cache over disk. An access is one

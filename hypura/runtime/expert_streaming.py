@@ -20,7 +20,7 @@ Protocol (include/hypura.h "Expert caches" and the router hook; all on the threa
     sees them only then).
   Batches of more than max_tokens tokens compute from the stacked experts: nothing to do.
   With a GPU, loads run on Transfers' loader thread (copy stream, one event per layer); without
-  one they are copies on this thread. Counters follow ../shared/DESIGN.md (expert_cache.py).
+  one they are copies on this thread. Counters follow docs/design.md (expert_cache.py).
 """
 from __future__ import annotations
 
