@@ -21,10 +21,10 @@ import llama_cpp  # noqa: E402
 
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
-from hypura.model_file import read_header  # noqa: E402
-from hypura.runtime.coactivation import CoactivationPredictor, CoactivationRecorder, model_key  # noqa: E402
-from hypura.runtime.expert_paging import ExpertPager, llama_threads, paged_tensors  # noqa: E402
-from hypura.runtime.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer  # noqa: E402
+from hypura.modelfile import read_header  # noqa: E402
+from hypura.runtime.moe.coactivation import CoactivationPredictor, CoactivationRecorder, model_key  # noqa: E402
+from hypura.runtime.moe.expert_paging import ExpertPager, llama_threads, paged_tensors  # noqa: E402
+from hypura.runtime.moe.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.plan_policy import plan_layout, plan_policy, resolve_plan  # noqa: E402
 from hypura.runtime.placement import (  # noqa: E402
@@ -37,8 +37,9 @@ from hypura.runtime.placement import (  # noqa: E402
 from hypura.profile.devices import has_gpu  # noqa: E402
 from hypura.runtime.transfers import Transfers  # noqa: E402
 from hypura.runtime.stats import RunStats, gpu_free  # noqa: E402
-from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout  # noqa: E402
-from hypura.runtime.streaming import LayerStreamer, Router  # noqa: E402
+from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout  # noqa: E402
+from hypura.runtime.dense.layer_streamer import LayerStreamer  # noqa: E402
+from hypura.runtime.router import Router  # noqa: E402
 
 
 def _params_with_overrides(name: str) -> property:
@@ -86,7 +87,7 @@ class Llama(llama_cpp.Llama):
             gpu_mem/ram budgets ("8GiB") and no plan, one is made now from the cached machine
             profile. Without any of them, tensors go where llama.cpp puts them (n_gpu_layers).
             A plan sets n_gpu_layers and offload_kqv itself, and streams the layers it does not
-            keep resident through pool slots (hypura.runtime.streaming).
+            keep resident through pool slots (hypura.runtime.dense.layer_streamer).
         param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
             params structs that llama-cpp-python does not expose (e.g. load_mode,
             flash_attn_type), set over its defaults.
@@ -98,7 +99,7 @@ class Llama(llama_cpp.Llama):
             default (all logical CPUs).
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
-            in host memory and load into slots on demand or ahead (hypura.runtime.expert_streaming).
+            in host memory and load into slots on demand or ahead (hypura.runtime.moe.expert_streaming).
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.

@@ -1,4 +1,4 @@
-"""Disk-tier experts read by selection (hypura.runtime.expert_paging) on the CPU: bitwise logits, disk
+"""Disk-tier experts read by selection (hypura.runtime.moe.expert_paging) on the CPU: bitwise logits, disk
 reads only for selected experts counted against a hand-made routing trace, the budget, read errors."""
 
 import dataclasses
@@ -14,8 +14,8 @@ import hypura
 from hypura.errors import HypuraError
 from hypura.plan import RateOverrides, plan_model
 from hypura.profile import resolve_profile
-from hypura.runtime import expert_paging
-from hypura.runtime.direct_io import DirectReader, DiskReadError
+from hypura.runtime.moe import expert_paging
+from hypura.tiers.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import FileFiller
 from routing_trace import RoutingTrace
 
@@ -184,7 +184,7 @@ def test_recorded_routing_is_saved_at_exit_for_a_llama_never_closed(tiny_qwen3mo
 
 
 def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3moe, tmp_path, monkeypatch):
-    from hypura.runtime.coactivation import CoactivationPredictor, model_key
+    from hypura.runtime.moe.coactivation import CoactivationPredictor, model_key
 
     # logits for every token: otherwise llama.cpp's last layer computes (and routes) the last token only
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False,
@@ -223,7 +223,7 @@ def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
 
 
 def test_huge_pages_stay_inside_one_experts_slice():
-    from hypura.runtime.expert_paging import inner_blocks
+    from hypura.runtime.moe.expert_paging import inner_blocks
 
     huge, expert = 2 << 20, 40370176  # a mixtral-8x7b Q5_K_M expert's slice of one stacked tensor
     for base in (0, 32, 4096 + 64, (2 << 20) - 32):

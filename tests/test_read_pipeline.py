@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from hypura.runtime.direct_io import DirectReader, DiskReadError
+from hypura.tiers.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import TensorInfo, Tier
 from hypura.runtime.read_pipeline import ReadPipeline
 

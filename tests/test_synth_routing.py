@@ -6,7 +6,7 @@ import pytest
 
 import hypura
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from routing_trace import RoutingTrace
 from hypura.synth.routing import (
     CALIBRATION_TOLERANCE,

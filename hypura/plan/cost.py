@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 
 from hypura.plan import knobs
 from hypura.plan.units import ModelUnits
+from hypura.tiers.names import CPU, DISK, GPU, RAM  # noqa: F401  (re-exported: the plan speaks them)
 
-GPU, RAM, DISK = "gpu", "ram", "disk"
-CPU = "cpu"  # a compute location (with GPU)
 PATHS = ("gpu", "cpu", "link", "disk")
 
 

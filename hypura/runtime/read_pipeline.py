@@ -33,8 +33,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Optional
 
-from hypura.profile.knobs import DIRECT_ALIGN, DISK_REQUEST_BYTES
-from hypura.runtime.direct_io import DirectReader, DiskReadError, aligned_buffer
+from hypura.tiers.direct_io import DIRECT_ALIGN, DISK_REQUEST_BYTES, DirectReader, DiskReadError, aligned_buffer
+from hypura.tiers.file_readers import FileReaders
 from hypura.runtime.placement import TensorInfo
 
 Sink = Callable[[memoryview, int], None]  # (piece, position in the part)
@@ -45,21 +45,14 @@ class _Stager:
     """One staging buffer and, per file, a reader that reads into it (opened on first use)."""
 
     def __init__(self, paths: list[str], request: int):
-        self.paths, self.request = paths, request
         self.buf = aligned_buffer(request + DIRECT_ALIGN)
-        self.readers: dict[int, DirectReader] = {}
+        self.readers = FileReaders(paths, request, staging=self.buf)
 
     def reader(self, file_idx: int) -> DirectReader:
-        if file_idx >= len(self.paths):
-            raise DiskReadError(f"file {file_idx} of the model is not known (a split Hypura was not given)")
-        r = self.readers.get(file_idx)
-        if r is None:
-            r = self.readers[file_idx] = DirectReader(self.paths[file_idx], self.request, staging=self.buf)
-        return r
+        return self.readers.get(file_idx)
 
     def close(self) -> None:
-        for r in self.readers.values():
-            r.close()
+        self.readers.close()
         self.buf.close()
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hypura.bindings.ffi import lib
-from hypura.plan.cost import DISK, RAM
+from hypura.tiers.names import DISK, RAM
 
 
 @dataclass

@@ -33,9 +33,9 @@ import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
-from hypura.plan.cost import RAM
-from hypura.runtime.coactivation import CoactivationRecorder
-from hypura.runtime.expert_cache import DEFAULT_POLICY, POLICIES, CacheStats, LayerCache
+from hypura.tiers.names import RAM
+from hypura.runtime.moe.coactivation import CoactivationRecorder
+from hypura.runtime.moe.expert_cache import DEFAULT_POLICY, POLICIES, CacheStats, LayerCache
 from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Piece, Transfers
 

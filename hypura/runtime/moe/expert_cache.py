@@ -15,7 +15,6 @@ Policies score resident experts; the lowest score is evicted:
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -94,11 +93,3 @@ class CacheStats:
     def as_dict(self) -> dict:
         return {"accesses": self.accesses, "hit_rate": {t: self.hit_rate(t) for t in self.hits},
                 "prefetch": {"issued": self.prefetched, "precision": self.precision, "recall": self.recall}}
-
-
-def expected_hit_rate(freqs, capacity: int) -> float:
-    """A static cache of the `capacity` most popular experts under independent routing: the share of
-    accesses it serves (for comparing a policy with the best static placement)."""
-    f = sorted((float(x) for x in freqs), reverse=True)
-    total = sum(f)
-    return sum(f[:capacity]) / total if total and not math.isnan(total) else 0.0

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hypura.model_file import ModelHeader
+from hypura.modelfile import ModelHeader
 from hypura.profile.store import cache_dir
+from hypura.runtime.router import moe_layers  # noqa: F401  (re-exported)
 
 HASH_CHUNK = 1 << 20
 MIN_TOKENS = 128  # fewer tokens recorded: the planner assumes uniform routing
@@ -49,11 +50,6 @@ def _content_hash(path: str, _size: int, _mtime_ns: int, ranges: tuple) -> str:
             if hasattr(os, "posix_fadvise"):  # what we read leaves the page cache: it is no hidden tier
                 os.posix_fadvise(f.fileno(), offset, nbytes, os.POSIX_FADV_DONTNEED)
     return h.hexdigest()[:24]
-
-
-def moe_layers(header: ModelHeader) -> tuple[int, ...]:
-    """The layers with an MoE router, in graph order: the predictor's layer i is the i-th of them."""
-    return tuple(sorted({t.layer for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")}))
 
 
 def next_moe_layer(layers: tuple[int, ...]) -> dict[int, int]:

@@ -50,13 +50,13 @@ import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.plan import Plan
-from hypura.plan.cost import DISK, RAM
+from hypura.tiers.names import DISK, RAM
 from hypura.plan.plan import TIERS
 from hypura.profile.host import cores
-from hypura.runtime.disk_probe import burst_rate
+from hypura.runtime.moe.disk_probe import burst_rate
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.read_pipeline import ReadPipeline, Sink
-from hypura.runtime.stream_layout import paged_by_expert
+from hypura.runtime.pools import paged_by_expert
 
 RESIZE_EVERY = 64  # page_in calls between RSS readings
 RSS_MARGIN = 128 << 20  # kept free under the RAM budget: allocator slack, Python, reads in flight

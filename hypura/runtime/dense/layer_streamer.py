@@ -6,7 +6,7 @@ llama_decode, with the GIL taken by cffi)
   their way; `free[pool][slot]` turns true at the owner's after(), when nothing reads it any more.
   - before(L), before the first node reading L's weights is launched: unless L owns its slot
     already, the slot must be free (it is: layers take slots round-robin and the previous owner
-    ran earlier) and L is loaded now, a demand load. Then wait for L's ticket (transfers.py):
+    ran earlier) and L is loaded now, a demand load. Then wait for L's ticket (../transfers.py):
     the time waited is stall time. Then prefetch.
   - after(L), once every node reading L ran and its backend synchronized: L's slot is free, its
     bytes stay valid until another layer takes the slot (all layers fit: nothing is copied again).
@@ -17,26 +17,21 @@ llama_decode, with the GIL taken by cffi)
   - routed(layer, ids), with a Router: the layer's chosen experts, handed to its callback.
   A Python error in a hook is stored, the hook returns -1 and C stops calling; the Llama raises it
   after the decode that hit it (`raise_pending`), so no logits computed from missing weights leak.
-  One loader thread does the I/O (transfers.py); the hooks only submit and wait.
+  One loader thread does the I/O (../transfers.py); the hooks only submit and wait.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable, Optional
-
-import numpy as np
+from typing import Optional
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
-from hypura.model_file import ModelHeader
-from hypura.plan.cost import DISK, RAM
-from hypura.runtime.coactivation import moe_layers
+from hypura.tiers.names import DISK, RAM
 from hypura.runtime.placement import FileFiller, TensorInfo
-from hypura.runtime.routing_trace import selected_ids
-from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
+from hypura.runtime.router import Router, selected_ids
+from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
 from hypura.runtime.transfers import Piece, Transfers
 
 _ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffers
@@ -56,24 +51,6 @@ class StreamStats:
     def as_dict(self) -> dict:
         return {"bytes": dict(self.bytes), "loads": self.loads, "demand_loads": self.demand_loads,
                 "stall_s": self.stall_s, "waits": self.waits}
-
-
-@dataclass(frozen=True)
-class Router:
-    """Report each MoE layer's chosen experts: callback(layer, ids [n_tokens, n_used]), once per layer
-    and graph, after the router ran and before the expert matmuls (include/hypura.h, router hook)."""
-
-    callback: Callable[[int, np.ndarray], None]
-    n_expert: int
-    n_used: int
-    layers: tuple[int, ...]
-
-    @classmethod
-    def of(cls, header: ModelHeader, callback) -> Router:
-        layers = moe_layers(header)
-        if not layers:
-            raise HypuraError(f"{header.path.name} has no MoE router: on_route and expert caches need an MoE model")
-        return cls(callback, int(header.get("expert_count")), int(header.get("expert_used_count")), layers)
 
 
 class LayerStreamer:
