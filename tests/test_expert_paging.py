@@ -162,9 +162,9 @@ def test_op_offload_is_off_beside_paged_experts_with_a_gpu(tiny_qwen3moe, monkey
     """llama.cpp offloads a prompt's ops on host weights to the GPU, even at -ngl 0 (a plan without GPU
     tensors), copying each weight when its graph split starts: before the router hook has read the
     selected experts. On the H200 such a plan gave NaN logits in some runs."""
-    import hypura.llama
+    import hypura.runtime.runtime
 
-    monkeypatch.setattr(hypura.llama, "has_gpu", lambda: True)
+    monkeypatch.setattr(hypura.runtime.runtime, "has_gpu", lambda: True)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
     try:
         assert not any(t.tier == "gpu" for t in llm.plan.tensors) and llm._pager is not None

@@ -1,7 +1,8 @@
 """A stack of expert caches (a GPU cache over a RAM cache over disk) per layer: a reference for the
 policies' hit rates on recorded routing (test_expert_cache.py)."""
 
-from hypura.runtime.moe.expert_cache import DEFAULT_POLICY, CacheStats, LayerCache
+from hypura.runtime.mechanism import TierStats as CacheStats
+from hypura.runtime.moe.expert_cache import DEFAULT_POLICY, LayerCache
 
 
 class TieredExpertCache:

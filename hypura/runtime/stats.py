@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hypura.bindings.ffi import lib
+from hypura.runtime.mechanism import TierStats
 from hypura.tiers.names import DISK, RAM
 
 
@@ -63,18 +64,26 @@ def memory_now(gpu_free_at_start: int | None) -> dict:
 
 
 class RunStats:
-    def __init__(self, streamer=None, plan=None, gpu_free_at_start: int | None = None):
-        self.streamer, self.plan, self.gpu_free_at_start = streamer, plan, gpu_free_at_start
+    def __init__(self, mechanisms: list, streamer=None, plan=None, gpu_free_at_start: int | None = None):
+        """mechanisms: every decode-time Mechanism, whose traffic makes the per-token figures; streamer: the
+        layer streamer (its hook timeline and graph splits), or None."""
+        self.mechanisms, self.streamer, self.plan, self.gpu_free_at_start = mechanisms, streamer, plan, gpu_free_at_start
         self.prefill, self.decode = Phase(), Phase()
+
+    def traffic(self) -> TierStats:
+        total = TierStats()
+        for m in self.mechanisms:
+            total.add_traffic(m.traffic)
+        return total
 
     def timed(self, decode_fn, n_tokens: int, decode: bool | None = None) -> None:
         """Time decode_fn, filed as decode (one new token per sequence) or prefill; by default a batch of
         one token is decode."""
-        s = self.streamer.stats if self.streamer else None
-        before = (dict(s.bytes), s.stall_s) if s else None
+        s = self.streamer
+        before = self.traffic() if s else None
         if s:
             s.timeline.clear()
-            self.streamer.split_marks(0)  # drop what an earlier call left
+            s.split_marks(0)  # drop what an earlier call left
         t0_us = lib().ggml_time_us()
         t0 = time.perf_counter()
         decode_fn()
@@ -83,12 +92,13 @@ class RunStats:
         if s:  # the hooks of the latest call, in ms from its start: where a token's time goes
             phase.timeline = [(kind, layer, round(1e3 * (t - t0), 3)) for kind, layer, t in s.timeline]
             phase.timeline.append(("end", -1, round(1e3 * dt, 3)))
-            phase.splits = self.streamer.split_marks(t0_us)
+            phase.splits = s.split_marks(t0_us)
         phase.calls, phase.tokens, phase.seconds = phase.calls + 1, phase.tokens + n_tokens, phase.seconds + dt
         if s:
-            phase.stall_s += s.stall_s - before[1]
-            for k, v in s.bytes.items():
-                phase.bytes[k] = phase.bytes.get(k, 0) + v - before[0].get(k, 0)
+            after = self.traffic()
+            phase.stall_s += after.stall_s - before.stall_s
+            for k, v in after.bytes.items():
+                phase.bytes[k] = phase.bytes.get(k, 0) + v - before.bytes.get(k, 0)
 
     def reset(self) -> None:
         self.prefill, self.decode = Phase(), Phase()
@@ -96,7 +106,7 @@ class RunStats:
     def summary(self) -> dict:
         out = {"prefill": self.prefill.summary(), "decode": self.decode.summary()}
         if self.streamer is not None:
-            out["stream"] = self.streamer.stats.as_dict()
+            out["stream"] = self.traffic().traffic_dict()
         out["predicted"] = _predicted(self.plan)
         out["memory"] = memory_now(self.gpu_free_at_start)
         if self.plan is not None:

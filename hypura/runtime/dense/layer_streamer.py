@@ -29,6 +29,7 @@ from typing import Optional
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.tiers.names import DISK, RAM
+from hypura.runtime.mechanism import Mechanism
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.router import Router, selected_ids
 from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
@@ -37,26 +38,12 @@ from hypura.runtime.transfers import Piece, Transfers
 _ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffers
 
 
-class StreamStats:
-    """Counters the hooks keep; `Llama.stats()` turns them into per-token figures."""
-
-    def __init__(self):
-        self.bytes = defaultdict(int)  # source tier -> bytes loaded into slots
-        self.loads = 0
-        self.demand_loads = 0  # loads not prefetched: before() had to start them
-        self.stall_s = 0.0  # compute waited for weights
-        self.waits = 0
-        self.timeline: list = []  # this decode's hooks: (before|after, layer, perf_counter s)
-
-    def as_dict(self) -> dict:
-        return {"bytes": dict(self.bytes), "loads": self.loads, "demand_loads": self.demand_loads,
-                "stall_s": self.stall_s, "waits": self.waits}
-
-
-class LayerStreamer:
+class LayerStreamer(Mechanism):
     def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None):
+        super().__init__()
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
-        self.stats = StreamStats()
+        self.stats = self.traffic  # bytes loaded into slots by source tier, loads, stall
+        self.timeline: list = []  # this decode's hooks: (before|after, layer, perf_counter s)
         self.error: Optional[BaseException] = None
         gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
         self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk)
@@ -108,7 +95,7 @@ class LayerStreamer:
 
     def _before(self, unit: int, _user_data) -> int:
         pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
-        self.stats.timeline.append(("before", layer, time.perf_counter()))
+        self.timeline.append(("before", layer, time.perf_counter()))
         slot = self.layout.layer_slot[(pool, layer)]
         if self.owner[pool][slot] != layer:
             if not self.free[pool][slot]:
@@ -127,7 +114,7 @@ class LayerStreamer:
 
     def _after(self, unit: int, _user_data) -> int:
         pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
-        self.stats.timeline.append(("after", layer, time.perf_counter()))
+        self.timeline.append(("after", layer, time.perf_counter()))
         self.free[pool][self.layout.layer_slot[(pool, layer)]] = True
         self._prefetch(pool, layer)
         return 0
@@ -165,6 +152,9 @@ class LayerStreamer:
             out += [(round((m.t_us - t0_us) / 1e3, 3), ffi.string(m.backend).decode(), ffi.string(m.node).decode())
                     for m in buf[0:n]]
         return out
+
+    def after_decode(self) -> None:
+        self.raise_pending()
 
     def raise_pending(self) -> None:
         if self.error is not None or (self.c_stream != ffi.NULL and lib().hypura_stream_failed(self.c_stream)):

@@ -19,6 +19,7 @@ import numpy as np
 
 from hypura.modelfile import ModelHeader
 from hypura.profile.store import cache_dir
+from hypura.runtime.mechanism import Mechanism
 from hypura.runtime.router import moe_layers  # noqa: F401  (re-exported)
 
 HASH_CHUNK = 1 << 20
@@ -127,12 +128,13 @@ class CoactivationPredictor:
         cls.path_for(key).unlink(missing_ok=True)
 
 
-class CoactivationRecorder:
+class CoactivationRecorder(Mechanism):
     """Counts each layer's selections, and pairs each token's experts at one MoE layer with its experts
     at the next, for the predictor; a decode's are added at once by flush(). Runs on the thread
     computing the graph."""
 
     def __init__(self, predictor: CoactivationPredictor, layers: tuple[int, ...]):
+        super().__init__()
         self.predictor = predictor
         self.index = {layer: i for i, layer in enumerate(layers)}  # the predictor counts MoE layers in order
         self.next_layer = next_moe_layer(layers)
@@ -148,6 +150,9 @@ class CoactivationRecorder:
         if self._last_layer >= 0 and len(self._last) == len(rows):
             self._pending += [(self.index[self._last_layer], prev, cur) for prev, cur in zip(self._last, rows)]
         self._last, self._last_layer = rows, layer
+
+    def after_decode(self) -> None:
+        self.flush()
 
     def flush(self) -> None:
         if self._selected:

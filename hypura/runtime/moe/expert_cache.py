@@ -15,7 +15,6 @@ Policies score resident experts; the lowest score is evicted:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 POLICIES = ("lru", "lfu", "decay")
@@ -70,26 +69,3 @@ class LayerCache:
             self.prefetched.discard(victim)
         self.resident[expert] = 0.0 if self.policy != "lru" else float(self.clock)
         return True
-
-
-@dataclass
-class CacheStats:
-    accesses: int = 0
-    hits: Counter = field(default_factory=Counter)  # tier -> accesses served there
-    prefetched: int = 0
-    prefetch_used: int = 0  # accesses served by an expert that a prefetch brought
-
-    def hit_rate(self, tier: str) -> float:
-        return self.hits[tier] / self.accesses if self.accesses else 0.0
-
-    @property
-    def precision(self) -> float:
-        return self.prefetch_used / self.prefetched if self.prefetched else 0.0
-
-    @property
-    def recall(self) -> float:
-        return self.prefetch_used / self.accesses if self.accesses else 0.0
-
-    def as_dict(self) -> dict:
-        return {"accesses": self.accesses, "hit_rate": {t: self.hit_rate(t) for t in self.hits},
-                "prefetch": {"issued": self.prefetched, "precision": self.precision, "recall": self.recall}}

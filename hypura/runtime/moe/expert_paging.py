@@ -42,7 +42,7 @@ import os
 import random
 import sys
 import time
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -54,6 +54,7 @@ from hypura.tiers.names import DISK, RAM
 from hypura.plan.plan import TIERS
 from hypura.profile.host import cores
 from hypura.runtime.moe.disk_probe import burst_rate
+from hypura.runtime.mechanism import Mechanism, TierStats
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.read_pipeline import ReadPipeline, Sink
 from hypura.runtime.pools import paged_by_expert
@@ -98,23 +99,24 @@ def paged_tensors(plan: Plan) -> set[str]:
 
 
 @dataclass
-class PagingStats:
-    accesses: int = 0  # (token, selected expert) pairs whose expert the plan keeps on disk
-    hits: int = 0  # of those, found resident
-    reads: int = 0  # experts read from disk
-    bytes: int = 0
-    evictions: int = 0
+class PagingStats(TierStats):
+    """accesses: (token, selected expert) pairs whose expert the plan keeps on disk; hits[RAM]: of those,
+    found resident; loads: experts read from disk; stall_s: the compute thread's time in calls that read."""
+
     resident_peak: int = 0
-    wait_s: float = 0.0  # the compute thread's time in calls that read (the stall), and the bytes read meanwhile
-    waited_bytes: int = 0
-    served: dict = field(default_factory=lambda: defaultdict(int))  # tier -> all MoE layers' selections it served
-    by_layer: dict = field(default_factory=lambda: defaultdict(int))  # layer -> experts read
+    waited_bytes: int = 0  # bytes read while compute waited
+    served: Counter = field(default_factory=Counter)  # tier -> all MoE layers' selections it served
+    by_layer: Counter = field(default_factory=Counter)  # layer -> experts read
+
+    @property
+    def reads(self) -> int:
+        return self.loads
 
     def as_dict(self) -> dict:
-        return {"accesses": self.accesses, "hits": self.hits, "reads": self.reads, "bytes": self.bytes,
+        return {"accesses": self.accesses, "hits": self.hits[RAM], "reads": self.loads, "bytes": self.bytes[DISK],
                 "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served),
                 # what a layer's reads achieve while decode waits: beside `hypura bench`'s disk probe of the same reads
-                "read_gbps_in_stall": self.waited_bytes / self.wait_s / 1e9 if self.wait_s else 0.0,
+                "read_gbps_in_stall": self.waited_bytes / self.stall_s / 1e9 if self.stall_s else 0.0,
                 "prefetch": {"issued": 0, "used": 0, "waits": 0, "precision": 0.0, "recall": 0.0}}
 
 
@@ -125,10 +127,13 @@ class _Stack:
     expert_bytes: int
 
 
-class ExpertPager:
+class ExpertPager(Mechanism):
+    name = "expert_paging"
+
     def __init__(self, plan: Plan, tensors: set[str], paths: list[str], n_used: int, budget: int):
         """tensors: the plan's paged_tensors; budget: RAM bytes for resident disk experts (at least
         n_used experts of the largest layer)."""
+        super().__init__()
         self.files = FileFiller(paths)  # the loader's thread, at load
         self._reads = ReadPipeline(paths, plan.rates.disk_readers, preparers=fault_in_threads())  # compute time
         self.tensors = tensors
@@ -150,7 +155,6 @@ class ExpertPager:
         self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
         self.resident_bytes = 0
         self.stats = PagingStats()
-        self.tally = None  # the layer streamer's StreamStats: disk bytes and stall land in the per-token figures
         self._decode_bursts = [0, 0]  # decode layers that read, experts they read (never reset: the probe's size)
         self._probes = 0
         self._madvise = _libc_madvise()
@@ -177,11 +181,11 @@ class ExpertPager:
         disk = self.on_disk.get(layer)
         used = {e for e in selected if e in disk} if disk else set()
         if disk:
-            reads = self.stats.reads
+            reads = self.stats.loads
             self._demand(layer, selected, used)
-            if len(ids) == 1 and self.stats.reads > reads:  # a decode layer that read: the probe's burst
+            if len(ids) == 1 and self.stats.loads > reads:  # a decode layer that read: the probe's burst
                 self._decode_bursts[0] += 1
-                self._decode_bursts[1] += self.stats.reads - reads
+                self._decode_bursts[1] += self.stats.loads - reads
         else:
             self._count_served(layer, selected)
 
@@ -190,7 +194,7 @@ class ExpertPager:
         if self._calls % RESIZE_EVERY == 1:
             self._resize()
         self.stats.accesses += sum(e in self.on_disk[layer] for e in selected)
-        t0, read_before = time.perf_counter(), self.stats.bytes
+        t0, read_before = time.perf_counter(), self.stats.bytes[DISK]
         missing = []
         for e in sorted(used):
             key, count = (layer, e), sum(x == e for x in selected)
@@ -198,7 +202,7 @@ class ExpertPager:
                 missing.append(e)
                 continue
             self.resident.move_to_end(key)
-            self.stats.hits += count
+            self.stats.hits[RAM] += count
         self._count_served(layer, selected, self.on_disk[layer], missing)
         expert_bytes = self._expert_bytes(layer)
         slices = [(stack, e) for e in missing for stack in self.stacks[layer]]
@@ -212,21 +216,21 @@ class ExpertPager:
         for e in missing:
             self._count_read(layer, e, expert_bytes)
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
-        read = self.stats.bytes - read_before
+        read = self.stats.bytes[DISK] - read_before
         if read:  # compute waited for these reads
             waited = time.perf_counter() - t0
-            self.stats.wait_s += waited
+            self.stats.stall_s += waited
             self.stats.waited_bytes += read
-            if self.tally is not None:
-                self.tally.bytes[DISK] += read
-                self.tally.stall_s += waited
-                self.tally.waits += 1
+            self.traffic.bytes[DISK] += read
+            self.traffic.stall_s += waited
+            self.traffic.waits += 1
 
     def _count_read(self, layer: int, e: int, expert_bytes: int) -> None:
         self.resident[(layer, e)] = expert_bytes
         self.resident_bytes += expert_bytes
-        self.stats.reads += 1
-        self.stats.bytes += expert_bytes
+        self.stats.loads += 1
+        self.stats.demand_loads += 1
+        self.stats.bytes[DISK] += expert_bytes
         self.stats.by_layer[layer] += 1
 
     def _expert_bytes(self, layer: int) -> int:
@@ -304,7 +308,7 @@ class ExpertPager:
 
     def summary(self) -> dict:
         return {**self.stats.as_dict(), "budget": self.budget, "resident": self.resident_bytes,
-                "hit_rate": self.stats.hits / self.stats.accesses if self.stats.accesses else 0.0}
+                "hit_rate": self.stats.hit_rate(RAM)}
 
 
 def inner_blocks(start: int, nbytes: int, align: int) -> tuple[int, int]:
