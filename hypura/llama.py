@@ -74,7 +74,8 @@ class Llama(llama_cpp.Llama):
             keep resident through pool slots (hypura.runtime.dense.layer_streamer).
         param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
             params structs that llama-cpp-python does not expose (e.g. load_mode,
-            flash_attn_type), set over its defaults.
+            flash_attn_type), set over its defaults; one that contradicts what the plan needs is
+            refused (HypuraError; the precedence is in hypura.runtime.params).
         on_route: MoE models: called as on_route(layer, ids) with each layer's chosen experts
             ([n_tokens, n_expert_used] int32) once per layer and batch, before the expert matmuls.
         n_threads: unset, llama.cpp's default (physical cores; llama-cpp-python guesses half the logical
@@ -97,10 +98,9 @@ class Llama(llama_cpp.Llama):
         self._runtime = runtime = Runtime(self.header, str(model_path), self.plan,
                                           placement_policy or overrides_policy(override_tensor),
                                           param_overrides, expert_cache, on_route)
+        # None: llama-cpp-python's default
         kwargs["n_threads"], kwargs["n_threads_batch"] = runtime.threads(kwargs.get("n_threads"),
                                                                          kwargs.get("n_threads_batch"))
-        if kwargs["n_threads_batch"] is None:
-            del kwargs["n_threads_batch"]  # llama-cpp-python's default (all logical CPUs)
         self._param_overrides = runtime.params.merged()
         hooks = runtime.load(lambda: self._load_llama(model_path, args, kwargs), self._unload)
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}

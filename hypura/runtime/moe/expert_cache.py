@@ -1,11 +1,9 @@
 """Expert caches and their policies, counted as docs/design.md defines the metrics.
 
 A cache holds whole experts of one layer (the unit the runtime loads: one expert's slice of each
-stacked `ffn_*_exps` tensor). Tiers stack: a GPU cache over a RAM cache over disk. An access is one
-(token, layer, selected expert): it is a hit of the fastest tier holding the expert, counted once per
-access (not per graph node). A miss loads the expert into every cache tier above where it was found,
-evicting by the tier's policy. Prefetched experts are marked until used or evicted, for precision
-(prefetched and later used / prefetched) and recall (used and prefetched / used).
+stacked `ffn_*_exps` tensor). An access is one (token, layer, selected expert), counted once per
+access (not per graph node); a miss takes the slot of the policy's victim. Prefetched experts are
+marked until used or evicted, for precision and recall.
 
 Policies score resident experts; the lowest score is evicted:
   lru    time of the last access
@@ -18,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 POLICIES = ("lru", "lfu", "decay")
-# the one that measured best on real routing traces of synthetic MoE models (tests/test_expert_cache.py:
-# tiny-qwen3moe, 6 of 16 experts cached: decay 0.60 / 0.49, LFU 0.57 / 0.45, LRU 0.56 / 0.47 for skewed
-# and for unskewed routers); to re-measure on real-size models with the runtime
+# the best hit rate on routing traces of tiny-qwen3moe, 6 of 16 experts cached (tests/test_expert_cache.py):
+# decay 0.60 / 0.49, LFU 0.57 / 0.45, LRU 0.56 / 0.47 for skewed / unskewed routers
 DEFAULT_POLICY = "decay"
 DECAY_HALF_LIFE = 64  # accesses of a layer after which an old access counts half
 
