@@ -152,10 +152,6 @@ def describe(summary: dict) -> list[str]:
         lines.append(f"disk experts: {pg['accesses']} accesses, hit rate {pg['hit_rate']:.3f} in RAM; {pg['reads']} read "
                      f"({pg['bytes'] / 1e9:.2f} GB, {pg['read_gbps_in_stall']:.2f} GB/s while decode waited), resident "
                      f"at most {pg['resident_peak'] / 2**20:.0f} MiB (budget now {pg['budget'] / 2**20:.0f} MiB)")
-        pf = pg["prefetch"]
-        if pf["issued"]:
-            lines.append(f"disk prefetch: {pf['issued']} experts read ahead, precision {pf['precision']:.2f}, recall "
-                         f"{pf['recall']:.2f}; {pf['waits']} still in flight when needed")
     mem = summary.get("memory")
     if mem:
         gpu = f", GPU taken {mem['gpu_used'] / 2**30:.2f} GiB" if mem.get("gpu_used") is not None else ""
