@@ -55,10 +55,10 @@ class Runtime:
         self.streamer: Optional[LayerStreamer] = None
         self.experts: Optional[ExpertStreamer] = None
         self._caches_of = None
-        if expert_cache is None and plan is not None and plan.expert_slots:
-            expert_cache = ExpertCacheSettings(slots=plan.expert_slots)
-        self.expert_cache = expert_cache
+        self.expert_cache = expert_cache  # the caller's: a plan's slots are its default, after the plan's checks
         self.policy = self._plan_placement(model_path) if plan is not None else policy
+        if expert_cache is None and plan is not None and plan.expert_slots:
+            self.expert_cache = expert_cache = ExpertCacheSettings(slots=plan.expert_slots)
         if expert_cache is not None:
             self.policy = self._experts_in_host(self.policy)
         self.router = (Router.of(header, self._route)

@@ -2,7 +2,8 @@
 with the plan's prediction beside them (what `--stats`, `Llama.stats()` and `hypura bench` show).
 
 Each llama_decode is timed and filed as prefill (a batch of several tokens) or decode (one); the
-streamer's counters are differenced around it, so each phase gets its own bytes and stalls.
+traffic of every mechanism (layer streamer, expert pager) is summed and differenced around it, so
+each phase gets its own bytes and stalls.
 """
 
 from __future__ import annotations
