@@ -142,8 +142,7 @@ class Llama(llama_cpp.Llama):
         decode = ctx.decode
 
         def timed_decode(batch):
-            self._runtime.stats.timed(lambda: decode(batch), batch.n_tokens())
-            self._runtime.after_decode()
+            self._runtime.decode(lambda: decode(batch), batch.n_tokens())
 
         ctx.decode = timed_decode
 
@@ -158,8 +157,7 @@ class Llama(llama_cpp.Llama):
             rc.append(llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens))))
             llama_cpp.llama_synchronize(ctx)
 
-        self._runtime.stats.timed(run, len(tokens))
-        self._runtime.after_decode()
+        self._runtime.decode(run, len(tokens))
         return rc[0] == 0
 
     def decode_batch(self, batch, decode: bool = False) -> int:
@@ -172,8 +170,7 @@ class Llama(llama_cpp.Llama):
             rc.append(llama_cpp.llama_decode(ctx, batch))
             llama_cpp.llama_synchronize(ctx)
 
-        self._runtime.stats.timed(run, batch.n_tokens, decode)
-        self._runtime.after_decode()
+        self._runtime.decode(run, batch.n_tokens, decode)
         return rc[0]
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:

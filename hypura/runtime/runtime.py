@@ -211,8 +211,11 @@ class Runtime:
         if self.on_route is not None:
             self.on_route(layer, ids)
 
-    def after_decode(self) -> None:
-        """Raise a streaming failure of the last decode (its results are void), then replay what C answered."""
+    def decode(self, run: Callable[[], None], n_tokens: int, decode: Optional[bool] = None) -> None:
+        """run() (one llama_decode), timed for the stats as decode or prefill (RunStats.timed); then each
+        mechanism's after_decode: a streaming failure raises (the decode's results are void), what C answered
+        alone is replayed."""
+        self.stats.timed(run, n_tokens, decode)
         for m in self.mechanisms():
             m.after_decode()
 
