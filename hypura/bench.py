@@ -63,7 +63,7 @@ def expert_cache_bound(header, rates, experts: dict) -> Optional[dict]:
     non-expert tensors and k experts a MoE layer) and loaded the experts it missed, as measured, over
     PCIe, both at the profile's rates, one after the other (a layer's misses load before its experts
     compute)."""
-    from hypura.runtime.expert_streaming import EXPERT_NAMES
+    from hypura.runtime.moe.expert_streaming import EXPERT_NAMES
 
     if not experts or not rates.gpu_read or not rates.link:
         return None

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hypura.engine import EngineClosed, Event, PromptTooLong, QueueFull, Result, SamplingParams
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 
 MODEL = "smollm2-135m-instruct:q4_1"
 

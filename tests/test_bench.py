@@ -55,7 +55,7 @@ def test_bench_runs_expert_caches_and_bounds_them(tiny_qwen3moe, tmp_path):
 
 def test_the_expert_cache_bound_adds_gpu_reads_and_measured_loads(tiny_qwen3moe):
     from hypura.bench import expert_cache_bound
-    from hypura.model_file import read_header
+    from hypura.modelfile import read_header
     from hypura.plan.cost import Rates
 
     h = read_header(tiny_qwen3moe)

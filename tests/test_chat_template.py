@@ -10,7 +10,7 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from hypura.serve.chat_template import ChatTemplate, TemplateError, TemplateLimits, TemplateRejected
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},

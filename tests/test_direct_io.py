@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hypura.profile.disk import fs_type
-from hypura.runtime.direct_io import DirectReader, DiskReadError
+from hypura.tiers.direct_io import DirectReader, DiskReadError
 
 SIZE = (3 << 20) + 12345  # not a multiple of the block size: the last block is partial
 

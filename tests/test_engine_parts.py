@@ -129,7 +129,7 @@ def test_settings_are_checked_with_one_line():
 
 def test_the_batched_bound_grows_with_the_batch_and_counts_the_experts_a_batch_touches(tiny_llama, tiny_qwen3moe):
     from hypura.engine.bench import batch_bound, parse_parallel
-    from hypura.model_file import read_header
+    from hypura.modelfile import read_header
     from hypura.plan import Rates
 
     cpu = Rates(cpu_read=10e9, disk_read=1e9)

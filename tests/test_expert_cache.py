@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 import hypura
-from hypura.model_file import read_header
-from hypura.runtime.coactivation import CoactivationPredictor, model_key
-from hypura.runtime.expert_cache import LayerCache, TieredExpertCache, expected_hit_rate
-from hypura.runtime.routing_trace import RoutingTrace
+from hypura.modelfile import read_header
+from hypura.runtime.moe.coactivation import CoactivationPredictor, model_key
+from hypura.plan.experts import expected_hit_rate
+from hypura.runtime.moe.expert_cache import LayerCache
+from routing_trace import RoutingTrace
+from tiered_expert_cache import TieredExpertCache
 from hypura.synth.routing import Routing
 from hypura.synth.writer import write_synth
 
@@ -150,10 +152,10 @@ def test_decay_keeps_its_order_across_rescaling():
 
 
 def test_recorded_routing_plans_often_chosen_experts_into_ram(tiny_qwen3moe):
-    from hypura.model_file import read_header
+    from hypura.modelfile import read_header
     from hypura.plan import PlanSettings
     from hypura.profile import resolve_profile
-    from hypura.runtime.coactivation import MIN_TOKENS, CoactivationRecorder, moe_layers, routing_frequencies
+    from hypura.runtime.moe.coactivation import MIN_TOKENS, CoactivationRecorder, moe_layers, routing_frequencies
     from hypura.runtime.plan_policy import plan_with_routing
 
     header = read_header(tiny_qwen3moe)
@@ -183,7 +185,7 @@ def test_recorded_routing_plans_often_chosen_experts_into_ram(tiny_qwen3moe):
 
 
 def test_recorded_counts_shrink_toward_uniform_as_far_as_sampling_noise_explains_them():
-    from hypura.runtime.coactivation import shrunk_counts
+    from hypura.runtime.moe.coactivation import shrunk_counts
 
     rng = np.random.default_rng(0)
     n_expert, k, tokens = 128, 8, 512

@@ -1,4 +1,4 @@
-"""Disk-tier experts read by selection (hypura.runtime.expert_paging) on the CPU: bitwise logits, disk
+"""Disk-tier experts read by selection (hypura.runtime.moe.expert_paging) on the CPU: bitwise logits, disk
 reads only for selected experts counted against a hand-made routing trace, the budget, read errors."""
 
 import dataclasses
@@ -12,16 +12,12 @@ import pytest
 
 import hypura
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
 from hypura.plan import RateOverrides, plan_model
 from hypura.profile import resolve_profile
-from hypura.runtime import expert_paging
-from hypura.runtime.coactivation import CoactivationPredictor, model_key
-from hypura.runtime.direct_io import DirectReader, DiskReadError
+from hypura.runtime.moe import expert_paging
+from hypura.tiers.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import FileFiller
-from hypura.runtime.read_pipeline import ReadPipeline
-from hypura.runtime.router_lookahead import router_input
-from hypura.runtime.routing_trace import RoutingTrace, selected_ids
+from routing_trace import RoutingTrace
 
 K, N_EXPERT, LAYERS = 4, 16, (0, 1)  # tiny-qwen3moe
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 3
@@ -76,21 +72,15 @@ def _disk_expert_ranges(pager):
             for layer, stacks in pager.stacks.items() for s in stacks for e in pager.on_disk[layer]]
 
 
-@pytest.mark.parametrize("huge, fault_in_threads, prefetch", [(False, 0, "0"), (True, 0, "0"), (False, 2, "0"),
-                                                               (False, 0, "1"), (False, 0, "router")],
-                         ids=["small pages", "huge pages inside experts", "fault-in threads", "recorded prefetch",
-                              "router prefetch"])
+@pytest.mark.parametrize("huge, fault_in_threads", [(False, 0), (True, 0), (False, 2)],
+                         ids=["small pages", "huge pages inside experts", "fault-in threads"])
 def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3moe, reference, monkeypatch, huge,
-                                                                       fault_in_threads, prefetch):
+                                                                       fault_in_threads):
     want, trace = reference
+    prefetch = "0"
     if huge:  # the large-expert path (Mixtral's 40 MB slices) on tiny experts
         monkeypatch.setattr(expert_paging, "HUGE_SLICE_BYTES", 0)
-    monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", str(fault_in_threads))
-    monkeypatch.setenv("HYPURA_DISK_PREFETCH", prefetch)
-    if prefetch == "1":  # read ahead whatever followed once in the reference's recorded routing (this test's folder)
-        _record(tiny_qwen3moe, trace)
-        monkeypatch.setattr(expert_paging, "PREFETCH_MIN_P", 0.0)
-        monkeypatch.setattr(expert_paging, "PREFETCH_MIN_TOKENS", 1)
+    monkeypatch.setattr(expert_paging, "fault_in_threads", lambda: fault_in_threads)
     monkeypatch.setattr(expert_paging, "FileFiller", _RecordingFiles)
     monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)  # the plan's share only: this test's budget is RAM
     _RecordingFiles.ranges = []
@@ -133,95 +123,6 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     assert paging["served"] == {"ram": selections - demand, "disk": demand}
 
 
-def test_a_failed_prefetch_is_read_again_when_selected(tiny_qwen3moe, reference, monkeypatch):
-    want, trace = reference
-    _record(tiny_qwen3moe, trace)
-    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "1")
-    monkeypatch.setattr(expert_paging, "PREFETCH_MIN_P", 0.0)
-    monkeypatch.setattr(expert_paging, "PREFETCH_MIN_TOKENS", 1)
-    start = ReadPipeline.start
-
-    def failing(self, parts, before_first=None):  # nothing lands, and the reads report an error
-        pending = start(self, [(info, lambda piece, pos: None) for info, _ in parts], before_first)
-        pending.wait()
-        pending.error = DiskReadError("injected prefetch failure")
-        return pending
-
-    monkeypatch.setattr(ReadPipeline, "start", failing)
-    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
-                       verbose=False)
-    try:
-        assert np.array_equal(_decode(llm), want)
-        pf = llm.stats()["expert_paging"]["prefetch"]
-        assert pf["issued"] > 0 and pf["used"] == 0
-    finally:
-        llm.close()
-
-
-def test_the_router_input_found_from_the_hook_gives_the_routers_own_choice(tiny_qwen3moe, reference, monkeypatch):
-    """The lookahead's graph walk reads the right tensor: this layer's router applied to it picks the experts
-    the router picked, for every token of a prompt batch and of decode."""
-    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "router")
-    want, trace = reference
-    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
-                       verbose=False)
-    checked = []
-    lookahead = llm._lookahead
-    seen = lookahead.seen
-
-    def check(layer, selected):
-        x = router_input(selected, layer)
-        ids = selected_ids(selected, N_EXPERT, K)
-        top = np.argsort(-lookahead.scores(layer, x), axis=1, kind="stable")[:, :K]
-        assert np.array_equal(np.sort(top, axis=1), np.sort(ids, axis=1))
-        checked.append(len(ids))
-        seen(layer, selected)
-
-    llm._streamer.on_selected = check
-    try:
-        assert lookahead.enabled  # our struct ggml_tensor has the library's size
-        llm.eval(llm.tokenize(TEXT)[:8])  # a prompt batch
-        assert np.array_equal(_decode(llm), want)  # decode, reading ahead as guessed
-        assert max(checked) == 8 and checked.count(1) == len(want) * len(LAYERS)
-        assert llm.stats()["expert_paging"]["prefetch"]["issued"] > 0
-    finally:
-        llm.close()
-
-
-def test_a_graph_the_lookahead_cannot_read_turns_it_off(tiny_qwen3moe, reference, monkeypatch):
-    """Another router shape (a bias, groups) puts other nodes between the ids and the router: a warning, no guesses,
-    same logits."""
-    from hypura.runtime import router_lookahead
-
-    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "router")
-    monkeypatch.setattr(router_lookahead, "_CHAIN", ("ffn_moe_argsort-", "ffn_moe_probs_biased-", "ffn_moe_logits-"))
-    want, _ = reference
-    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
-                       verbose=False)
-    try:
-        with pytest.warns(UserWarning, match="HYPURA_DISK_PREFETCH=router is off for this model: layer 0's router"):
-            assert np.array_equal(_decode(llm), want)
-        assert not llm._lookahead.enabled and llm.stats()["expert_paging"]["prefetch"]["issued"] == 0
-    finally:
-        llm.close()
-
-
-def test_an_unknown_prefetch_mode_is_refused_before_loading(tiny_qwen3moe, monkeypatch):
-    monkeypatch.setenv("HYPURA_DISK_PREFETCH", "sometimes")
-    with pytest.raises(HypuraError, match="HYPURA_DISK_PREFETCH must be one of"):
-        hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, verbose=False)
-
-
-def _record(model, trace):
-    """Save the trace's routing as a run's recorded routing (co-activation pairs: decode is one token a graph)."""
-    header = read_header(str(model))
-    predictor = CoactivationPredictor(len(LAYERS), N_EXPERT)
-    pairs = [(i, a, b) for i in range(len(LAYERS) - 1)
-             for a, b in zip(trace.selections(LAYERS[i]).tolist(), trace.selections(LAYERS[i + 1]).tolist())]
-    predictor.observe_many(pairs)
-    predictor.save(model_key(header))
-
-
 def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe, monkeypatch):
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
 
@@ -261,9 +162,9 @@ def test_op_offload_is_off_beside_paged_experts_with_a_gpu(tiny_qwen3moe, monkey
     """llama.cpp offloads a prompt's ops on host weights to the GPU, even at -ngl 0 (a plan without GPU
     tensors), copying each weight when its graph split starts: before the router hook has read the
     selected experts. On the H200 such a plan gave NaN logits in some runs."""
-    import hypura.llama
+    import hypura.runtime.runtime
 
-    monkeypatch.setattr(hypura.llama, "has_gpu", lambda: True)
+    monkeypatch.setattr(hypura.runtime.runtime, "has_gpu", lambda: True)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
     try:
         assert not any(t.tier == "gpu" for t in llm.plan.tensors) and llm._pager is not None
@@ -283,7 +184,7 @@ def test_recorded_routing_is_saved_at_exit_for_a_llama_never_closed(tiny_qwen3mo
 
 
 def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3moe, tmp_path, monkeypatch):
-    from hypura.runtime.coactivation import CoactivationPredictor, model_key
+    from hypura.runtime.moe.coactivation import CoactivationPredictor, model_key
 
     # logits for every token: otherwise llama.cpp's last layer computes (and routes) the last token only
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False,
@@ -322,7 +223,7 @@ def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
 
 
 def test_huge_pages_stay_inside_one_experts_slice():
-    from hypura.runtime.expert_paging import inner_blocks
+    from hypura.runtime.moe.expert_paging import inner_blocks
 
     huge, expert = 2 << 20, 40370176  # a mixtral-8x7b Q5_K_M expert's slice of one stacked tensor
     for base in (0, 32, 4096 + 64, (2 << 20) - 32):
@@ -336,16 +237,10 @@ def test_huge_pages_stay_inside_one_experts_slice():
     assert inner_blocks(10, 8192, 4096) == (4096, 8192)
 
 
-def test_fault_in_threads_need_spare_cores_and_a_bad_override_is_a_clear_error(monkeypatch):
-    monkeypatch.delenv("HYPURA_FAULT_IN_THREADS", raising=False)
+def test_fault_in_threads_need_spare_cores(monkeypatch):
     for cores, threads in [(2, 0), (4, 0), (8, 2), (16, 4), (128, 4)]:
         monkeypatch.setattr(expert_paging.os, "cpu_count", lambda: cores)
         assert expert_paging.fault_in_threads() == threads
-    monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", "3")
-    assert expert_paging.fault_in_threads() == 3
-    monkeypatch.setenv("HYPURA_FAULT_IN_THREADS", "many")
-    with pytest.raises(HypuraError, match="HYPURA_FAULT_IN_THREADS must be a thread count"):
-        expert_paging.fault_in_threads()
 
 
 def test_llama_threads_leave_spare_cores_to_the_pager(monkeypatch):

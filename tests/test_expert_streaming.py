@@ -6,10 +6,10 @@ import pytest
 
 import hypura
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
-from hypura.runtime.coactivation import CoactivationPredictor, model_key
-from hypura.runtime.expert_streaming import ExpertCacheSettings, slots_for_budget
-from hypura.runtime.routing_trace import RoutingTrace
+from hypura.modelfile import read_header
+from hypura.runtime.moe.coactivation import CoactivationPredictor, model_key
+from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
+from routing_trace import RoutingTrace
 
 K, LAYERS = 4, (0, 1)  # tiny-qwen3moe: top-4 of 16 experts, 2 MoE layers
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 3

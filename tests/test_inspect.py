@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hypura.cli.errors import run_cli
 from hypura.cli.inspect_cmd import inspect
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from hypura.plan import Plan
 
 writer = pytest.importorskip("hypura.synth.writer")

@@ -139,13 +139,13 @@ def _defer_all(info):
 
 def test_deferred_tensors_survive_short_reads(smollm2_path, reference_smollm2, n_threads, monkeypatch):
     """Every weight comes through the disk-tier reader, whose reads come back a few KiB at a time."""
-    from hypura.runtime import placement
-    from hypura.runtime.direct_io import DirectReader
+    from hypura.tiers import file_readers
+    from hypura.tiers.direct_io import DirectReader
 
     def trickle(fd, bufs, offset):
         return os.preadv(fd, [bufs[0][: 5 * 4096 + 123]], offset)
 
-    monkeypatch.setattr(placement, "DirectReader", functools.partial(DirectReader, pread=trickle, retries=10**9))
+    monkeypatch.setattr(file_readers, "DirectReader", functools.partial(DirectReader, pread=trickle, retries=10**9))
     llm = _load(smollm2_path, n_threads, placement_policy=_defer_all)
     try:
         assert np.array_equal(_logits(llm, reference_smollm2["tokens"]), reference_smollm2["logits"])
@@ -154,13 +154,13 @@ def test_deferred_tensors_survive_short_reads(smollm2_path, reference_smollm2, n
 
 
 def test_read_error_while_filling_fails_the_load(smollm2_path, monkeypatch):
-    from hypura.runtime import placement
-    from hypura.runtime.direct_io import DirectReader, DiskReadError
+    from hypura.tiers import file_readers
+    from hypura.tiers.direct_io import DirectReader, DiskReadError
 
     def failing_disk(fd, bufs, offset):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(placement, "DirectReader", functools.partial(DirectReader, pread=failing_disk))
+    monkeypatch.setattr(file_readers, "DirectReader", functools.partial(DirectReader, pread=failing_disk))
     with pytest.raises(DiskReadError, match="failed after 3 retries: Input/output error"):
         hypura.Llama(str(smollm2_path), n_ctx=256, verbose=False, placement_policy=_defer_all)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hypura.errors import ModelFileError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from fuzz.cases import CASES
 from fuzz.gguf_model import parse
 from fuzz.runner import MAX_LINE

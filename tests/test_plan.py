@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from hypura.runtime.expert_cache import expected_hit_rate
+from hypura.plan.experts import expected_hit_rate
 
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from hypura.plan import (Plan, PlanSettings, RateOverrides, budgets_for, greedy, model_units, optimize,
                          parse_size, plan_model, predict, rates_for, traffic)
 from hypura.plan import knobs
@@ -311,7 +311,7 @@ def test_plan_reserves_the_slots_the_runtime_lays_out(model, ram):
     layers round-robin over the slots in graph order, each slot as large as its largest layer."""
     from collections import defaultdict
 
-    from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
+    from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
 
     plan = plan_model(model("llama3.3-70b"), H200, gpu_mem="8GiB", ram=ram)
     layout = StreamLayout.of(plan, gpu=True)
@@ -334,7 +334,7 @@ def test_expert_cache_plans_when_it_predicts_faster_decode(model):
     over PCIe and a host round trip a layer lose to the CPU computing experts in RAM (as measured on
     the H200, bench/RESULTS.md), nor over a slow link. Experts never stream through layer slots: the
     runtime would copy whole stacked tensors."""
-    from hypura.runtime.stream_layout import StreamLayout
+    from hypura.runtime.dense.stream_layout import StreamLayout
 
     h = model("qwen3-30b-a3b")
     settings = PlanSettings(n_ctx=256)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from hypura.plan import Plan, PlanSettings, knobs, model_units, plan_model, predict, rates_for, traffic
 from hypura.plan.cost import step_probability
 from hypura.profile import resolve_profile

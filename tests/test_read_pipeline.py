@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from hypura.runtime.direct_io import DirectReader, DiskReadError
+from hypura.tiers.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import TensorInfo, Tier
 from hypura.runtime.read_pipeline import ReadPipeline
 
@@ -51,8 +51,7 @@ def test_every_range_lands_whole_though_requests_land_out_of_order(data_file):
         pipe.close()
 
 
-@pytest.mark.parametrize("via", ["run", "start"])
-def test_preparers_finish_each_part_before_its_first_piece_lands(data_file, via):
+def test_preparers_finish_each_part_before_its_first_piece_lands(data_file):
     data = data_file.read_bytes()
     pipe = ReadPipeline([str(data_file)], readers=2, request=16 << 10, preparers=2)
     prepared, lock = {}, threading.Lock()
@@ -71,40 +70,9 @@ def test_preparers_finish_each_part_before_its_first_piece_lands(data_file, via)
 
     try:
         outs = [bytearray(n) for _, n in RANGES]
-        if via == "run":
-            pipe.run(sinks(outs), before_first=prepare)
-        else:  # a failed assert in a reader's sink would come back from wait()
-            assert pipe.start(sinks(outs), before_first=prepare).wait() is None
+        pipe.run(sinks(outs), before_first=prepare)
         assert prepared == dict.fromkeys(range(len(RANGES)), 1)
         assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
-    finally:
-        pipe.close()
-
-
-def test_started_reads_land_without_the_caller_and_report_errors_on_wait(data_file, monkeypatch):
-    data = data_file.read_bytes()
-    pipe = ReadPipeline([str(data_file)], readers=3, request=16 << 10)
-    try:
-        outs = [bytearray(n) for _, n in RANGES]
-        first = []
-        pending = pipe.start(_parts_into(outs, RANGES), before_first=first.append)
-        assert pending.wait() is None and pending.done()
-        assert sorted(first) == list(range(len(RANGES)))  # once a part, on the readers
-        assert [bytes(o) for o in outs] == [data[o:o + n] for o, n in RANGES]
-        stage = DirectReader.stage
-
-        def failing(self, start, want):
-            if start < 4096:
-                raise DiskReadError("injected")
-            return stage(self, start, want)
-
-        monkeypatch.setattr(DirectReader, "stage", failing)
-        failed = pipe.start(_parts_into([bytearray(1 << 20)], [(0, 1 << 20)]))
-        assert isinstance(failed.wait(), DiskReadError)  # returned, not raised
-        monkeypatch.undo()
-        out = bytearray(1 << 20)
-        pipe.run(_parts_into([out], [(0, 1 << 20)]))  # every stager came back
-        assert bytes(out) == data[: 1 << 20]
     finally:
         pipe.close()
 

@@ -16,7 +16,7 @@ import hypura
 from hypura.errors import HypuraError
 from hypura.plan import PlanSettings, plan_model
 from hypura.profile import machine_profile
-from hypura.runtime.direct_io import DiskReadError
+from hypura.tiers.direct_io import DiskReadError
 from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Transfers
 

@@ -19,7 +19,7 @@ from gguf.quants import dequantize
 
 from hypura.errors import HypuraError
 from hypura.synth.blocks import TARGET_STD, BlockPool
-from hypura.model_file import read_header, read_kv
+from hypura.modelfile import read_header, read_kv
 from hypura.synth.quant_mix import FTYPES, get_ftype, source_type, use_more_bits
 from hypura.synth.shapes import SHAPES, get_shape
 from hypura.synth.tokenizer import MERGES, TOKEN_TYPE, TOKENS, tokenizer_kv

@@ -6,8 +6,8 @@ import pytest
 
 import hypura
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
-from hypura.runtime.routing_trace import RoutingTrace
+from hypura.modelfile import read_header
+from routing_trace import RoutingTrace
 from hypura.synth.routing import (
     CALIBRATION_TOLERANCE,
     RouterRows,

@@ -14,7 +14,7 @@ import hypura
 from hypura.errors import HypuraError
 from hypura.plan import PlanSettings, RateOverrides, plan_model
 from hypura.profile import machine_profile, resolve_profile
-from hypura.runtime.direct_io import DiskReadError
+from hypura.tiers.direct_io import DiskReadError
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
 TIMEOUT = 300

@@ -57,7 +57,6 @@ ffi.cdef(
     void hypura_loader_hooks_set(const struct hypura_loader_hooks * hooks);
     void hypura_cpu_compute_pageable(bool pageable);
     const char * hypura_model_tensor_buft(const struct llama_model * model, const char * name);
-    struct ggml_tensor * hypura_model_tensor(const struct llama_model * model, const char * name);
 
     typedef int32_t (*hypura_unit_fn)(int32_t unit, void * user_data);
     typedef int32_t (*hypura_route_fn)(int32_t layer, struct ggml_tensor * selected, void * user_data);
@@ -121,23 +120,6 @@ ffi.cdef(
         bool   no_alloc;
     };
     struct ggml_context;
-    // ggml.h's struct, fields as declared (enums as int32_t): the router lookahead walks a node's sources
-    struct ggml_tensor {
-        int32_t type;
-        ggml_backend_buffer_t buffer;
-        int64_t ne[4];
-        size_t  nb[4];
-        int32_t op;
-        int32_t op_params[16];
-        int32_t flags;
-        struct ggml_tensor * src[10];
-        struct ggml_tensor * view_src;
-        size_t view_offs;
-        void * data;
-        char name[64];
-        void * extra;
-        char padding[8];
-    };
 
     size_t ggml_nbytes(const struct ggml_tensor * tensor);
     void * ggml_get_data(const struct ggml_tensor * tensor);
@@ -182,7 +164,7 @@ ffi.cdef(
     """
 )
 
-EXPECTED_API_VERSION = 9
+EXPECTED_API_VERSION = 10
 
 
 @functools.lru_cache(maxsize=None)

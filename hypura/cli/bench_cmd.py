@@ -12,11 +12,11 @@ import click
 
 from hypura.bench import BenchSettings, run_bench
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
 from hypura.plan.budget import parse_size, rates_for
-from hypura.runtime.expert_streaming import ExpertCacheSettings, slots_for_budget
+from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
 from hypura.runtime.stats import describe
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from hypura.plan import SOLVERS, PlanSettings, RateOverrides, plan_model
 from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.store import load_cached, machine_profile

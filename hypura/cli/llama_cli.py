@@ -294,7 +294,7 @@ def run(settings) -> int:
         from hypura.models import default_model_path
 
         model_path = default_model_path()
-    from hypura.model_file import read_header
+    from hypura.modelfile import read_header
 
     read_header(model_path)  # a bad file fails here, in one line, before llama.cpp is loaded
     from hypura.cli.llama_cli_loop import Completion  # loads our libllama

@@ -6,8 +6,8 @@ import click
 import numpy as np
 
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
-from hypura.runtime.coactivation import MIN_TOKENS, CoactivationPredictor, model_key, recorded_routing
+from hypura.modelfile import read_header
+from hypura.runtime.moe.coactivation import MIN_TOKENS, CoactivationPredictor, model_key, recorded_routing
 
 
 @click.command("routing")

@@ -53,7 +53,7 @@ def plan_for_parallel(model_path: str | os.PathLike, parallel: int, n_ctx: int, 
                       gpu_mem=None, ram=None):
     """The plan hypura.Llama would make from these budgets (this machine's profile, recorded routing),
     with decode steps of `parallel` tokens in its cost model."""
-    from hypura.model_file import read_header
+    from hypura.modelfile import read_header
     from hypura.plan import PlanSettings
     from hypura.profile import machine_profile
     from hypura.runtime.plan_policy import plan_with_routing

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from hypura.errors import HypuraError
-from hypura.model_file import ModelHeader, read_header
+from hypura.modelfile import ModelHeader, read_header
 from hypura.plan.budget import Budgets, RateOverrides, budgets_for, fmt_size, parse_size, rates_for
 from hypura.plan.cost import Prediction, Rates, Traffic, predict, traffic
 from hypura.plan.experts import with_expert_cache

@@ -19,7 +19,7 @@ vanilla's batched decode of a partly offloaded model is slower at 32 sequences t
 turns op offload off beside CPU weights that hooks fill mid-graph (disk-tier ones).
 
 For one sequence and the hybrid (the CPU computes some non-resident layers while the link streams
-others into GPU slots) this gives DESIGN.md's bound: non-resident bytes / (CPU rate + link rate).
+others into GPU slots) this gives the hybrid's bound (docs/design.md): non-resident bytes / (CPU rate + link rate).
 Prefill, per micro-batch: llama.cpp offloads every matmul of a batch >= 32 to the GPU, copying host
 weights over the link (streamed ones from pinned memory, CPU-resident ones from pageable memory), so
 time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate). Beside CPU-computed weights from
@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 
 from hypura.plan import knobs
 from hypura.plan.units import ModelUnits
+from hypura.tiers.names import CPU, DISK, GPU, RAM  # noqa: F401  (re-exported: the plan speaks them)
 
-GPU, RAM, DISK = "gpu", "ram", "disk"
-CPU = "cpu"  # a compute location (with GPU)
 PATHS = ("gpu", "cpu", "link", "disk")
 
 

@@ -1,5 +1,5 @@
 """The expert-cache alternative for an MoE plan: GPU slots that decode computes from, filled from
-pinned RAM as routers ask (hypura.runtime.expert_streaming), instead of a fixed set of GPU experts.
+pinned RAM as routers ask (hypura.runtime.moe.expert_streaming), instead of a fixed set of GPU experts.
 
 Same GPU bytes: the static plan's GPU-resident experts become slots, spread evenly over the MoE
 layers, and every expert lives in RAM. A decode token then costs
@@ -17,6 +17,7 @@ cache when that predicts faster decode than the static placement; prefill keeps 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from hypura.plan import knobs
@@ -43,8 +44,6 @@ def with_expert_cache(plan: Plan, mu: ModelUnits, expert_probs: Mapping[int, Seq
     if slots < k or slots >= n_expert or plan.used(RAM) + on_gpu > plan.memory[RAM]["budget"]:
         return plan
     if expert_probs:
-        from hypura.runtime.expert_cache import expected_hit_rate
-
         hits = [expected_hit_rate(expert_probs[layer], slots) for layer in layers if layer in expert_probs]
         hit_rate = sum(hits) / len(hits) if hits else slots / n_expert
     else:
@@ -85,3 +84,11 @@ def _expert_tiers(plan: Plan, mu: ModelUnits) -> dict[tuple[int, int], str]:
             cur = out.get((t.layer, e), GPU)
             out[(t.layer, e)] = tier if order[tier] > order[cur] else cur
     return out
+
+
+def expected_hit_rate(freqs, capacity: int) -> float:
+    """A static cache of the `capacity` most popular experts under independent routing: the share of
+    accesses it serves (for comparing a policy with the best static placement)."""
+    f = sorted((float(x) for x in freqs), reverse=True)
+    total = sum(f)
+    return sum(f[:capacity]) / total if total and not math.isnan(total) else 0.0

@@ -4,6 +4,9 @@ Rates a profile measures (disk, link, CPU decode) are not here: these are the de
 profile lacks a figure, and the fixed costs and margins no quick measurement pins down.
 """
 
+# rates a profile derives from what it measured, the planner uses them too
+from hypura.profile.knobs import CPU_FLOPS_DEFAULT, GPU_FLOPS_DEFAULT, GPU_READ_EFFICIENCY  # noqa: F401
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -17,16 +20,12 @@ RAM_MARGIN = 2 * GiB
 GPU_PROCESS_RAM = 256 * MiB
 
 # --- decode cost ----------------------------------------------------------------------------
-# GPU decode reads weights at this fraction of a device copy's memory traffic: fit of DESIGN.md's
-# vanilla H200 runs (14B 149 tok/s, 70B 43.1 tok/s) with a per-layer cost gives 2.34 TB/s over
-# the 4.28 TB/s measured for HBM
-GPU_READ_EFFICIENCY = 0.55
 # fixed cost per GPU-computed layer per token (kernel launches, syncs): the same fit, 58 us
 GPU_LAYER_S = 58e-6
 # fixed cost per CPU-computed layer (thread barriers per op, ~15 ops): estimate, not fitted
 CPU_LAYER_S = 20e-6
 # each CPU<->GPU hand-off in a token's graph: a scheduler split, sync and activation copy; estimate,
-# consistent with llama.cpp's -ot exps=CPU runs in DESIGN.md (64-96 hand-offs a token)
+# consistent with llama.cpp's -ot exps=CPU runs on the H200 (64-96 hand-offs a token)
 SPLIT_S = 30e-6
 # the same with the streamer's eval callback installed (every split synchronized, CPU threads idle
 # while the GPU works, activations handed over through pageable memory): fit on the H200
@@ -57,12 +56,6 @@ OBJECTIVE_DECODE_TOKENS = 256
 # --- prefill cost ---------------------------------------------------------------------------
 # llama.cpp's default micro-batch (llama_context_default_params().n_ubatch)
 N_UBATCH = 512
-# discrete GPU matmul rate on quantized weights: DESIGN.md's vanilla pp512 on the H200 gives
-# 132 (14B), 159 (70B), 140 (Mixtral active) TFLOP/s
-GPU_FLOPS_DEFAULT = 150e12
-# CPU matmul rate when the profile has no llama.cpp measurement: 2 FLOP/weight at 8 cores x
-# ~32 FLOP/cycle x 2.5 GHz, halved for dequantization: an estimate
-CPU_FLOPS_DEFAULT = 300e9
 
 # --- streaming ------------------------------------------------------------------------------
 # layers in flight ahead of the one computing: one absorbs the next layer's read, two absorb the
@@ -92,5 +85,5 @@ ROLE_RANK = {"norm": 0, "other": 0, "router": 1, "attn": 2, "output": 3, "shared
 # ggml_backend_cuda_device_offload_op; GGML_OP_OFFLOAD_MIN_BATCH overrides it)
 OP_OFFLOAD_MIN_BATCH = 32
 # those copies read ordinary (pageable) host memory, staged by the driver: H200 profile 8.5 GB/s,
-# 7.3 on 2026-12-04 (DESIGN.md); used when a profile did not measure its own (h2d_pageable_bw)
+# 7.3 on 2026-12-04; used when a profile did not measure its own (h2d_pageable_bw)
 PAGEABLE_LINK_DEFAULT = 8e9

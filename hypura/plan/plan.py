@@ -22,9 +22,9 @@ from hypura.jsonfile import parse_json, read_json_file, write_atomic
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic
 from hypura.plan.solve import PlanSettings, Solution
 from hypura.plan.units import ModelUnits
+from hypura.tiers.names import TIERS  # noqa: F401  (re-exported)
 
 PLAN_VERSION = 1
-TIERS = (GPU, RAM, DISK)
 _SLOWEST = {GPU: 0, RAM: 1, DISK: 2}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from hypura.model_file import ModelHeader
+from hypura.modelfile import ModelHeader
 from hypura.plan.budget import fmt_size
 from hypura.plan.cost import DISK, GPU, RAM
 from hypura.plan import knobs

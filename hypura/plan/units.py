@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hypura.errors import HypuraError
-from hypura.model_file import ModelHeader, TensorEntry
+from hypura.modelfile import ModelHeader, TensorEntry
 from hypura.plan import knobs
 
 _EXPERT_RE = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")

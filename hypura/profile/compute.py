@@ -13,8 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from hypura.model_file import read_header
-from hypura.plan import knobs as plan_knobs
+from hypura.modelfile import read_header
 from hypura.profile import knobs
 from hypura.profile.model import CpuCompute
 
@@ -97,5 +96,5 @@ def measure_llama(model: Path, threads: int) -> CpuCompute:
 
 
 def proxy(ram_copy_bw: float, threads: int, why: str) -> CpuCompute:
-    return CpuCompute(decode_bw=ram_copy_bw, prefill_flops=plan_knobs.CPU_FLOPS_DEFAULT, threads=threads,
+    return CpuCompute(decode_bw=ram_copy_bw, prefill_flops=knobs.CPU_FLOPS_DEFAULT, threads=threads,
                       method=f"proxy (no llama.cpp run: {why}): decode = RAM copy rate, prefill = planner default")

@@ -26,7 +26,7 @@ import numpy as np
 from hypura.errors import HypuraError
 from hypura.profile import knobs
 from hypura.profile.model import DiskInfo
-from hypura.runtime.direct_io import O_DIRECT, aligned_buffer, no_cache
+from hypura.tiers.direct_io import O_DIRECT, aligned_buffer, no_cache
 
 
 def fs_type(path: Path) -> str:

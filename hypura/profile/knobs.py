@@ -1,22 +1,20 @@
 """Every constant of `hypura profile`'s measurements, with why it has its value."""
 
+from hypura.tiers.direct_io import DIRECT_ALIGN, DISK_REQUEST_BYTES  # noqa: F401  (what the profile measures with)
+
 MiB = 1 << 20
 GiB = 1 << 30
 
 # --- disk -----------------------------------------------------------------------------------
-# the runtime streams with requests of this size (a layer slice or an expert is MBs; 4 MiB keeps
-# NVMe queues busy without huge staging buffers) and from this many reader threads
-DISK_REQUEST_BYTES = 4 * MiB
 # experts are read where a router sends decode: random reads of one expert's slice of a stacked tensor
 # (Qwen3-30B-A3B Q4_K: 0.9 MB), which ran at 0.5-0.7 of the sequential 4 MiB rate on the H200 (2026-12-03)
 DISK_RANDOM_REQUEST_BYTES = 1 * MiB
+# reader threads the profile tries (requests of DISK_REQUEST_BYTES, as the runtime reads)
 DISK_THREADS = (1, 2, 4)
 # test file: big enough for a steady rate, small enough to write in ~1 s
 DISK_TEST_BYTES = 512 * MiB
 # each thread count reads for at most this long (the whole file when faster)
 DISK_PASS_S = 1.5
-# O_DIRECT needs buffers, offsets and sizes aligned to the logical block size; 4 KiB covers NVMe
-DIRECT_ALIGN = 4096
 
 # --- RAM ------------------------------------------------------------------------------------
 # larger than any last-level cache, so the copy measures DRAM
@@ -37,9 +35,21 @@ LLAMA_DECODE_TOKENS = 32
 LLAMA_DECODE_S = 8.0
 LLAMA_CTX = 256
 
+# --- rates derived from the measurements (the planner's fits) --------------------------------
+# GPU decode reads weights at this fraction of a device copy's memory traffic: fit of the
+# vanilla llama.cpp H200 runs (14B 149 tok/s, 70B 43.1 tok/s) with a per-layer cost gives 2.34 TB/s over
+# the 4.28 TB/s measured for HBM
+GPU_READ_EFFICIENCY = 0.55
+# discrete GPU matmul rate on quantized weights: vanilla llama.cpp's pp512 on the H200 gives
+# 132 (14B), 159 (70B), 140 (Mixtral active) TFLOP/s
+GPU_FLOPS_DEFAULT = 150e12
+# CPU matmul rate when the profile has no llama.cpp measurement: 2 FLOP/weight at 8 cores x
+# ~32 FLOP/cycle x 2.5 GHz, halved for dequantization: an estimate
+CPU_FLOPS_DEFAULT = 300e9
+
 # --- defaults when nothing was measured (inspect without `hypura profile`) --------------------
 # conservative figures so an unmeasured plan does not promise too much
-DEFAULT_DISK_BW = 1.4e9  # DESIGN.md's H200 host NVMe with O_DIRECT; consumer NVMe reads 2-7 GB/s
+DEFAULT_DISK_BW = 1.4e9  # the H200 host's NVMe with O_DIRECT (docs/design.md); consumer NVMe reads 2-7 GB/s
 DEFAULT_CPU_DECODE_BW = 20e9  # llama.cpp CPU decode on dual-channel DDR4/DDR5 desktops: 15-40 GB/s
-DEFAULT_LINK_BW = 25e9  # PCIe 4.0 x16 pinned copies (~25 GB/s); DESIGN.md measured 55 on PCIe 5.0
+DEFAULT_LINK_BW = 25e9  # PCIe 4.0 x16 pinned copies (~25 GB/s); 55 measured on the H200's PCIe 5.0
 DEFAULT_GPU_DECODE_BW = 500e9  # a mid-range discrete GPU's effective decode read rate

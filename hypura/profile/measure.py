@@ -12,7 +12,6 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
-from hypura.plan import knobs as plan_knobs
 from hypura.profile import compute, knobs
 from hypura.profile.disk import measure_disk
 from hypura.profile.host import cores, cpu_name, ram_copy_bw
@@ -33,9 +32,9 @@ def _gpu_info(dev, progress: Callable[[str], None]) -> GpuInfo:
         index=dev.index, name=dev.name, description=dev.description, mem_total=dev.mem_total,
         mem_free=dev.mem_free, unified=dev.unified, h2d_pinned_bw=links.h2d_pinned_bw,
         h2d_pageable_bw=links.h2d_pageable_bw, d2d_bw=links.d2d_bw,
-        decode_bw=links.d2d_bw * plan_knobs.GPU_READ_EFFICIENCY, prefill_flops=plan_knobs.GPU_FLOPS_DEFAULT,
-        method=(f"links measured; decode rate = device copy x {plan_knobs.GPU_READ_EFFICIENCY} and prefill "
-                f"{plan_knobs.GPU_FLOPS_DEFAULT / 1e12:.0f} TFLOP/s from the planner's fit to DESIGN.md's H200 runs"),
+        decode_bw=links.d2d_bw * knobs.GPU_READ_EFFICIENCY, prefill_flops=knobs.GPU_FLOPS_DEFAULT,
+        method=(f"links measured; decode rate = device copy x {knobs.GPU_READ_EFFICIENCY} and prefill "
+                f"{knobs.GPU_FLOPS_DEFAULT / 1e12:.0f} TFLOP/s from the planner's fit to vanilla llama.cpp's H200 runs"),
     )
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
-from hypura.plan import knobs as plan_knobs
 from hypura.profile import knobs
 from hypura.profile.host import cores, cpu_name, host_facts
 from hypura.profile.model import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
@@ -97,7 +96,7 @@ def quick_profile() -> MachineProfile:
     gpu_infos = tuple(GpuInfo(
         index=g.index, name=g.name, description=g.description, mem_total=g.mem_total, mem_free=g.mem_free,
         unified=g.unified, h2d_pinned_bw=knobs.DEFAULT_LINK_BW, h2d_pageable_bw=None, d2d_bw=None,
-        decode_bw=knobs.DEFAULT_GPU_DECODE_BW, prefill_flops=plan_knobs.GPU_FLOPS_DEFAULT, method=unmeasured)
+        decode_bw=knobs.DEFAULT_GPU_DECODE_BW, prefill_flops=knobs.GPU_FLOPS_DEFAULT, method=unmeasured)
         for g in gpus)
     return MachineProfile(
         key=profile_key(facts), hardware=facts,
@@ -106,7 +105,7 @@ def quick_profile() -> MachineProfile:
                       ram_copy_bw=knobs.DEFAULT_CPU_DECODE_BW),
         disk=DiskInfo(path="", fs_type="unknown", direct_io=False, method=unmeasured,
                       request_bytes=knobs.DISK_REQUEST_BYTES, read_bw=knobs.DEFAULT_DISK_BW),
-        cpu=CpuCompute(knobs.DEFAULT_CPU_DECODE_BW, plan_knobs.CPU_FLOPS_DEFAULT, physical, unmeasured),
+        cpu=CpuCompute(knobs.DEFAULT_CPU_DECODE_BW, knobs.CPU_FLOPS_DEFAULT, physical, unmeasured),
         gpus=gpu_infos, notes=("quick profile: rates are defaults, not measurements",) + ((why,) if why else ()),
     )
 

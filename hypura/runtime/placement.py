@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from hypura.bindings.ffi import ffi, lib
-from hypura.runtime.direct_io import DirectReader
+from hypura.tiers.file_readers import FileReaders
 
 
 class Tier(enum.IntEnum):
@@ -80,7 +80,7 @@ class FileFiller:
 
     def __init__(self, paths: list[str]):
         self.paths = paths
-        self._readers: dict[int, DirectReader] = {}
+        self._readers = FileReaders(paths)
 
     def __call__(self, info: TensorInfo, tensor) -> None:
         def upload(piece: memoryview, at: int) -> None:
@@ -90,17 +90,10 @@ class FileFiller:
 
     def read(self, info: TensorInfo, sink: Callable[[memoryview, int], None]) -> None:
         """Hand the tensor's bytes to sink(piece, position in the tensor), in order."""
-        if info.file_idx >= len(self.paths):
-            raise OSError(f"tensor '{info.name}' lives in split {info.file_idx}, which Hypura does not know")
-        reader = self._readers.get(info.file_idx)
-        if reader is None:
-            reader = self._readers[info.file_idx] = DirectReader(self.paths[info.file_idx])
-        reader.read(info.file_offset, info.nbytes, sink)
+        self._readers.get(info.file_idx).read(info.file_offset, info.nbytes, sink)
 
     def close(self) -> None:
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
+        self._readers.close()
 
 
 class LoaderHooks:

@@ -1,9 +1,9 @@
 """A Plan as a placement policy for the loader hooks.
 
 gpu -> GPU-resident; ram computed by the CPU -> host memory, as `-ot X=CPU` places it; streamed
-tensors (ram computed on the GPU, and disk) -> their pool slot (stream_layout.py), filled by the
+tensors (ram computed on the GPU, and disk) -> their pool slot (dense/stream_layout.py), filled by the
 layer streamer, never mapped from the file; stacked experts with experts on disk -> host memory,
-filled by the expert pager (expert_paging.py).
+filled by the expert pager (moe/expert_paging.py).
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import os
 from typing import Union
 
 from hypura.errors import HypuraError
-from hypura.model_file import ModelHeader
+from hypura.modelfile import ModelHeader
 from hypura.plan import Plan, PlanSettings, plan_model
-from hypura.plan.cost import GPU
+from hypura.tiers.names import GPU
 from hypura.profile import machine_profile
 from hypura.profile.devices import has_gpu
 from hypura.profile.model import MachineProfile
-from hypura.runtime.coactivation import routing_frequencies
+from hypura.runtime.moe.coactivation import routing_frequencies
 from hypura.runtime.placement import Placement, PlacementPolicy, TensorInfo, Tier
-from hypura.runtime.stream_layout import GPU_POOL, StreamLayout
+from hypura.runtime.dense.stream_layout import GPU_POOL, StreamLayout
 
 PlanSpec = Union[Plan, str, os.PathLike, None]
 
@@ -43,7 +43,7 @@ def resolve_plan(spec: PlanSpec, header: ModelHeader, gpu_mem=None, ram=None, n_
 
 
 def plan_with_routing(header: ModelHeader, profile: MachineProfile, **kwargs) -> Plan:
-    """plan_model with the expert frequencies of this model's recorded routing (coactivation.py), once
+    """plan_model with the expert frequencies of this model's recorded routing (moe/coactivation.py), once
     enough tokens were recorded: often-chosen experts then take RAM before rare ones."""
     probs, tokens = routing_frequencies(header)
     plan = plan_model(header, profile, expert_probs=probs, **kwargs)
@@ -58,7 +58,7 @@ def plan_layout(plan: Plan) -> StreamLayout:
 
 
 def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset()) -> PlacementPolicy:
-    """paged: stacked expert tensors with disk experts (expert_paging.py), host memory filled by Python."""
+    """paged: stacked expert tensors with disk experts (moe/expert_paging.py), host memory filled by Python."""
     def policy(info: TensorInfo) -> Placement:
         streamed = layout.tensors.get(info.name)
         if streamed is not None:

@@ -24,13 +24,6 @@ Protocol
   - So a reader waits only when the caller is that many requests behind. Every request reports once,
     so run() returns (or raises the first error) only after all readers let go of their stagers: none
     is left writing into a buffer the caller reuses.
-  - `start(parts, before_first)` reads without the caller (prefetch): its requests queue on the same
-    readers behind those already submitted, and each reader copies its own request into the sink. With
-    preparers, before_first runs for every part on them at once, as in run(), and a reader waits for its
-    part's before copying; without, the first piece of a part to land runs before_first before its copy,
-    under the batch's lock (pieces landing meanwhile wait for it). The returned Pending counts requests
-    and preparations down; wait() returns the first error (never raises): the caller decides what a
-    failed prefetch means. Sinks must not be touched by the caller until wait() returned.
 """
 
 from __future__ import annotations
@@ -40,8 +33,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Optional
 
-from hypura.profile.knobs import DIRECT_ALIGN, DISK_REQUEST_BYTES
-from hypura.runtime.direct_io import DirectReader, DiskReadError, aligned_buffer
+from hypura.tiers.direct_io import DIRECT_ALIGN, DISK_REQUEST_BYTES, DirectReader, DiskReadError, aligned_buffer
+from hypura.tiers.file_readers import FileReaders
 from hypura.runtime.placement import TensorInfo
 
 Sink = Callable[[memoryview, int], None]  # (piece, position in the part)
@@ -52,46 +45,15 @@ class _Stager:
     """One staging buffer and, per file, a reader that reads into it (opened on first use)."""
 
     def __init__(self, paths: list[str], request: int):
-        self.paths, self.request = paths, request
         self.buf = aligned_buffer(request + DIRECT_ALIGN)
-        self.readers: dict[int, DirectReader] = {}
+        self.readers = FileReaders(paths, request, staging=self.buf)
 
     def reader(self, file_idx: int) -> DirectReader:
-        if file_idx >= len(self.paths):
-            raise DiskReadError(f"file {file_idx} of the model is not known (a split Hypura was not given)")
-        r = self.readers.get(file_idx)
-        if r is None:
-            r = self.readers[file_idx] = DirectReader(self.paths[file_idx], self.request, staging=self.buf)
-        return r
+        return self.readers.get(file_idx)
 
     def close(self) -> None:
-        for r in self.readers.values():
-            r.close()
+        self.readers.close()
         self.buf.close()
-
-
-class Pending:
-    """Requests that start() submitted, counted down as each finishes (copied or failed)."""
-
-    def __init__(self, n: int):
-        self._left, self.error = n, None
-        self._cond = threading.Condition()
-
-    def _finish(self, error: Optional[BaseException] = None) -> None:
-        with self._cond:
-            self._left -= 1
-            self.error = self.error or error
-            if self._left == 0:
-                self._cond.notify_all()
-
-    def done(self) -> bool:
-        return self._left == 0
-
-    def wait(self) -> Optional[BaseException]:
-        with self._cond:
-            while self._left:
-                self._cond.wait()
-        return self.error
 
 
 class ReadPipeline:
@@ -165,33 +127,6 @@ class ReadPipeline:
         if error is not None:
             raise error
 
-    def start(self, parts: list[tuple[TensorInfo, Sink]],
-              before_first: Optional[Callable[[int], None]] = None) -> Pending:
-        """Read every part's bytes into its sink on the reader threads; the caller goes on (protocol above)."""
-        requests = [(i, info, sink, pos) for i, (info, sink) in enumerate(parts)
-                    for pos in range(0, info.nbytes, self.request)]
-        # faulting in on the readers kept the disk idle meanwhile: prefetch ran slower than demand reads (H200)
-        prepared = before_first is not None and self._preparers is not None
-        pending, started, lock = Pending(len(requests) + (len(parts) if prepared else 0)), set(), threading.Lock()
-        ready = [self._preparers.submit(before_first, i) for i in range(len(parts))] if prepared else None
-        for future in ready or ():  # a read that fails does not wait for its part's: wait() does
-            future.add_done_callback(lambda f: pending._finish(f.exception()))
-
-        def first_piece(i: int) -> None:
-            if ready is not None:
-                ready[i].result()
-                return
-            with lock:
-                if i not in started:
-                    started.add(i)
-                    if before_first is not None:
-                        before_first(i)
-
-        for i, info, sink, pos in requests:
-            self._threads.submit(self._read_and_copy, info, pos, min(self.request, info.nbytes - pos),
-                                 lambda i=i: first_piece(i), sink, pending)
-        return pending
-
     def _read_one(self, info: TensorInfo, pos: int, want: int, part: int, done: queue.SimpleQueue) -> None:
         stager = self._free.get()
         try:
@@ -200,20 +135,6 @@ class ReadPipeline:
         except BaseException as e:
             self._free.put(stager)
             done.put((part, pos, None, 0, 0, e))
-
-    def _read_and_copy(self, info: TensorInfo, pos: int, want: int, prepare: Callable[[], None], sink: Sink,
-                       pending: Pending) -> None:
-        stager, error = self._free.get(), None
-        try:
-            skip, got = self._stage(stager, info, pos, want)
-            prepare()
-            with memoryview(stager.buf) as view:
-                sink(view[skip:skip + got], pos)
-        except BaseException as e:
-            error = e
-        finally:
-            self._free.put(stager)
-            pending._finish(error)
 
     @staticmethod
     def _stage(stager: _Stager, info: TensorInfo, pos: int, want: int) -> tuple[int, int]:

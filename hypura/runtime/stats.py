@@ -2,7 +2,8 @@
 with the plan's prediction beside them (what `--stats`, `Llama.stats()` and `hypura bench` show).
 
 Each llama_decode is timed and filed as prefill (a batch of several tokens) or decode (one); the
-streamer's counters are differenced around it, so each phase gets its own bytes and stalls.
+traffic of every mechanism (layer streamer, expert pager) is summed and differenced around it, so
+each phase gets its own bytes and stalls.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hypura.bindings.ffi import lib
-from hypura.plan.cost import DISK, RAM
+from hypura.runtime.mechanism import TierStats
+from hypura.tiers.names import DISK, RAM
 
 
 @dataclass
@@ -63,18 +65,26 @@ def memory_now(gpu_free_at_start: int | None) -> dict:
 
 
 class RunStats:
-    def __init__(self, streamer=None, plan=None, gpu_free_at_start: int | None = None):
-        self.streamer, self.plan, self.gpu_free_at_start = streamer, plan, gpu_free_at_start
+    def __init__(self, mechanisms: list, streamer=None, plan=None, gpu_free_at_start: int | None = None):
+        """mechanisms: every decode-time Mechanism, whose traffic makes the per-token figures; streamer: the
+        layer streamer (its hook timeline and graph splits), or None."""
+        self.mechanisms, self.streamer, self.plan, self.gpu_free_at_start = mechanisms, streamer, plan, gpu_free_at_start
         self.prefill, self.decode = Phase(), Phase()
+
+    def traffic(self) -> TierStats:
+        total = TierStats()
+        for m in self.mechanisms:
+            total.add_traffic(m.traffic)
+        return total
 
     def timed(self, decode_fn, n_tokens: int, decode: bool | None = None) -> None:
         """Time decode_fn, filed as decode (one new token per sequence) or prefill; by default a batch of
         one token is decode."""
-        s = self.streamer.stats if self.streamer else None
-        before = (dict(s.bytes), s.stall_s) if s else None
+        s = self.streamer
+        before = self.traffic() if s else None
         if s:
             s.timeline.clear()
-            self.streamer.split_marks(0)  # drop what an earlier call left
+            s.split_marks(0)  # drop what an earlier call left
         t0_us = lib().ggml_time_us()
         t0 = time.perf_counter()
         decode_fn()
@@ -83,12 +93,13 @@ class RunStats:
         if s:  # the hooks of the latest call, in ms from its start: where a token's time goes
             phase.timeline = [(kind, layer, round(1e3 * (t - t0), 3)) for kind, layer, t in s.timeline]
             phase.timeline.append(("end", -1, round(1e3 * dt, 3)))
-            phase.splits = self.streamer.split_marks(t0_us)
+            phase.splits = s.split_marks(t0_us)
         phase.calls, phase.tokens, phase.seconds = phase.calls + 1, phase.tokens + n_tokens, phase.seconds + dt
         if s:
-            phase.stall_s += s.stall_s - before[1]
-            for k, v in s.bytes.items():
-                phase.bytes[k] = phase.bytes.get(k, 0) + v - before[0].get(k, 0)
+            after = self.traffic()
+            phase.stall_s += after.stall_s - before.stall_s
+            for k, v in after.bytes.items():
+                phase.bytes[k] = phase.bytes.get(k, 0) + v - before.bytes.get(k, 0)
 
     def reset(self) -> None:
         self.prefill, self.decode = Phase(), Phase()
@@ -96,7 +107,7 @@ class RunStats:
     def summary(self) -> dict:
         out = {"prefill": self.prefill.summary(), "decode": self.decode.summary()}
         if self.streamer is not None:
-            out["stream"] = self.streamer.stats.as_dict()
+            out["stream"] = self.traffic().traffic_dict()
         out["predicted"] = _predicted(self.plan)
         out["memory"] = memory_now(self.gpu_free_at_start)
         if self.plan is not None:
@@ -142,10 +153,6 @@ def describe(summary: dict) -> list[str]:
         lines.append(f"disk experts: {pg['accesses']} accesses, hit rate {pg['hit_rate']:.3f} in RAM; {pg['reads']} read "
                      f"({pg['bytes'] / 1e9:.2f} GB, {pg['read_gbps_in_stall']:.2f} GB/s while decode waited), resident "
                      f"at most {pg['resident_peak'] / 2**20:.0f} MiB (budget now {pg['budget'] / 2**20:.0f} MiB)")
-        pf = pg["prefetch"]
-        if pf["issued"]:
-            lines.append(f"disk prefetch: {pf['issued']} experts read ahead, precision {pf['precision']:.2f}, recall "
-                         f"{pf['recall']:.2f}; {pf['waits']} still in flight when needed")
     mem = summary.get("memory")
     if mem:
         gpu = f", GPU taken {mem['gpu_used'] / 2**30:.2f} GiB" if mem.get("gpu_used") is not None else ""

@@ -23,11 +23,11 @@ from typing import Optional
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
-from hypura.plan.cost import DISK
+from hypura.tiers.names import DISK
 from hypura.profile.devices import first_gpu
-from hypura.profile.knobs import DIRECT_ALIGN
-from hypura.runtime.direct_io import DirectReader
-from hypura.runtime.stream_layout import GPU_POOL
+from hypura.tiers.direct_io import DIRECT_ALIGN, DirectReader
+from hypura.tiers.file_readers import FileReaders
+from hypura.runtime.pools import GPU_POOL
 
 STREAM_REQUEST_BYTES = 16 << 20  # disk->GPU chunk: a read is ~10 ms at 1.5 GB/s, its copy ~0.3 ms
 
@@ -78,7 +78,9 @@ class Transfers:
                 self.events[slot] = L.ggml_backend_event_new(self.gpu)
         self.staging = self.pinned(STREAM_REQUEST_BYTES + DIRECT_ALIGN, "disk staging") if gpu_disk else None
         self.staging_free = L.ggml_backend_event_new(self.gpu) if gpu_disk else ffi.NULL
-        self._readers: dict[tuple[int, bool], DirectReader] = {}
+        staging = ffi.buffer(self.staging, STREAM_REQUEST_BYTES + DIRECT_ALIGN) if gpu_disk else None
+        self._readers = {True: FileReaders(paths, STREAM_REQUEST_BYTES, staging),  # into pinned staging
+                         False: FileReaders(paths, STREAM_REQUEST_BYTES)}  # into a reader's own buffer
         self._jobs: queue.Queue = queue.Queue()
         self._whole_buf: Optional[bytearray] = None
         self._thread = threading.Thread(target=self._run, name="hypura-loader", daemon=True)
@@ -151,14 +153,7 @@ class Transfers:
         return memoryview(self._whole_buf)[:nbytes]
 
     def reader(self, file_idx: int, staged: bool) -> DirectReader:
-        r = self._readers.get((file_idx, staged))
-        if r is None:
-            if file_idx >= len(self.paths):
-                raise HypuraError(f"split {file_idx} of the model is not known to Hypura")
-            staging = ffi.buffer(self.staging, STREAM_REQUEST_BYTES + DIRECT_ALIGN) if staged else None
-            r = self._readers[(file_idx, staged)] = DirectReader(
-                self.paths[file_idx], request=STREAM_REQUEST_BYTES, pread=self.pread, staging=staging)
-        return r
+        return self._readers[staged].get(file_idx, pread=self.pread)
 
     def close(self) -> None:
         """Finishes the loads submitted, then frees everything; safe to call twice."""
@@ -166,9 +161,8 @@ class Transfers:
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
-        for r in self._readers.values():
-            r.close()
-        self._readers.clear()
+        for readers in self._readers.values():
+            readers.close()
         if self.backend != ffi.NULL:
             L.ggml_backend_synchronize(self.backend)
         for ev in [*self.events.values(), *self._own_events, self.staging_free]:

@@ -81,7 +81,7 @@ def header_digest(path: Path, header_bytes: int) -> str:
 
 
 def model_info(path: Path, header, name: Optional[str] = None) -> ModelInfo:
-    """From a hypura.model_file.ModelHeader (hypura.Llama's `header`)."""
+    """From a hypura.modelfile.ModelHeader (hypura.Llama's `header`)."""
     metadata = dict(header.metadata)
     n_params = metadata.get("general.parameter_count") or sum(math.prod(t.shape) for t in header.tensors)
     return ModelInfo(name=name or ollama_name(path, metadata), family=str(header.arch),

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import uvicorn
 
 from hypura.errors import HypuraError
-from hypura.model_file import read_header
+from hypura.modelfile import read_header
 from hypura.serve.app import ServerState, create_app
 from hypura.serve.registry import open_model
 from hypura.serve.settings import ServeSettings

@@ -1,4 +1,4 @@
-"""GGUF header bytes, written fast (hypura.model_file reads them).
+"""GGUF header bytes, written fast (hypura.modelfile reads them).
 
 gguf-py's GGUFWriter packs array elements one by one: about a second on a 150k-token
 vocabulary. This does the same in tens of milliseconds.
@@ -16,7 +16,7 @@ from typing import Any
 import gguf
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from hypura.model_file import KV, STRUCT_CODES
+from hypura.modelfile import KV, STRUCT_CODES
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from gguf import GGUFValueType, TokenType
 
 from hypura.errors import HypuraError
 from hypura.models import default_model_path
-from hypura.model_file import KV, read_kv
+from hypura.modelfile import KV, read_kv
 
 TOKENS = "tokenizer.ggml.tokens"
 TOKEN_TYPE = "tokenizer.ggml.token_type"

@@ -20,7 +20,7 @@ Protocol (include/hypura.h "Expert caches" and the router hook; all on the threa
     sees them only then).
   Batches of more than max_tokens tokens compute from the stacked experts: nothing to do.
   With a GPU, loads run on Transfers' loader thread (copy stream, one event per layer); without
-  one they are copies on this thread. Counters follow ../shared/DESIGN.md (expert_cache.py).
+  one they are copies on this thread. Counters follow docs/design.md (expert_cache.py).
 """
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
-from hypura.plan.cost import RAM
-from hypura.runtime.coactivation import CoactivationRecorder
-from hypura.runtime.expert_cache import DEFAULT_POLICY, POLICIES, CacheStats, LayerCache
+from hypura.tiers.names import RAM
+from hypura.runtime.moe.coactivation import CoactivationRecorder
+from hypura.runtime.mechanism import Mechanism, TierStats
+from hypura.runtime.moe.expert_cache import DEFAULT_POLICY, POLICIES, LayerCache
 from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Piece, Transfers
 
@@ -96,13 +97,16 @@ class _Layer:
         self.unpublished.clear()
 
 
-class ExpertStreamer:
+class ExpertStreamer(Mechanism):
+    name = "experts"
+
     def __init__(self, model, layers: tuple[int, ...], n_used: int, s: ExpertCacheSettings,
                  tier: Tier, transfers: Optional[Transfers], recorder: Optional[CoactivationRecorder]):
         """model: struct llama_model * (loaded); layers: the MoE layers in graph order."""
         if s.slots < n_used * s.max_tokens:
             raise HypuraError(f"an expert cache needs at least {n_used * s.max_tokens} slots a layer "
                               f"({n_used} experts a token x {s.max_tokens} tokens), got {s.slots}")
+        super().__init__()
         self.settings, self.k, self.transfers, self.recorder = s, n_used, transfers, recorder
         self.tier_name = "gpu" if tier == Tier.GPU else "host slots"  # where hits are served
         self.layers: dict[int, _Layer] = {}
@@ -120,9 +124,8 @@ class ExpertStreamer:
             self.layers[layer] = _Layer(c, s.slots, s.policy)
             if transfers is not None:
                 self.layers[layer].event = transfers.new_event()
-        self.stats = CacheStats()
+        self.stats = TierStats()
         self.loaded_bytes = {"demand": 0, "prefetch": 0}
-        self.stall_s = 0.0
         self.hook_s = 0.0
         self.stream, self._log = None, None
 
@@ -230,21 +233,25 @@ class ExpertStreamer:
             t0 = time.perf_counter()
             ly.ticket.wait()
             ly.ticket = None
-            self.stall_s += time.perf_counter() - t0
+            self.stats.stall_s += time.perf_counter() - t0
 
     # --- stats --------------------------------------------------------------------------------
     def summary(self) -> dict:
         self.drain()
-        out = self.stats.as_dict()
-        out.update(slots_per_layer=self.settings.slots, layers=len(self.layers), policy=self.settings.policy,
-                   loaded_bytes=dict(self.loaded_bytes), stall_s=self.stall_s, hook_s=self.hook_s)
-        return out
+        st = self.stats
+        return {"accesses": st.accesses, "hit_rate": {t: st.hit_rate(t) for t in st.hits},
+                "prefetch": {"issued": st.prefetched, "precision": st.precision, "recall": st.recall},
+                "slots_per_layer": self.settings.slots, "layers": len(self.layers), "policy": self.settings.policy,
+                "loaded_bytes": dict(self.loaded_bytes), "stall_s": st.stall_s, "hook_s": self.hook_s}
+
+    def after_decode(self) -> None:
+        self.drain()
 
     def reset_stats(self) -> None:
         self.drain()
-        self.stats = CacheStats()
+        self.stats = TierStats()
         self.loaded_bytes = {"demand": 0, "prefetch": 0}
-        self.stall_s = self.hook_s = 0.0
+        self.hook_s = 0.0
 
 
 # GPU memory the slots leave for llama.cpp's compute buffers, the KV cache of a short context and

@@ -18,7 +18,12 @@ import sys
 from typing import Callable
 
 from hypura.errors import HypuraError
-from hypura.profile.knobs import DIRECT_ALIGN, DISK_REQUEST_BYTES
+
+# O_DIRECT needs buffers, offsets and sizes aligned to the logical block size; 4 KiB covers NVMe
+DIRECT_ALIGN = 4096
+# the request size of disk reads: a layer slice or an expert is MBs; 4 MiB keeps NVMe queues busy
+# without huge staging buffers
+DISK_REQUEST_BYTES = 4 << 20
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 _F_NOCACHE = 48  # macOS fcntl: the page cache is bypassed for this descriptor

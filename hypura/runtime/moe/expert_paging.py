@@ -26,14 +26,6 @@ Protocol
     by the compute thread, in both cases after the evictions. Only the compute thread touches the
     bookkeeping (evictions while the reads run, the new experts after all landed).
   - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
-  - Prefetch (decode, opt-in): at the end of layer l's call, the next MoE layer's disk experts that
-    `likely_next` guesses (recorded co-activation, coactivation.py, or the next router applied to this
-    layer's router input, router_lookahead.py) and that are not resident are read without waiting
-    (ReadPipeline.start: the fault-in threads fault them in, the readers copy them), within the budget.
-    They count as resident from then on but are never evicted while in flight; layer l+1's call first
-    waits for them all (its demand reads would queue behind them anyway; that wait is stall too), and one
-    whose read failed is read again if selected (a second failure raises).
-    Evictions never touch layer l's selected experts: its matmuls run after the call.
   - Probe (`hypura bench`, between decodes, the same thread): `probe()` reads random disk experts through
     the same ReadPipeline into a scratch buffer (disk_probe.py); nothing resident changes.
 
@@ -50,22 +42,22 @@ import os
 import random
 import sys
 import time
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
-from hypura.errors import HypuraError
 from hypura.plan import Plan
-from hypura.plan.cost import DISK, RAM
+from hypura.tiers.names import DISK, RAM
 from hypura.plan.plan import TIERS
 from hypura.profile.host import cores
-from hypura.runtime.disk_probe import burst_rate
+from hypura.runtime.moe.disk_probe import burst_rate
+from hypura.runtime.mechanism import Mechanism, TierStats
 from hypura.runtime.placement import FileFiller, TensorInfo
-from hypura.runtime.read_pipeline import Pending, ReadPipeline, Sink
-from hypura.runtime.stream_layout import paged_by_expert
+from hypura.runtime.read_pipeline import ReadPipeline, Sink
+from hypura.runtime.pools import paged_by_expert
 
 RESIZE_EVERY = 64  # page_in calls between RSS readings
 RSS_MARGIN = 128 << 20  # kept free under the RAM budget: allocator slack, Python, reads in flight
@@ -80,9 +72,6 @@ FAULT_IN_MAX_THREADS = 4
 # a quarter of the cores is left to the pager's threads, on machines this large (on 2 cores a fault-in thread
 # gained nothing)
 SPARE_CORES_MIN = 8
-# a prefetch is issued for an expert that followed one of the token's experts in this share of the recorded
-# tokens (seen in at least PREFETCH_MIN_TOKENS): a wrong guess costs disk time the next layer's reads need
-PREFETCH_MIN_P, PREFETCH_MIN_TOKENS = 0.35, 16
 
 
 def spare_cores(n: int) -> int:
@@ -100,31 +89,8 @@ def llama_threads(paged: bool) -> int:
 
 
 def fault_in_threads() -> int:
-    """Threads that fault slices in ahead of the copies: the spare cores, at most 4; none on small machines.
-    $HYPURA_FAULT_IN_THREADS overrides (0: the compute thread does it), to compare."""
-    forced = os.environ.get("HYPURA_FAULT_IN_THREADS", "").strip()
-    if forced:
-        if not forced.isdigit():
-            raise HypuraError(f"HYPURA_FAULT_IN_THREADS must be a thread count (0 or more), not {forced!r}")
-        return int(forced)
+    """Threads that fault slices in ahead of the copies: the spare cores, at most 4; none on small machines."""
     return min(FAULT_IN_MAX_THREADS, spare_cores(os.cpu_count() or 1))
-
-
-PREFETCH_MODES = {"0": None, "": None, "1": "recorded", "recorded": "recorded", "router": "router"}
-
-
-def disk_prefetch() -> Optional[str]:
-    """$HYPURA_DISK_PREFETCH: None (off, the default), "recorded" (1: co-activation recorded by earlier runs) or
-    "router" (the next layer's router on this layer's router input)."""
-    value = os.environ.get("HYPURA_DISK_PREFETCH", "").strip().lower()
-    if value not in PREFETCH_MODES:
-        raise HypuraError(f"HYPURA_DISK_PREFETCH must be one of 0, 1 (recorded), recorded, router; not {value!r}")
-    return PREFETCH_MODES[value]
-
-
-def recorded_guess(recorder):
-    """likely_next from recorded co-activation (a CoactivationRecorder), at this module's thresholds."""
-    return lambda layer, experts: recorder.likely_next(layer, experts, PREFETCH_MIN_P, PREFETCH_MIN_TOKENS)
 
 
 def paged_tensors(plan: Plan) -> set[str]:
@@ -133,29 +99,25 @@ def paged_tensors(plan: Plan) -> set[str]:
 
 
 @dataclass
-class PagingStats:
-    accesses: int = 0  # (token, selected expert) pairs whose expert the plan keeps on disk
-    hits: int = 0  # of those, found resident
-    reads: int = 0  # experts read from disk
-    bytes: int = 0
-    evictions: int = 0
+class PagingStats(TierStats):
+    """accesses: (token, selected expert) pairs whose expert the plan keeps on disk; hits[RAM]: of those,
+    found resident; loads: experts read from disk; stall_s: the compute thread's time in calls that read."""
+
     resident_peak: int = 0
-    prefetched: int = 0  # experts read ahead (counted in reads and bytes too)
-    prefetch_used: int = 0  # accesses served by an expert a prefetch brought
-    prefetch_waits: int = 0  # of those, still in flight when their layer came
-    wait_s: float = 0.0  # the compute thread's time in calls that read (the stall), and the bytes read meanwhile
-    waited_bytes: int = 0
-    served: dict = field(default_factory=lambda: defaultdict(int))  # tier -> all MoE layers' selections it served
-    by_layer: dict = field(default_factory=lambda: defaultdict(int))  # layer -> experts read
+    waited_bytes: int = 0  # bytes read while compute waited
+    served: Counter = field(default_factory=Counter)  # tier -> all MoE layers' selections it served
+    by_layer: Counter = field(default_factory=Counter)  # layer -> experts read
+
+    @property
+    def reads(self) -> int:
+        return self.loads
 
     def as_dict(self) -> dict:
-        return {"accesses": self.accesses, "hits": self.hits, "reads": self.reads, "bytes": self.bytes,
+        return {"accesses": self.accesses, "hits": self.hits[RAM], "reads": self.loads, "bytes": self.bytes[DISK],
                 "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served),
                 # what a layer's reads achieve while decode waits: beside `hypura bench`'s disk probe of the same reads
-                "read_gbps_in_stall": self.waited_bytes / self.wait_s / 1e9 if self.wait_s else 0.0,
-                "prefetch": {"issued": self.prefetched, "used": self.prefetch_used, "waits": self.prefetch_waits,
-                             "precision": self.prefetch_used / self.prefetched if self.prefetched else 0.0,
-                             "recall": self.prefetch_used / self.accesses if self.accesses else 0.0}}
+                "read_gbps_in_stall": self.waited_bytes / self.stall_s / 1e9 if self.stall_s else 0.0,
+                "prefetch": {"issued": 0, "used": 0, "waits": 0, "precision": 0.0, "recall": 0.0}}
 
 
 @dataclass
@@ -165,10 +127,13 @@ class _Stack:
     expert_bytes: int
 
 
-class ExpertPager:
+class ExpertPager(Mechanism):
+    name = "expert_paging"
+
     def __init__(self, plan: Plan, tensors: set[str], paths: list[str], n_used: int, budget: int):
         """tensors: the plan's paged_tensors; budget: RAM bytes for resident disk experts (at least
         n_used experts of the largest layer)."""
+        super().__init__()
         self.files = FileFiller(paths)  # the loader's thread, at load
         self._reads = ReadPipeline(paths, plan.rates.disk_readers, preparers=fault_in_threads())  # compute time
         self.tensors = tensors
@@ -189,11 +154,7 @@ class ExpertPager:
         self.stacks: dict[int, list[_Stack]] = defaultdict(list)
         self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
         self.resident_bytes = 0
-        self.inflight: dict[tuple[int, int], Pending] = {}  # prefetched experts whose reads may still run
-        self.prefetched: set[tuple[int, int]] = set()  # prefetched, not yet used
         self.stats = PagingStats()
-        self.tally = None  # the layer streamer's StreamStats: disk bytes and stall land in the per-token figures
-        self.likely_next = None  # (layer, its experts) -> (next MoE layer, experts to read ahead): prefetch
         self._decode_bursts = [0, 0]  # decode layers that read, experts they read (never reset: the probe's size)
         self._probes = 0
         self._madvise = _libc_madvise()
@@ -220,28 +181,20 @@ class ExpertPager:
         disk = self.on_disk.get(layer)
         used = {e for e in selected if e in disk} if disk else set()
         if disk:
-            reads = self.stats.reads
+            reads = self.stats.loads
             self._demand(layer, selected, used)
-            if len(ids) == 1 and self.stats.reads > reads:  # a decode layer that read: the probe's burst
+            if len(ids) == 1 and self.stats.loads > reads:  # a decode layer that read: the probe's burst
                 self._decode_bursts[0] += 1
-                self._decode_bursts[1] += self.stats.reads - reads
+                self._decode_bursts[1] += self.stats.loads - reads
         else:
             self._count_served(layer, selected)
-        if self.likely_next is not None and len(ids) == 1:  # decode: one token, whose experts predict
-            nxt, likely = self.likely_next(layer, selected)
-            if likely and self.on_disk.get(nxt):
-                self._prefetch(nxt, likely, computing={(layer, e) for e in used})
 
     def _demand(self, layer: int, selected: list[int], used: set[int]) -> None:
         self._calls += 1
         if self._calls % RESIZE_EVERY == 1:
             self._resize()
         self.stats.accesses += sum(e in self.on_disk[layer] for e in selected)
-        t0, read_before = time.perf_counter(), self.stats.bytes
-        # in flight: this layer's read-ahead (from the layer before); any demand read would queue behind it
-        awaited = sum(self.resident.get(key, 0) for key, pending in self.inflight.items() if not pending.done())
-        for key in list(self.inflight):
-            self._land(key, needed=key[1] in used)  # a failed one is missing again
+        t0, read_before = time.perf_counter(), self.stats.bytes[DISK]
         missing = []
         for e in sorted(used):
             key, count = (layer, e), sum(x == e for x in selected)
@@ -249,11 +202,7 @@ class ExpertPager:
                 missing.append(e)
                 continue
             self.resident.move_to_end(key)
-            if key in self.prefetched:
-                self.prefetched.discard(key)
-                self.stats.prefetch_used += count
-            else:
-                self.stats.hits += count
+            self.stats.hits[RAM] += count
         self._count_served(layer, selected, self.on_disk[layer], missing)
         expert_bytes = self._expert_bytes(layer)
         slices = [(stack, e) for e in missing for stack in self.stacks[layer]]
@@ -267,50 +216,21 @@ class ExpertPager:
         for e in missing:
             self._count_read(layer, e, expert_bytes)
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
-        read = self.stats.bytes - read_before
-        if read or awaited:  # compute waited for these reads, and for read-ahead still in flight
+        read = self.stats.bytes[DISK] - read_before
+        if read:  # compute waited for these reads
             waited = time.perf_counter() - t0
-            self.stats.wait_s += waited
-            self.stats.waited_bytes += read + awaited
-            if self.tally is not None:
-                self.tally.bytes[DISK] += read  # read-ahead counted its bytes when it started
-                self.tally.stall_s += waited
-                self.tally.waits += 1
-
-    def _prefetch(self, layer: int, likely: list[int], computing: set) -> None:
-        """Start reading `layer`'s likely disk experts that are not resident, as many as fit the budget."""
-        todo = [e for e in likely if e in self.on_disk[layer] and (layer, e) not in self.resident]
-        if not todo:
-            return
-        expert_bytes = self._expert_bytes(layer)
-        self._evict(keep=computing, room=len(todo) * expert_bytes)
-        todo = todo[:max(0, (self.budget - self.resident_bytes) // expert_bytes)]
-        stacks = self.stacks[layer]
-        for e in todo:
-            self.inflight[(layer, e)] = self._reads.start(
-                [self._slice(stack, e, 1) for stack in stacks],
-                before_first=lambda i, e=e: self._advise(stacks[i], e, 1, _MADV_POPULATE_WRITE))
-            self.prefetched.add((layer, e))
-            self.stats.prefetched += 1
-            self._count_read(layer, e, expert_bytes)
-            if self.tally is not None:  # read for the coming token: disk bytes of its decode, no stall
-                self.tally.bytes[DISK] += expert_bytes
-        self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
-
-    def _land(self, key: tuple[int, int], needed: bool) -> None:
-        """Wait for a prefetched expert's reads; one that failed is dropped (read again on demand)."""
-        pending = self.inflight.pop(key)
-        if needed and not pending.done():
-            self.stats.prefetch_waits += 1
-        if pending.wait() is not None:
-            self._drop(key)
-            self.prefetched.discard(key)
+            self.stats.stall_s += waited
+            self.stats.waited_bytes += read
+            self.traffic.bytes[DISK] += read
+            self.traffic.stall_s += waited
+            self.traffic.waits += 1
 
     def _count_read(self, layer: int, e: int, expert_bytes: int) -> None:
         self.resident[(layer, e)] = expert_bytes
         self.resident_bytes += expert_bytes
-        self.stats.reads += 1
-        self.stats.bytes += expert_bytes
+        self.stats.loads += 1
+        self.stats.demand_loads += 1
+        self.stats.bytes[DISK] += expert_bytes
         self.stats.by_layer[layer] += 1
 
     def _expert_bytes(self, layer: int) -> int:
@@ -330,15 +250,14 @@ class ExpertPager:
         self.budget = max(self.base_budget, self.resident_bytes + slack)
 
     def _evict(self, keep: set, room: int) -> None:
-        """Drop least recently used experts outside `keep` and not in flight until `room` more bytes fit."""
+        """Drop least recently used experts outside `keep` until `room` more bytes fit."""
         for key in list(self.resident):
             if self.resident_bytes + room <= self.budget:
                 return
-            if key in keep or key in self.inflight:
+            if key in keep:
                 continue
             self._drop(key)
             self.stats.evictions += 1
-            self.prefetched.discard(key)  # a prefetch never used
 
     def _drop(self, key: tuple[int, int]) -> None:
         self.resident_bytes -= self.resident.pop(key)
@@ -353,9 +272,7 @@ class ExpertPager:
         return part, lambda piece, pos: lib().ggml_backend_tensor_set(tensor, ffi.from_buffer(piece), at + pos, len(piece))
 
     def close(self) -> None:
-        for pending in self.inflight.values():  # no reader may still write into the tensors
-            pending.wait()
-        self._reads.close()
+        self._reads.close()  # its readers finish first: none may still write into the tensors
         self.files.close()
 
     def _advise(self, stack: _Stack, first: int, count: int, advice: int, align: int = _PAGE) -> None:
@@ -391,7 +308,7 @@ class ExpertPager:
 
     def summary(self) -> dict:
         return {**self.stats.as_dict(), "budget": self.budget, "resident": self.resident_bytes,
-                "hit_rate": self.stats.hits / self.stats.accesses if self.stats.accesses else 0.0}
+                "hit_rate": self.stats.hit_rate(RAM)}
 
 
 def inner_blocks(start: int, nbytes: int, align: int) -> tuple[int, int]:

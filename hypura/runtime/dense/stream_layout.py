@@ -12,10 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hypura.plan import Plan
-from hypura.plan.cost import CPU, DISK, GPU, RAM
-
-GPU_POOL, HOST_POOL = "gpu", "host"
-
+from hypura.runtime.pools import GPU_POOL, HOST_POOL, paged_by_expert
+from hypura.tiers.names import CPU, DISK, GPU, RAM
 
 @dataclass(frozen=True)
 class Streamed:
@@ -41,7 +39,7 @@ class StreamLayout:
         tensors = {}
         for t in plan.tensors:
             if paged_by_expert(t):
-                continue  # read expert by expert as routers select them (expert_paging.py), not streamed whole
+                continue  # read expert by expert as routers select them (../moe/expert_paging.py), not streamed whole
             # a stacked expert tensor is one buffer: some experts on the GPU beside others in RAM
             # cannot be had, and streaming it whole would copy every expert: the CPU computes it from
             # RAM (an expert cache, plan.expert_slots, is how experts reach the GPU one by one)
@@ -79,11 +77,6 @@ class StreamLayout:
     def pinned_bytes(self) -> int:
         """RAM-sourced streamed bytes: the pinned copy the GPU pool is filled from."""
         return sum(s.nbytes for s in self.tensors.values() if s.source == RAM)
-
-
-def paged_by_expert(t) -> bool:
-    """A stacked expert tensor (a Plan's TensorPlacement) with experts on disk."""
-    return bool(t.experts) and DISK in t.experts
 
 
 def _pool_of(tier: str, compute: str, gpu: bool) -> str | None:

@@ -2,7 +2,7 @@
 pager's own ReadPipeline (its readers, staging and copy out) and waited for one by one, as a decode's
 layers wait for theirs.
 
-Why: on the H200 the disk's O_DIRECT rate drifted 0.8-2.1 GB/s within one lease (2026-12-03), and small
+Why: on the H200 the disk's O_DIRECT rate drifted 0.8-2.1 GB/s within an hour (2026-12-03), and small
 random expert reads run slower than the profile's sequential 4 MiB requests. A bound from the profile,
 taken minutes before, cannot tell a slow runtime from a slow disk; a probe beside the run can.
 """

@@ -6,7 +6,7 @@ llama_decode, with the GIL taken by cffi)
   their way; `free[pool][slot]` turns true at the owner's after(), when nothing reads it any more.
   - before(L), before the first node reading L's weights is launched: unless L owns its slot
     already, the slot must be free (it is: layers take slots round-robin and the previous owner
-    ran earlier) and L is loaded now, a demand load. Then wait for L's ticket (transfers.py):
+    ran earlier) and L is loaded now, a demand load. Then wait for L's ticket (../transfers.py):
     the time waited is stall time. Then prefetch.
   - after(L), once every node reading L ran and its backend synchronized: L's slot is free, its
     bytes stay valid until another layer takes the slot (all layers fit: nothing is copied again).
@@ -14,75 +14,37 @@ llama_decode, with the GIL taken by cffi)
   - prefetch: walk the layers after L in graph order, cyclically (the next token starts over),
     up to the plan's prefetch depth; submit each one not in its slot while its slot is free;
     stop at the first whose slot is busy, so loads stay in graph order.
-  - routed(layer, ids), with a Router: the layer's chosen experts, handed to its callback (after
-    on_selected, if set, saw their tensor).
+  - routed(layer, ids), with a Router: the layer's chosen experts, handed to its callback.
   A Python error in a hook is stored, the hook returns -1 and C stops calling; the Llama raises it
   after the decode that hit it (`raise_pending`), so no logits computed from missing weights leak.
-  One loader thread does the I/O (transfers.py); the hooks only submit and wait.
+  One loader thread does the I/O (../transfers.py); the hooks only submit and wait.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable, Optional
-
-import numpy as np
+from typing import Optional
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
-from hypura.model_file import ModelHeader
-from hypura.plan.cost import DISK, RAM
-from hypura.runtime.coactivation import moe_layers
+from hypura.tiers.names import DISK, RAM
+from hypura.runtime.mechanism import Mechanism
 from hypura.runtime.placement import FileFiller, TensorInfo
-from hypura.runtime.routing_trace import selected_ids
-from hypura.runtime.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
+from hypura.runtime.router import Router, selected_ids
+from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
 from hypura.runtime.transfers import Piece, Transfers
 
 _ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffers
 
 
-class StreamStats:
-    """Counters the hooks keep; `Llama.stats()` turns them into per-token figures."""
-
-    def __init__(self):
-        self.bytes = defaultdict(int)  # source tier -> bytes loaded into slots
-        self.loads = 0
-        self.demand_loads = 0  # loads not prefetched: before() had to start them
-        self.stall_s = 0.0  # compute waited for weights
-        self.waits = 0
-        self.timeline: list = []  # this decode's hooks: (before|after, layer, perf_counter s)
-
-    def as_dict(self) -> dict:
-        return {"bytes": dict(self.bytes), "loads": self.loads, "demand_loads": self.demand_loads,
-                "stall_s": self.stall_s, "waits": self.waits}
-
-
-@dataclass(frozen=True)
-class Router:
-    """Report each MoE layer's chosen experts: callback(layer, ids [n_tokens, n_used]), once per layer
-    and graph, after the router ran and before the expert matmuls (include/hypura.h, router hook)."""
-
-    callback: Callable[[int, np.ndarray], None]
-    n_expert: int
-    n_used: int
-    layers: tuple[int, ...]
-
-    @classmethod
-    def of(cls, header: ModelHeader, callback) -> Router:
-        layers = moe_layers(header)
-        if not layers:
-            raise HypuraError(f"{header.path.name} has no MoE router: on_route and expert caches need an MoE model")
-        return cls(callback, int(header.get("expert_count")), int(header.get("expert_used_count")), layers)
-
-
-class LayerStreamer:
+class LayerStreamer(Mechanism):
     def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None):
+        super().__init__()
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
-        self.stats = StreamStats()
+        self.stats = self.traffic  # bytes loaded into slots by source tier, loads, stall
+        self.timeline: list = []  # this decode's hooks: (before|after, layer, perf_counter s)
         self.error: Optional[BaseException] = None
-        self.on_selected: Optional[Callable] = None  # (layer, selected ids tensor), before the router's callback
         gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
         self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk)
         pinned = layout.pinned_bytes() + _ALIGN * len(layout.tensors)
@@ -133,7 +95,7 @@ class LayerStreamer:
 
     def _before(self, unit: int, _user_data) -> int:
         pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
-        self.stats.timeline.append(("before", layer, time.perf_counter()))
+        self.timeline.append(("before", layer, time.perf_counter()))
         slot = self.layout.layer_slot[(pool, layer)]
         if self.owner[pool][slot] != layer:
             if not self.free[pool][slot]:
@@ -152,15 +114,13 @@ class LayerStreamer:
 
     def _after(self, unit: int, _user_data) -> int:
         pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
-        self.stats.timeline.append(("after", layer, time.perf_counter()))
+        self.timeline.append(("after", layer, time.perf_counter()))
         self.free[pool][self.layout.layer_slot[(pool, layer)]] = True
         self._prefetch(pool, layer)
         return 0
 
     def _routed(self, layer: int, selected, _user_data) -> int:
         r = self.router
-        if self.on_selected is not None:  # the tensor itself, valid in this call only (router_lookahead.py)
-            self.on_selected(layer, selected)
         r.callback(layer, selected_ids(selected, r.n_expert, r.n_used))
         return 0
 
@@ -192,6 +152,9 @@ class LayerStreamer:
             out += [(round((m.t_us - t0_us) / 1e3, 3), ffi.string(m.backend).decode(), ffi.string(m.node).decode())
                     for m in buf[0:n]]
         return out
+
+    def after_decode(self) -> None:
+        self.raise_pending()
 
     def raise_pending(self) -> None:
         if self.error is not None or (self.c_stream != ffi.NULL and lib().hypura_stream_failed(self.c_stream)):

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hypura.model_file import ModelHeader
+from hypura.modelfile import ModelHeader
 from hypura.profile.store import cache_dir
+from hypura.runtime.mechanism import Mechanism
+from hypura.runtime.router import moe_layers  # noqa: F401  (re-exported)
 
 HASH_CHUNK = 1 << 20
 MIN_TOKENS = 128  # fewer tokens recorded: the planner assumes uniform routing
@@ -49,11 +51,6 @@ def _content_hash(path: str, _size: int, _mtime_ns: int, ranges: tuple) -> str:
             if hasattr(os, "posix_fadvise"):  # what we read leaves the page cache: it is no hidden tier
                 os.posix_fadvise(f.fileno(), offset, nbytes, os.POSIX_FADV_DONTNEED)
     return h.hexdigest()[:24]
-
-
-def moe_layers(header: ModelHeader) -> tuple[int, ...]:
-    """The layers with an MoE router, in graph order: the predictor's layer i is the i-th of them."""
-    return tuple(sorted({t.layer for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")}))
 
 
 def next_moe_layer(layers: tuple[int, ...]) -> dict[int, int]:
@@ -98,18 +95,6 @@ class CoactivationPredictor:
         order = np.argsort(-scores, kind="stable")[:m]
         return [int(e) for e in order if scores[e] > 0]
 
-    def likely(self, layer: int, experts, p_min: float, min_tokens: int) -> list[int]:
-        """Experts at layer+1 that followed one of `experts` (one token's selection) at `layer` in at least p_min
-        of the recorded tokens that selected it (only experts seen in min_tokens tokens count), likeliest first."""
-        if not 0 <= layer < len(self.counts) or not len(experts):
-            return []
-        rows = self.counts[layer][np.asarray(experts)].astype(np.float64)
-        k = len(experts)
-        seen = rows.sum(axis=1, keepdims=True) / k  # a token that selected i counts k pairs (one size k)
-        p = np.where(seen >= min_tokens, rows / np.maximum(seen, 1), 0.0).max(axis=0)
-        order = np.argsort(-p, kind="stable")
-        return [int(e) for e in order if p[e] >= p_min]
-
     # --- persistence ---------------------------------------------------------------------------
     @staticmethod
     def path_for(key: str) -> Path:
@@ -143,12 +128,13 @@ class CoactivationPredictor:
         cls.path_for(key).unlink(missing_ok=True)
 
 
-class CoactivationRecorder:
+class CoactivationRecorder(Mechanism):
     """Counts each layer's selections, and pairs each token's experts at one MoE layer with its experts
     at the next, for the predictor; a decode's are added at once by flush(). Runs on the thread
     computing the graph."""
 
     def __init__(self, predictor: CoactivationPredictor, layers: tuple[int, ...]):
+        super().__init__()
         self.predictor = predictor
         self.index = {layer: i for i, layer in enumerate(layers)}  # the predictor counts MoE layers in order
         self.next_layer = next_moe_layer(layers)
@@ -165,11 +151,8 @@ class CoactivationRecorder:
             self._pending += [(self.index[self._last_layer], prev, cur) for prev, cur in zip(self._last, rows)]
         self._last, self._last_layer = rows, layer
 
-    def likely_next(self, layer: int, experts: list[int], p_min: float, min_tokens: int) -> tuple[int, list[int]]:
-        """The next MoE layer after `layer` (-1: none) and its experts likely to follow `experts` (predictor.likely)."""
-        if layer not in self.next_layer:
-            return -1, []
-        return self.next_layer[layer], self.predictor.likely(self.index[layer], experts, p_min, min_tokens)
+    def after_decode(self) -> None:
+        self.flush()
 
     def flush(self) -> None:
         if self._selected:

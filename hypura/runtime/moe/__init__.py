@@ -1,0 +1,1 @@
+"""MoE mechanisms: expert caches in GPU slots, disk experts paged by selection, recorded routing."""

@@ -1,0 +1,266 @@
+"""The runtime of one model: built from (header, plan or placement policy, settings), it decides
+llama.cpp's parameter changes (params.py), the placement policy and fill hooks of the load, the
+per-layer and router hooks of the compute, and owns every lifetime.
+
+Lifetimes (one ExitStack each, closed in reverse order of entry):
+  `_users`: what reads or copies into the model's memory (the pager's readers, expert-cache copies,
+  the layer streamer's loader thread, the routing recorder's save): closed first.
+  `_stack`: then the llama.cpp model and context (`load(..., unload)`), then the layer streamer's
+  C stream (the context calls into it until freed), then the expert caches (freed with the model).
+Threading: the runtime is built and loaded on one thread; every hook runs on the thread that calls
+llama_decode (docs/design.md, "Runtime"); `after_decode` runs there right after each decode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from typing import Callable, Optional
+
+import llama_cpp
+
+from hypura.bindings.ffi import ffi, lib
+from hypura.errors import HypuraError
+from hypura.plan import Plan
+from hypura.profile.devices import has_gpu
+from hypura.runtime.dense.layer_streamer import LayerStreamer
+from hypura.runtime.dense.stream_layout import StreamLayout
+from hypura.runtime.mechanism import Mechanism
+from hypura.runtime.moe.coactivation import CoactivationPredictor, CoactivationRecorder, model_key
+from hypura.runtime.moe.expert_paging import ExpertPager, llama_threads, paged_tensors
+from hypura.runtime.moe.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer
+from hypura.runtime.params import LlamaParams
+from hypura.runtime.placement import FileFiller, LoaderHooks, Placement, PlacementPolicy, Tier
+from hypura.runtime.plan_policy import plan_layout, plan_policy
+from hypura.runtime.pools import GPU_POOL, HOST_POOL
+from hypura.runtime.router import Router
+from hypura.runtime.stats import RunStats, gpu_free
+from hypura.runtime.transfers import Transfers
+
+
+class Runtime:
+    def __init__(self, header, model_path: str, plan: Optional[Plan], policy: Optional[PlacementPolicy],
+                 param_overrides: Optional[dict] = None, expert_cache: Optional[ExpertCacheSettings] = None,
+                 on_route: Optional[Callable] = None):
+        """plan: a resolved Plan, or None (then `policy` places every tensor); expert_cache: slots per MoE
+        layer (default: the plan's); on_route: a callback of every MoE layer's chosen experts."""
+        self.header, self.plan, self.on_route = header, plan, on_route
+        self.params = LlamaParams(param_overrides)
+        self._users, self._stack = contextlib.ExitStack(), contextlib.ExitStack()
+        self._stack.callback(self._free_expert_caches)
+        self.files = FileFiller([str(model_path)])
+        self.gpu_free_at_start = gpu_free()  # before anything of this model is on the GPU
+        self.layout, self.pager = StreamLayout.empty(), None
+        self.streamer: Optional[LayerStreamer] = None
+        self.experts: Optional[ExpertStreamer] = None
+        self._caches_of = None
+        self.expert_cache = expert_cache  # the caller's: a plan's slots are its default, after the plan's checks
+        self.policy = self._plan_placement(model_path) if plan is not None else policy
+        if expert_cache is None and plan is not None and plan.expert_slots:
+            self.expert_cache = expert_cache = ExpertCacheSettings(slots=plan.expert_slots)
+        if expert_cache is not None:
+            self.policy = self._experts_in_host(self.policy)
+        self.router = (Router.of(header, self._route)
+                       if on_route is not None or expert_cache or self.pager is not None else None)
+        self.recorder = self._routing_recorder()
+        self.fill = self.files
+        if self.layout.tensors or self.router:
+            self._start_streamer()
+        self.stats = RunStats(self.mechanisms(), self.streamer, plan, self.gpu_free_at_start)
+
+    # --- before the load ------------------------------------------------------------------------
+    def _plan_placement(self, model_path: str) -> PlacementPolicy:
+        plan = self.plan
+        self.layout = layout = plan_layout(plan)
+        paged = paged_tensors(plan)
+        if paged and self.expert_cache is not None:
+            raise HypuraError("an expert cache loads from every expert in RAM, but this plan keeps experts on "
+                              "disk: give more --ram or no expert cache")
+        if paged:
+            n_used = int(self.header.get("expert_used_count"))
+            # the plan's disk staging, less what the host pool's slots take for dense disk layers
+            budget = plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
+            self.pager = ExpertPager(plan, paged, [str(model_path)], n_used, budget)
+            self._users.callback(self.pager.close)  # before the model goes: no read may land in freed memory
+            # slices are written in ggml's plain layout: no repacking CPU buffer types; and no pinned host
+            # buffers, which are resident whole (an H200 run kept all 6.4 GiB of disk experts in RSS)
+            self.params.need("model_params", "experts paged from disk", use_extra_bufts=False, no_host=True)
+        self._plan_params(bool(paged))
+        return plan_policy(plan, layout, paged)
+
+    def _plan_params(self, paged: bool) -> None:
+        """A plan decides what -ngl and --no-kv-offload would: every layer's work on the GPU when it uses one
+        (the hook keeps CPU-computed weights in host memory), the KV cache where planned."""
+        plan = self.plan
+        uses_gpu = any(t.tier == "gpu" or t.compute == "gpu" for t in plan.tensors)
+        self.params.need("model_params", "the plan's placement", n_gpu_layers=plan.n_layer + 1 if uses_gpu else 0)
+        self.params.need("context_params", "the plan's KV cache tier", offload_kqv=uses_gpu and plan.kv_tier == "gpu")
+        if has_gpu() and (paged or self.layout.layers(HOST_POOL)):
+            # these CPU weights are valid only while their layer runs (hooks fill them): op offload would copy
+            # them to the GPU for a prompt batch when the graph split starts, before they are filled
+            self.params.need("context_params", "host weights filled by hooks", op_offload=False)
+        if any(t.tier == "disk" for t in plan.tensors):
+            # the page cache is not a hidden tier: nothing of the file is mapped or cached
+            self.params.need("model_params", "a disk tier", load_mode=llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
+
+    def _experts_in_host(self, policy: PlacementPolicy) -> PlacementPolicy:
+        """The stacked experts go to plain host memory (pinned with a GPU), the loads' source; without a
+        GPU, no repacked CPU buffers (their layout is not ggml's, so slices could not be copied)."""
+        gpu = has_gpu()
+        if gpu:  # read, not mapped: with mmap, llama.cpp maps what would be pinned (copies 6x slower)
+            self.params.prefer("model_params", n_gpu_layers=-1, load_mode=llama_cpp.LLAMA_LOAD_MODE_NONE)
+        else:
+            self.params.need("model_params", "expert caches copy plain slices", use_extra_bufts=False)
+        tier = Tier.PINNED if gpu else Tier.HOST
+        return lambda info: Placement(tier=tier) if info.name.endswith(EXPERT_NAMES) else policy(info)
+
+    def _routing_recorder(self) -> Optional[CoactivationRecorder]:
+        """Where a router hook runs, its choices are counted and persist for the next run's plan and
+        prefetch (moe/coactivation.py), from the counts of earlier runs."""
+        router = self.router
+        if router is None or len(router.layers) < 2:
+            return None
+        key = model_key(self.header)
+        predictor = CoactivationPredictor.load(key, len(router.layers), router.n_expert)
+        recorder = CoactivationRecorder(predictor, router.layers)
+        # saved at close, or at exit for a runtime never closed (before modules are torn down: saving needs imports)
+        self._users.callback(weakref.finalize(self, _save_routing, recorder, key))
+        return recorder
+
+    def _start_streamer(self) -> None:
+        self.streamer = streamer = LayerStreamer(self.layout, self.files,
+                                                 self.plan.prefetch_depth if self.plan else 0, self.router)
+        self._stack.callback(streamer.close)  # after the context: it calls into the stream until freed
+        fn, user_data = streamer.eval_callback()
+        self.params.need("context_params", "the compute hooks", cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn),
+                         cb_eval_user_data=user_data)
+        layout, pager, files = self.layout, self.pager, self.files
+
+        def fill(info, t):
+            if info.name in layout.tensors:
+                return streamer.fill(info, t)
+            return (pager.fill if pager is not None and info.name in pager.tensors else files)(info, t)
+
+        self.fill = fill
+
+    def threads(self, n_threads: Optional[int], n_threads_batch: Optional[int]) -> tuple[int, Optional[int]]:
+        """llama.cpp's CPU threads: unset, its default (physical cores), less a quarter when experts page from
+        disk; the batch's, unset, as n_threads where Hypura chose that or experts page."""
+        chosen = not n_threads
+        if chosen:
+            n_threads = llama_threads(paged=self.pager is not None)
+        if not n_threads_batch and (chosen or self.pager is not None):
+            n_threads_batch = n_threads
+        return n_threads, n_threads_batch
+
+    # --- the load -------------------------------------------------------------------------------
+    def load(self, load: Callable[[], None], unload: Callable[[], None]) -> LoaderHooks:
+        """Run llama.cpp's load under the loader hooks; unload() frees what it made, at close. Returns the
+        hooks (their `placed`); on failure everything is closed and the error raised."""
+        self._stack.callback(unload)  # first out: the model and context go before the stream and caches
+        hooks = LoaderHooks(self.policy, self.fill)
+        copies_to_gpu = has_gpu() and (bool(self.layout.layers(GPU_POOL)) or self.expert_cache is not None)
+        try:
+            with hooks:
+                # weight copies queue on the host->GPU copy engine: a pinned activation copy would wait behind them
+                lib().hypura_cpu_compute_pageable(copies_to_gpu)
+                try:
+                    load()
+                except Exception:
+                    hooks.raise_pending()
+                    raise
+                finally:
+                    self.files.close()
+                    lib().hypura_cpu_compute_pageable(False)
+        except BaseException:
+            self.close()
+            raise
+        return hooks
+
+    def attach(self, c_model) -> None:
+        """After the load: start the expert caches on the model (struct llama_model *)."""
+        if self.expert_cache is not None:
+            gpu = has_gpu()
+            copies = Transfers([], {}, False, copy_stream=True) if gpu else None
+            if copies is not None:
+                self._users.callback(copies.close)
+            self._caches_of = c_model
+            self.experts = ExpertStreamer(c_model, self.router.layers, self.router.n_used, self.expert_cache,
+                                          Tier.GPU if gpu else Tier.HOST, copies, self.recorder)
+            if self.on_route is None:  # hits need no Python; an on_route callback must see every batch
+                self.experts.attach(self.streamer.c_stream)
+        if self.streamer is not None:
+            self._users.callback(self.streamer.transfers.close)  # loads in flight finish before the pool is freed
+        self.stats.mechanisms = self.mechanisms()
+
+    # --- compute time ---------------------------------------------------------------------------
+    def mechanisms(self) -> list[Mechanism]:
+        """The decode-time mechanisms, in the order their after_decode runs."""
+        # the expert cache drains before the recorder flushes what it observed
+        return [m for m in (self.streamer, self.experts, self.pager, self.recorder) if m is not None]
+
+    def _route(self, layer: int, ids) -> None:
+        """The router fan-out, on the compute thread inside the router hook."""
+        if self.pager is not None:  # first: the experts must be in RAM before anything computes from them
+            self.pager.page_in(layer, ids)
+        if self.experts is not None:
+            self.experts.serve(layer, ids)  # records the routing too
+        elif self.recorder is not None:
+            self.recorder.observe(layer, ids.tolist())
+        if self.on_route is not None:
+            self.on_route(layer, ids)
+
+    def decode(self, run: Callable[[], None], n_tokens: int, decode: Optional[bool] = None) -> None:
+        """run() (one llama_decode), timed for the stats as decode or prefill (RunStats.timed); then each
+        mechanism's after_decode: a streaming failure raises (the decode's results are void), what C answered
+        alone is replayed."""
+        self.stats.timed(run, n_tokens, decode)
+        for m in self.mechanisms():
+            m.after_decode()
+
+    def summary(self, reset: bool = False) -> dict:
+        out = self.stats.summary()
+        for m in self.mechanisms():
+            if m.name and (s := m.summary()) is not None:
+                out[m.name] = s
+        if reset:
+            self.stats.reset()
+            for m in self.mechanisms():
+                m.reset_stats()
+        return out
+
+    def probe_disk(self, seconds: float) -> Optional[dict]:
+        return self.pager.probe(seconds) if self.pager is not None else None
+
+    def raise_stream_error(self) -> None:
+        if self.streamer is not None:
+            self.streamer.raise_pending()
+
+    def close(self) -> None:
+        """Safe to call twice; the users of the model's memory first, then the model, then the rest."""
+        try:
+            self._users.close()
+        finally:
+            self.experts = None
+            self._stack.close()
+
+    def _free_expert_caches(self) -> None:
+        model, self._caches_of = self._caches_of, None
+        if model is not None:
+            lib().hypura_expert_caches_free(model)  # after the context computing from them, with the model
+
+
+def _save_routing(recorder: CoactivationRecorder, key: str) -> None:
+    if recorder.recorded:
+        try:
+            recorder.predictor.save(key)
+        except OSError as e:  # a cache that cannot be written costs the next plan its statistics, not this run
+            warnings.warn(f"hypura: recorded routing not saved ({e}); the next run plans without it", stacklevel=2)
+
+
+def as_model_pointer(ctypes_model) -> object:
+    """llama-cpp-python's model (a ctypes pointer) as our cffi `struct llama_model *`."""
+    import ctypes
+
+    return ffi.cast("struct llama_model *", ctypes.cast(ctypes_model, ctypes.c_void_p).value)
