@@ -32,7 +32,7 @@ from hypura.engine.config import EngineConfig
 from hypura.engine.metrics import Counters
 from hypura.engine.prefix_cache import Slots
 from hypura.engine.request import Request
-from hypura.engine.sampler import Sampler
+from hypura.engine.sampler import Sampler, greedy_rows
 from hypura.engine.scheduler import Step, plan_step
 from hypura.engine.sequence import Sequence
 from hypura.engine.text import TextStream
@@ -265,6 +265,7 @@ class Engine:
             for seq in {c.seq: None for c in step.chunks}:
                 self._finish(seq, "error", error)
             return
+        picks = self._greedy_picks(step)
         generated = 0
         for chunk, index in zip(step.chunks, last):
             seq = chunk.seq
@@ -272,12 +273,28 @@ class Engine:
             self._slots.kv[seq.slot].extend(chunk.tokens)
             seq.next_token = None
             if chunk.sample:
-                seq.on_token(seq.sampler.sample(self._ctx, index))
+                token = picks.get(index, -1) if picks else -1
+                seq.on_token(token if token >= 0 else seq.sampler.sample(self._ctx, index))
                 generated += 1
                 if seq.finish_reason is not None:
                     self._finish(seq, seq.finish_reason)
         with self._cond:
             self._counters.step(time.perf_counter() - t0, step.prompt_tokens, generated)
+
+    def _greedy_picks(self, step: Step) -> dict[int, int]:
+        """The tokens of the step's plain greedy sequences, by batch index, from one argmax over the
+        logits matrix (sampler.greedy_rows); the other sequences sample with their llama.cpp chain."""
+        rows, indices, n_out, i = [], [], 0, -1
+        for chunk in step.chunks:
+            i += len(chunk.tokens)
+            if chunk.sample:
+                if chunk.seq.sampler.greedy:
+                    rows.append(n_out)
+                    indices.append(i)
+                n_out += 1
+        if not rows:
+            return {}
+        return dict(zip(indices, greedy_rows(self._ctx, self.n_vocab, n_out, rows)))
 
     def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
         """End `seq`: a completed one ("stop", "length") leaves its KV cached in the slot, others free it."""
