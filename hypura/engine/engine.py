@@ -71,6 +71,7 @@ class Engine:
         self._slots = Slots(config.parallel, cross_copy=unified, cache=config.prefix_cache)
         self._batch = Batch(self.step_tokens)
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self._cond = threading.Condition()  # guards _waiting, _cancelled, _closing, _counters' request counts
         self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
         self._waiting: collections.deque[Request] = collections.deque()
@@ -222,8 +223,7 @@ class Engine:
         sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq)
         sampler.accept_prompt(request.prompt)
         text = TextStream(self._piece, request.params.stop)
-        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq,
-                       lambda t: llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog)
         self._active.append(seq)
         with self._cond:
             self._counters.prompt_tokens += len(request.prompt)
@@ -309,6 +309,13 @@ class Engine:
         result, last = seq.result(reason, error)
         self._count_finish(reason)
         seq.request.finish(result, last)
+
+    def _is_eog(self, token: int) -> bool:
+        """llama_vocab_is_eog, cached per token (a ctypes call per generated token otherwise)."""
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     def _piece(self, token: int) -> bytes:
         """A token's bytes, special tokens not rendered (cached: the vocabulary does not change)."""
