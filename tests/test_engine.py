@@ -410,3 +410,16 @@ def test_the_batched_argmax_picks_what_llama_cpps_greedy_sampler_picks(llm):
     finally:
         llama_cpp.llama_batch_free(batch)
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+
+def test_greedy_and_sampled_sequences_in_one_step_each_give_what_they_give_alone(llm):
+    """A step's plain greedy rows go through one argmax, the others through their llama.cpp chains."""
+    tokens = llm.tokenize(PROMPT.encode())
+    warm = SamplingParams(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+    penalized = SamplingParams(max_tokens=16, temperature=0.0, repeat_penalty=1.3)
+    kinds = (GREEDY, warm, penalized, GREEDY)
+    with running(llm, prefix_cache=False) as engine:
+        alone = [engine.submit(tokens, p).result(60).tokens for p in kinds]
+        together = [engine.submit(tokens, p) for p in kinds]
+        assert [r.result(60).tokens for r in together] == alone
+    assert alone[0] == alone[3] and alone[1] != alone[0] and alone[2] != alone[0]
