@@ -371,3 +371,55 @@ def test_budgets_plan_for_the_batch_and_the_plan_sets_op_offload(tiny_llama):
     plain = engine_llama_kwargs(8, 64, tiny_llama)
     assert "plan" not in plain and "gpu_mem" not in plain and plain["param_overrides"]["context_params"]["n_seq_max"] == 8
     assert plan_for_parallel(tiny_llama, 2, 128, ram="2GiB").prediction.parallel == 2
+
+
+def test_the_batched_argmax_picks_what_llama_cpps_greedy_sampler_picks(llm):
+    """Plain greedy sequences take their token from one argmax over the step's logits: the first maximum,
+    as llama.cpp's greedy scan; ties, infinities and NaN included (a NaN maximum goes to llama.cpp)."""
+    import numpy as np
+
+    from hypura.engine.sampler import Sampler, greedy_rows
+
+    ctx, n = llm.ctx, 8
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model))
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    batch = llama_cpp.llama_batch_init(2 * n, 0, 1)
+    try:
+        for i in range(2 * n):  # every other token has logits: output row k is batch index 2k + 1
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = 100 + i, i // 4, 1
+            batch.seq_id[i][0], batch.logits[i] = i % PARALLEL, i % 2
+        batch.n_tokens = 2 * n
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        m = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n, n_vocab))
+        m[1, :] = 0.0  # all equal: the first
+        m[2, [7, 300, n_vocab - 1]] = 1e9  # a three-way tie
+        m[3, :] = -np.inf
+        m[3, 5] = np.inf
+        m[3, 9] = np.inf
+        m[4, 0], m[4, 1:] = -0.0, 0.0  # -0.0 == 0.0: a tie, the first
+        m[5, 0] = np.nan  # llama.cpp keeps index 0 when it is NaN
+        m[6, 3] = np.nan  # and never picks a NaN after it
+        samplers = [Sampler(GREEDY, n_vocab, N_CTX) for _ in range(n)]
+        want = [s.sample(ctx, 2 * k + 1) for k, s in enumerate(samplers)]
+        got = greedy_rows(ctx, n_vocab, n, list(range(n)))
+        assert [g if g >= 0 else s.sample(ctx, 2 * k + 1) for k, (g, s) in enumerate(zip(got, samplers))] == want
+        assert got[5] == got[6] == -1 and want[1] == 0 and want[2] == 7 and want[3] == 5 and want[4] == 0
+        assert greedy_rows(ctx, n_vocab, n, [0, 2, 7]) == [want[0], want[2], want[7]]
+        for s in samplers:
+            s.close()
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+
+def test_greedy_and_sampled_sequences_in_one_step_each_give_what_they_give_alone(llm):
+    """A step's plain greedy rows go through one argmax, the others through their llama.cpp chains."""
+    tokens = llm.tokenize(PROMPT.encode())
+    warm = SamplingParams(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+    penalized = SamplingParams(max_tokens=16, temperature=0.0, repeat_penalty=1.3)
+    kinds = (GREEDY, warm, penalized, GREEDY)
+    with running(llm, prefix_cache=False) as engine:
+        alone = [engine.submit(tokens, p).result(60).tokens for p in kinds]
+        together = [engine.submit(tokens, p) for p in kinds]
+        assert [r.result(60).tokens for r in together] == alone
+    assert alone[0] == alone[3] and alone[1] != alone[0] and alone[2] != alone[0]

@@ -13,22 +13,32 @@ class Batch:
         self.capacity = capacity
         # one sequence id per token: a shared prefix is copied between sequences, never decoded for two
         self.c = llama_cpp.llama_batch_init(capacity, 0, 1)
+        for i in range(capacity):
+            self.c.n_seq_id[i] = 1
 
     def fill(self, step: Step) -> list[int]:
         """Write `step` into the batch; returns, per chunk, the batch index of its last token."""
         b, i, last = self.c, 0, []
         assert step.n_tokens <= self.capacity
+        token, pos, seq_id, logits = b.token, b.pos, b.seq_id, b.logits
         for chunk in step.chunks:
-            slot = chunk.seq.slot
-            for j, token in enumerate(chunk.tokens):
-                b.token[i] = token
-                b.pos[i] = chunk.pos + j
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = slot
-                b.logits[i] = 0
+            slot, tokens = chunk.seq.slot, chunk.tokens
+            if len(tokens) == 1:  # a decoding sequence's next token
+                token[i], pos[i], logits[i] = tokens[0], chunk.pos, chunk.sample
+                seq_id[i][0] = slot
+                last.append(i)
                 i += 1
+                continue
+            p = chunk.pos
+            for t in tokens:
+                token[i] = t
+                pos[i] = p
+                seq_id[i][0] = slot
+                logits[i] = 0
+                i += 1
+                p += 1
             last.append(i - 1)
-            b.logits[i - 1] = 1 if chunk.sample else 0
+            logits[i - 1] = 1 if chunk.sample else 0
         b.n_tokens = i
         return last
 

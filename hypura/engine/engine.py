@@ -32,7 +32,7 @@ from hypura.engine.config import EngineConfig
 from hypura.engine.metrics import Counters
 from hypura.engine.prefix_cache import Slots
 from hypura.engine.request import Request
-from hypura.engine.sampler import Sampler
+from hypura.engine.sampler import Sampler, greedy_rows
 from hypura.engine.scheduler import Step, plan_step
 from hypura.engine.sequence import Sequence
 from hypura.engine.text import TextStream
@@ -71,6 +71,7 @@ class Engine:
         self._slots = Slots(config.parallel, cross_copy=unified, cache=config.prefix_cache)
         self._batch = Batch(self.step_tokens)
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self._cond = threading.Condition()  # guards _waiting, _cancelled, _closing, _counters' request counts
         self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
         self._waiting: collections.deque[Request] = collections.deque()
@@ -222,8 +223,7 @@ class Engine:
         sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq)
         sampler.accept_prompt(request.prompt)
         text = TextStream(self._piece, request.params.stop)
-        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq,
-                       lambda t: llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog)
         self._active.append(seq)
         with self._cond:
             self._counters.prompt_tokens += len(request.prompt)
@@ -265,6 +265,7 @@ class Engine:
             for seq in {c.seq: None for c in step.chunks}:
                 self._finish(seq, "error", error)
             return
+        picks = self._greedy_picks(step)
         generated = 0
         for chunk, index in zip(step.chunks, last):
             seq = chunk.seq
@@ -272,12 +273,28 @@ class Engine:
             self._slots.kv[seq.slot].extend(chunk.tokens)
             seq.next_token = None
             if chunk.sample:
-                seq.on_token(seq.sampler.sample(self._ctx, index))
+                token = picks.get(index, -1) if picks else -1
+                seq.on_token(token if token >= 0 else seq.sampler.sample(self._ctx, index))
                 generated += 1
                 if seq.finish_reason is not None:
                     self._finish(seq, seq.finish_reason)
         with self._cond:
             self._counters.step(time.perf_counter() - t0, step.prompt_tokens, generated)
+
+    def _greedy_picks(self, step: Step) -> dict[int, int]:
+        """The tokens of the step's plain greedy sequences, by batch index, from one argmax over the
+        logits matrix (sampler.greedy_rows); the other sequences sample with their llama.cpp chain."""
+        rows, indices, n_out, i = [], [], 0, -1
+        for chunk in step.chunks:
+            i += len(chunk.tokens)
+            if chunk.sample:
+                if chunk.seq.sampler.greedy:
+                    rows.append(n_out)
+                    indices.append(i)
+                n_out += 1
+        if not rows:
+            return {}
+        return dict(zip(indices, greedy_rows(self._ctx, self.n_vocab, n_out, rows)))
 
     def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
         """End `seq`: a completed one ("stop", "length") leaves its KV cached in the slot, others free it."""
@@ -292,6 +309,13 @@ class Engine:
         result, last = seq.result(reason, error)
         self._count_finish(reason)
         seq.request.finish(result, last)
+
+    def _is_eog(self, token: int) -> bool:
+        """llama_vocab_is_eog, cached per token (a ctypes call per generated token otherwise)."""
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     def _piece(self, token: int) -> bytes:
         """A token's bytes, special tokens not rendered (cached: the vocabulary does not change)."""

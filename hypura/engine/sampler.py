@@ -11,6 +11,7 @@ Used only on the engine thread; each chain is freed when its request ends.
 from __future__ import annotations
 
 import llama_cpp
+import numpy as np
 
 from hypura.engine.types import SamplingParams
 
@@ -26,6 +27,8 @@ class Sampler:
     def __init__(self, params: SamplingParams, n_vocab: int, n_ctx_per_seq: int):
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self.penalized = _penalties_on(params)
+        # argmax alone: the engine may pick the token from the step's logits matrix itself (greedy_rows)
+        self.greedy = params.temperature <= 0 and not self.penalized
         add = lambda s: llama_cpp.llama_sampler_chain_add(self._chain, s)  # noqa: E731  (the chain owns it)
         if self.penalized:
             last_n = n_ctx_per_seq if params.repeat_last_n == -1 else params.repeat_last_n  # -1: the whole context
@@ -58,3 +61,22 @@ class Sampler:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+
+
+def greedy_rows(ctx, n_vocab: int, n_outputs: int, rows: list[int]) -> list[int]:
+    """The greedy token of each of the last decode's output rows `rows` (ascending, of `n_outputs`; row k
+    is the k-th token of the batch with its logits flag set, llama_get_logits' order): one numpy argmax
+    over the logits matrix, where a llama_sampler_sample per row would copy the vocabulary into its
+    candidates and scan them. The same pick as llama.cpp's greedy sampler: numpy's argmax returns the
+    first maximum, as its `>` scan does. A row whose maximum is NaN (numpy picks the first NaN, llama.cpp
+    none past index 0) comes back as -1: the caller samples it with llama.cpp."""
+    m = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n_outputs, n_vocab))
+    if len(rows) != n_outputs:
+        m = m[rows]
+    picks = m.argmax(axis=1)
+    out = picks.tolist()
+    nan = np.isnan(m[np.arange(len(rows)), picks])
+    if nan.any():
+        for k in np.flatnonzero(nan).tolist():
+            out[k] = -1
+    return out

@@ -18,7 +18,12 @@ class TextStream:
 
     def push(self, token: int) -> str:
         """The text `token` releases (often "", while bytes or a possible stop string wait)."""
-        self.text += self._utf8.decode(self._piece(token))
+        new = self._utf8.decode(self._piece(token))
+        if not self._stop:  # nothing is held back: what is decoded is released (as _release would)
+            self.text += new
+            self._sent = len(self.text)
+            return new
+        self.text += new
         return self._release()
 
     def flush(self) -> str:
