@@ -22,6 +22,7 @@ import llama_cpp  # noqa: E402
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.model_file import read_header  # noqa: E402
+from hypura.plan.auto import Fit, default_path  # noqa: E402
 from hypura.runtime.coactivation import CoactivationPredictor, CoactivationRecorder, model_key  # noqa: E402
 from hypura.runtime.expert_paging import (  # noqa: E402
     ExpertPager, disk_prefetch, llama_threads, paged_tensors, recorded_guess)
@@ -77,6 +78,7 @@ class Llama(llama_cpp.Llama):
         param_overrides: Optional[dict] = None,
         on_route: Optional[Callable[[int, "np.ndarray"], None]] = None,
         expert_cache: Union[ExpertCacheSettings, int, None] = None,
+        fit: Union[Fit, bool] = True,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
@@ -86,7 +88,8 @@ class Llama(llama_cpp.Llama):
             (default: llama.cpp's own placement, with `override_tensor` applied).
         plan: a hypura.plan.Plan, a plan file (`hypura inspect --json`), or "auto"; with
             gpu_mem/ram budgets ("8GiB") and no plan, one is made now from the cached machine
-            profile. Without any of them, tensors go where llama.cpp puts them (n_gpu_layers).
+            profile. Without any of them (and no placement_policy, override_tensor, or n_gpu_layers other
+            than 0 and -1), the default path (`fit`) decides.
             A plan sets n_gpu_layers and offload_kqv itself, and streams the layers it does not
             keep resident through pool slots (hypura.runtime.streaming).
         param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
@@ -98,6 +101,11 @@ class Llama(llama_cpp.Llama):
             CPUs), less a quarter when the plan pages experts from disk (their reads need cores).
         n_threads_batch: unset, as n_threads where Hypura chose that or experts page; else llama-cpp-python's
             default (all logical CPUs).
+        fit: llama.cpp's --fit (hypura.plan.auto): on the default path, a model that fits the free memory
+            (less margins) at its context loads as llama.cpp places it; one that does not is planned within
+            it, disk for the rest. n_gpu_layers=-1 plans over GPU, RAM and disk; 0 (the default: the CPU)
+            over RAM and disk, streamed with O_DIRECT, never paged through mmap. n_ctx=0 lets it choose the
+            context (>= fit.min_ctx). False: llama.cpp's placement as given. A Fit sets margins and minimum.
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.expert_streaming).
@@ -110,6 +118,11 @@ class Llama(llama_cpp.Llama):
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
         self.gpu_mem, self.ram = gpu_mem, ram
+        given = plan is not None or placement_policy is not None or override_tensor is not None
+        self.fit_decision = default_path(self.header, kwargs, self._param_overrides, fit, given, (gpu_mem, ram),
+                                kwargs.get("verbose", True))
+        if self.fit_decision is not None and self.fit_decision.plan is not None:
+            plan = self.fit_decision.plan
         self.plan = resolve_plan(plan, self.header, gpu_mem, ram,
                                  n_ctx=kwargs.get("n_ctx", 512), n_ubatch=kwargs.get("n_ubatch", 512))
         if sum(x is not None for x in (self.plan, placement_policy, override_tensor)) > 1:
