@@ -118,7 +118,7 @@ class Llama(llama_cpp.Llama):
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
         self.gpu_mem, self.ram = gpu_mem, ram
-        given = plan is not None or placement_policy is not None or override_tensor is not None
+        given = any(x is not None for x in (plan, placement_policy, override_tensor, expert_cache))
         self.fit_decision = default_path(self.header, kwargs, self._param_overrides, fit, given, (gpu_mem, ram),
                                 kwargs.get("verbose", True))
         if self.fit_decision is not None and self.fit_decision.plan is not None:

@@ -149,4 +149,4 @@ class Settings:
     fit: bool = True
     fit_target_mib: int = 1024
     fit_ctx: int = 4096
-    placement_set: bool = False  # -ngl (but "auto"), -ot, -cmoe, -ncmoe, -ncffn: llama.cpp's placement as given
+    placement_set: bool = False  # -ngl (but "auto"), -ot, -cmoe, -ncmoe, -ncffn, --expert-slots: no --fit

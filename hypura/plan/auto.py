@@ -16,6 +16,7 @@ One line on stderr says which, with the tiers, context, the predicted tok/s and 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,7 +134,12 @@ def plan_unset_context(plan_at: Callable[[int], Plan], header, min_ctx: int = MI
     """The plan for an unset context, as the default path chooses it: at the minimum, then larger while
     that costs no weight a faster tier and little decode (grow_context). plan_at(n_ctx) makes a plan."""
     contexts = contexts_for(header, min_ctx)
-    return grow_context(plan_at(contexts[-1]), plan_at, contexts[:-1])
+    try:
+        plan = plan_at(contexts[-1])
+    except HypuraError as e:
+        raise HypuraError(f"{e}; at context {contexts[-1]}, the smallest an unset context gets (-c or --fit-ctx "
+                          "gives another)") from None
+    return grow_context(plan, plan_at, contexts[:-1])
 
 
 def decide(header, request: Request, fit: Fit = Fit(), profile=None,
@@ -168,8 +174,24 @@ def decide(header, request: Request, fit: Fit = Fit(), profile=None,
         plan = grow_context(plan, plan_at, contexts[:-1])
         note = "" if plan.n_ctx == m.n_train else f" (training context {m.n_train}: more would slow decode or not fit)"
     why = (f"needs {fmt_size(sum(m.resident_need(plan.n_ctx, on_gpu, unified)))} as llama.cpp would hold it, "
-           f"{free.describe()} {margins}")
+           f"{free.describe()} {margins}") + _disk_note(plan, profile)
     return _said(Decision(plan, plan.n_ctx, free, f"hypura: plan: {summary(plan)}{note}; why: {why}"), say)
+
+
+def _disk_note(plan: Plan, profile) -> str:
+    """The profile's disk rate is the model's disk's only if it was measured on the same filesystem."""
+    if not plan.bytes_by_tier()[DISK]:
+        return ""
+    measured = profile.disk.path
+    try:
+        same = bool(measured) and os.stat(measured).st_dev == os.stat(plan.model).st_dev
+    except OSError:
+        same = False
+    if same:
+        return ""
+    where = f"at {measured}, another filesystem" if measured else "not measured (a default)"
+    return (f"; the disk rate was {where}: `hypura profile --force --model {plan.model}` measures the "
+            "model's disk")
 
 
 def _said(d: Decision, say) -> Decision:
