@@ -17,13 +17,13 @@ from hypura.profile.measure import get_profile
               help="Measure the filesystem holding this folder (default: --model's, else $HYPURA_MODELS, else "
                    "the current one).")
 @click.option("--model", type=click.Path(dir_okay=False, exists=True),
-              help="The GGUF you will run: its disk is measured, and it is the llama.cpp compute run's model "
-                   "(default: SmolLM2-135M; a bigger one is more exact).")
+              help="The GGUF you will run: its disk is measured (by reading it, read only, when it is 8 GiB or "
+                   "more), and it is the llama.cpp compute run's model (default: SmolLM2-135M).")
 def profile(force, as_json, path, model) -> None:
     """Measure RAM, GPU links, disk (O_DIRECT) and llama.cpp's CPU rate; cached per machine."""
     if path is None and model is not None:
         path = str(Path(model).resolve().parent)  # the disk the model streams from
-    prof, cache_file, measured = get_profile(force=force, path=path, model=model)
+    prof, cache_file, measured = get_profile(force=force, path=path, model=model, disk_file=model)
     if as_json:
         click.echo(prof.to_json(), nl=False)
         return

@@ -230,10 +230,10 @@ def _profile(header, fit: Fit, say):
 
     folder = Path(header.path).resolve().parent
     if say is not None:
-        say(f"hypura: no machine profile yet: measuring the disk at {folder}, RAM and the CPU (once, ~20 s)")
+        say(f"hypura: no machine profile yet: measuring the model's disk ({folder}), RAM and the CPU (once, ~20 s)")
     progress = (lambda msg: say(f"hypura: profile {msg}")) if say is not None else (lambda msg: None)
     try:
-        return get_profile(path=folder, progress=progress)[0]
+        return get_profile(path=folder, progress=progress, disk_file=header.path)[0]
     except HypuraError as e:
         if say is not None:
             say(f"hypura: profile not measured ({e}): planning with default rates")
