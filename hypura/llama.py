@@ -175,7 +175,7 @@ class Llama(llama_cpp.Llama):
             self._pager.likely_next = recorded_guess(self._recorder)
         if layout.tensors or router:
             self._streamer = streamer = LayerStreamer(layout, files, self.plan.prefetch_depth if self.plan else 0,
-                                                      router)
+                                                      router, self.plan.rates.disk_readers if self.plan else 1)
             if self._pager is not None:
                 self._pager.tally = streamer.stats
             fn, user_data = streamer.eval_callback()

@@ -334,8 +334,11 @@ def default_path(header, kwargs: dict, overrides: dict, fit: Fit | bool | None, 
     else:
         decision = decide(header, req[0], fit, say=say)
     kwargs["n_ctx"] = decision.n_ctx
-    if "n_ctx" in overrides.get("context_params", {}):
-        overrides["context_params"]["n_ctx"] = decision.n_ctx
+    context = overrides.setdefault("context_params", {})
+    if "n_ctx" in context:
+        context["n_ctx"] = decision.n_ctx
+    if decision.plan is not None and not decision.plan.traffic.op_offload:
+        context.setdefault("op_offload", False)  # the plan was made for many sequences without it (as loader.py)
     return decision
 
 

@@ -78,13 +78,15 @@ class Router:
 
 
 class LayerStreamer:
-    def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None):
+    def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None,
+                 readers: int = 1):
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
         self.stats = StreamStats()
         self.error: Optional[BaseException] = None
         self.on_selected: Optional[Callable] = None  # (layer, selected ids tensor), before the router's callback
         gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
-        self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk)
+        self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk,
+                                   readers=readers)
         pinned = layout.pinned_bytes() + _ALIGN * len(layout.tensors)
         self._pinned = self.transfers.pinned(pinned, "RAM tier") if layout.pinned_bytes() else None
         self._pinned_used = 0

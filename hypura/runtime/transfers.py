@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,11 +64,15 @@ class Ticket:
 class Transfers:
     pread = staticmethod(os.preadv)  # what disk reads call (tests inject faults here)
 
-    def __init__(self, paths: list[str], slots: dict, gpu_disk: bool, copy_stream: bool = False):
+    def __init__(self, paths: list[str], slots: dict, gpu_disk: bool, copy_stream: bool = False, readers: int = 1):
         """slots: pool -> slot count; gpu_disk: some GPU-pool layer streams from disk; copy_stream:
-        start the GPU copy stream even without GPU pool slots (expert caches make their own events)."""
+        start the GPU copy stream even without GPU pool slots (expert caches make their own events);
+        readers: concurrent disk reads of a host-pool tensor (the profile's fastest thread count)."""
         L = lib()
         self.paths = paths
+        self.readers = max(1, readers)
+        self._spans = ThreadPoolExecutor(self.readers - 1, thread_name_prefix="hypura-loader-reads") \
+            if self.readers > 1 else None
         self.gpu = first_gpu() if slots.get(GPU_POOL) or copy_stream else None
         self.backend, self.events, self._buffers, self._own_events = ffi.NULL, {}, [], []
         if self.gpu is not None:
@@ -78,7 +83,7 @@ class Transfers:
                 self.events[slot] = L.ggml_backend_event_new(self.gpu)
         self.staging = self.pinned(STREAM_REQUEST_BYTES + DIRECT_ALIGN, "disk staging") if gpu_disk else None
         self.staging_free = L.ggml_backend_event_new(self.gpu) if gpu_disk else ffi.NULL
-        self._readers: dict[tuple[int, bool], DirectReader] = {}
+        self._readers: dict[tuple[int, bool, int], DirectReader] = {}
         self._jobs: queue.Queue = queue.Queue()
         self._whole_buf: Optional[bytearray] = None
         self._thread = threading.Thread(target=self._run, name="hypura-loader", daemon=True)
@@ -133,8 +138,7 @@ class Transfers:
             # one set of the whole tensor: a repacking CPU buffer type (llama.cpp's choice for the
             # CPU, kept so the kernels and the numbers stay the default's) converts whole tensors only
             whole = self._whole(p.nbytes)
-            self.reader(p.file_idx, staged=False).read(
-                p.file_offset, p.nbytes, lambda piece, at: whole.__setitem__(slice(at, at + len(piece)), piece))
+            self._read_whole(p, whole)
             L.ggml_backend_tensor_set(p.tensor, ffi.from_buffer(whole), 0, p.nbytes)
             return
         def upload(piece: memoryview, at: int) -> None:
@@ -144,19 +148,40 @@ class Transfers:
 
         self.reader(p.file_idx, staged=True).read(p.file_offset, p.nbytes, upload)
 
+    def _read_whole(self, p: Piece, whole: memoryview) -> None:
+        """The tensor's bytes into `whole`, as `readers` spans read at once: a disk serves a few streams
+        faster than one (CPU VM: 0.92 GB/s with one reader, 1.64 with two)."""
+        n = self.readers if p.nbytes >= self.readers * STREAM_REQUEST_BYTES else 1
+        span = -(-p.nbytes // n)
+
+        def read(k: int) -> None:
+            base = k * span
+            self.reader(p.file_idx, staged=False, k=k).read(
+                p.file_offset + base, min(span, p.nbytes - base),
+                lambda piece, at: whole.__setitem__(slice(base + at, base + at + len(piece)), piece))
+
+        others = [self._spans.submit(read, k) for k in range(1, n)]
+        try:
+            read(0)
+        finally:
+            errors = [f.exception() for f in others]  # every span lands before `whole` is reused
+        for e in errors:
+            if e is not None:
+                raise e
+
     def _whole(self, nbytes: int) -> memoryview:
         """A host buffer for one whole tensor, grown to the largest seen (the loader thread's own)."""
         if self._whole_buf is None or len(self._whole_buf) < nbytes:
             self._whole_buf = bytearray(nbytes)
         return memoryview(self._whole_buf)[:nbytes]
 
-    def reader(self, file_idx: int, staged: bool) -> DirectReader:
-        r = self._readers.get((file_idx, staged))
+    def reader(self, file_idx: int, staged: bool, k: int = 0) -> DirectReader:
+        r = self._readers.get((file_idx, staged, k))
         if r is None:
             if file_idx >= len(self.paths):
                 raise HypuraError(f"split {file_idx} of the model is not known to Hypura")
             staging = ffi.buffer(self.staging, STREAM_REQUEST_BYTES + DIRECT_ALIGN) if staged else None
-            r = self._readers[(file_idx, staged)] = DirectReader(
+            r = self._readers[(file_idx, staged, k)] = DirectReader(
                 self.paths[file_idx], request=STREAM_REQUEST_BYTES, pread=self.pread, staging=staging)
         return r
 
@@ -166,6 +191,8 @@ class Transfers:
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
+        if self._spans is not None:
+            self._spans.shutdown(wait=True)
         for r in self._readers.values():
             r.close()
         self._readers.clear()
