@@ -286,6 +286,10 @@ class Llama(llama_cpp.Llama):
         if any(t.tier == "disk" for t in self.plan.tensors):
             # the page cache is not a hidden tier: nothing of the file is mapped or cached
             model["load_mode"] = llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO
+        if layout.layers(HOST_POOL):
+            # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the
+            # 70B on the CPU VM decoded 26.0 s a token with it, 16.0 without (2026-12-04, bench/RESULTS.md)
+            model["use_extra_bufts"] = False
 
     def _wrap_decode(self) -> None:
         """Time every llama_decode for stats(), and raise a streaming failure right after it."""
