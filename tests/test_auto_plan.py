@@ -98,7 +98,7 @@ def test_min_ctx_is_fitc(smollm2_path):
 def test_an_explicit_context_is_honoured_and_the_line_says_which_would_avoid_disk(smollm2_path):
     d = decide(read_header(smollm2_path), Request(n_ctx=8192), quiet(free=free(2 * GiB + 480 * MiB)), say=None)
     assert d.plan is not None and d.plan.n_ctx == 8192 and d.plan.bytes_by_tier()["disk"] > 0
-    assert "-c 8192: its KV cache puts" in d.line and "-c 4096 would keep every weight off disk" in d.line
+    assert "-c 8192: its KV cache (180.0 MiB) puts" in d.line and "-c 4096 would keep every weight off disk" in d.line
 
 
 def test_bad_input_is_one_line_saying_what_is_needed_and_what_there_is(smollm2_path):
@@ -215,3 +215,16 @@ def test_import_llama_cpp_finds_our_library_without_hypura():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == os.path.realpath(lib_path())
+
+
+def test_a_model_larger_than_ram_at_any_context_is_not_blamed_on_its_kv_cache(tmp_path):
+    from hypura.synth import writer
+
+    path = tmp_path / "l70.gguf"
+    writer.write_synth("llama3.3-70b", path, sparse=True)  # header only: 39.6 GiB of weights, planned, not run
+    header = read_header(path)
+    d = decide(header, Request(n_ctx=512), quiet(free=free(20 * GiB)), say=None)
+    assert d.plan is not None and d.plan.bytes_by_tier()["disk"] > 20 * GiB and "its KV cache" not in d.line
+    # at the training context the KV cache (40 GiB) is the cause, and the line says which -c avoids disk
+    d = decide(header, Request(n_ctx=131072), quiet(free=free(64 * GiB)), say=None)
+    assert "-c 131072: its KV cache (40.0 GiB) puts" in d.line and "would keep every weight off disk" in d.line

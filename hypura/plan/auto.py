@@ -38,6 +38,9 @@ MIN_CTX = 4096
 CTX_DECODE_TOLERANCE = 0.03
 # contexts tried below an explicit -c, for the line saying which would keep the weights off disk
 SMALLEST_SUGGESTED_CTX = 256
+# ... said only where the KV cache is at least this share of the weights on disk, and a smaller context
+# takes at least this share of them off (a model larger than RAM at any context is not the KV cache's doing)
+CTX_NOTE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -278,27 +281,34 @@ def grow_context(plan: Plan, plan_at, larger: list[int]) -> Plan:
 
 
 def _ctx_note(plan: Plan, plan_at, n_ctx: int) -> str:
-    """An explicit context whose KV cache pushes weights onto disk: say which -c would avoid it."""
+    """An explicit context whose KV cache pushes weights onto disk: which -c would avoid it. Said only where
+    the KV cache is the cause: a smaller context keeps every weight off disk, or takes a tenth of them off."""
     disk = plan.bytes_by_tier()[DISK]
-    if not disk:
+    if not disk or plan.kv_bytes < CTX_NOTE_SHARE * disk:
         return ""
-    c = n_ctx // 2
+    c, best = n_ctx // 2, None
     while c >= SMALLEST_SUGGESTED_CTX:
         try:
-            p = plan_at(c)
+            left = plan_at(c).bytes_by_tier()[DISK]
         except HypuraError:
             break
-        if p.bytes_by_tier()[DISK] < disk:
-            better = "keep every weight off disk" if not p.bytes_by_tier()[DISK] else \
-                f"put {fmt_size(p.bytes_by_tier()[DISK])} on disk instead"
-            return f" (-c {n_ctx}: its KV cache puts {fmt_size(disk)} of weights on disk; -c {c} would {better})"
+        if not left:
+            best = (c, 0)
+            break
+        if best is None and left <= (1 - CTX_NOTE_SHARE) * disk:
+            best = (c, left)
         c //= 2
-    return ""
+    if best is None:
+        return ""
+    c, left = best
+    better = "keep every weight off disk" if not left else f"put {fmt_size(left)} on disk instead"
+    return (f" (-c {n_ctx}: its KV cache ({fmt_size(plan.kv_bytes)}) puts {fmt_size(disk)} of weights on disk; "
+            f"-c {c} would {better})")
 
 
-def llama_request(kwargs: dict, overrides: dict) -> tuple[Request, bool] | None:
-    """From hypura.Llama's keywords: the Request, and whether the caller left placement to us (-ngl unset:
-    llama-cpp-python's 0 is the CPU, -1 every layer on the GPU; any other count is llama.cpp's placement)."""
+def llama_request(kwargs: dict, overrides: dict) -> Request | None:
+    """From hypura.Llama's keywords: the Request, None when n_gpu_layers places the model (llama-cpp-python's
+    default 0 is the CPU and -1 every layer on the GPU: both leave it to us; any other count does not)."""
     model = overrides.get("model_params", {})
     context = overrides.get("context_params", {})
     ngl = model.get("n_gpu_layers", kwargs.get("n_gpu_layers", 0))
@@ -307,7 +317,7 @@ def llama_request(kwargs: dict, overrides: dict) -> tuple[Request, bool] | None:
     n_ctx = context.get("n_ctx", kwargs.get("n_ctx", 512))  # llama-cpp-python's default context
     n_ubatch = context.get("n_ubatch", kwargs.get("n_ubatch", knobs.N_UBATCH))
     return Request(n_ctx=n_ctx or 0, n_ubatch=n_ubatch, parallel=max(1, context.get("n_seq_max", 1)),
-                   use_gpu=ngl != 0), True
+                   use_gpu=ngl != 0)
 
 
 def default_path(header, kwargs: dict, overrides: dict, fit: Fit | bool | None, given: bool,
@@ -324,15 +334,14 @@ def default_path(header, kwargs: dict, overrides: dict, fit: Fit | bool | None, 
         if given or n_ctx:
             return None  # hypura.Llama plans from the budgets at this context (resolve_plan)
         # an unset context with budgets: chosen as on the default path, not the training context's KV cache
-        request = Request(n_ubatch=req[0].n_ubatch if req else knobs.N_UBATCH,
-                          parallel=req[0].parallel if req else 1)
+        request = Request(n_ubatch=req.n_ubatch if req else knobs.N_UBATCH, parallel=req.parallel if req else 1)
         profile = _profile(header, fit, say)
         plan = plan_unset_context(lambda c: _plan(header, profile, *budgets, request, c), header, fit.min_ctx)
         decision = _said(Decision(plan, plan.n_ctx, free, f"hypura: plan from the budgets: {summary(plan)}"), say)
     elif given or not fit.enabled or req is None:
         return None
     else:
-        decision = decide(header, req[0], fit, say=say)
+        decision = decide(header, req, fit, say=say)
     kwargs["n_ctx"] = decision.n_ctx
     context = overrides.setdefault("context_params", {})
     if "n_ctx" in context:
