@@ -22,9 +22,9 @@ _EPILOG = """\b
 Not supported yet (rejected like unknown flags, see docs/cli.md): prompt cache
 (--prompt-cache*), grammars and JSON schemas (--grammar*, -j, -jf), --jinja and
 reasoning flags, LoRA and control vectors, group attention (-gan/-gaw), -np,
-multi-GPU split (-sm, -ts, -mg, -dev, --rpc), --fit-print, -lzm, CPU affinity (-C*, --prio*, --poll*), -hf/-mu/-dr downloads, -bf,
--bs, -ptc, -cl, --list-devices, --completion-bash, draft-model KV types, and
---log-file/--log-jsonl/--log-prefix/--log-timestamps/--log-colors.
+multi-GPU split (-sm, -ts, -mg, -dev, --rpc), -lzm, CPU affinity (-C*,
+--prio*, --poll*), -hf/-mu/-dr downloads, -bf, -bs, -ptc, -cl, --list-devices,
+--completion-bash, draft-model KV types, and --log-file/--log-jsonl/--log-prefix/--log-timestamps/--log-colors.
 """
 
 SETTINGS = {"help_option_names": ["-h", "--help", "--usage"], "max_content_width": 100, "terminal_width": 100}
