@@ -188,6 +188,10 @@ setup_venv() {
     fi
     # where hypura (and through it llama_cpp) finds our patched library
     echo "$(lib_dir)" > "$VENV/hypura-lib"
+    # and every process of the venv: `import llama_cpp` (llama_cpp.server, LangChain) loads it without hypura
+    local site
+    site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "import os; os.environ.setdefault('LLAMA_CPP_LIB_PATH', '$(lib_dir)')" > "$site/hypura-llama-lib.pth"
 }
 
 setup_models() {

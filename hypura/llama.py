@@ -19,6 +19,7 @@ import llama_cpp  # noqa: E402
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
+from hypura.plan.auto import Fit, default_path  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
@@ -60,6 +61,7 @@ class Llama(llama_cpp.Llama):
         param_overrides: Optional[dict] = None,
         on_route: Optional[Callable[[int, "np.ndarray"], None]] = None,
         expert_cache: Union[ExpertCacheSettings, int, None] = None,
+        fit: Union[Fit, bool] = True,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
@@ -69,7 +71,8 @@ class Llama(llama_cpp.Llama):
             (default: llama.cpp's own placement, with `override_tensor` applied).
         plan: a hypura.plan.Plan, a plan file (`hypura inspect --json`), or "auto"; with
             gpu_mem/ram budgets ("8GiB") and no plan, one is made now from the cached machine
-            profile. Without any of them, tensors go where llama.cpp puts them (n_gpu_layers).
+            profile. Without any of them (and no placement_policy, override_tensor, or n_gpu_layers other
+            than 0 and -1), the default path (`fit`) decides.
             A plan sets n_gpu_layers and offload_kqv itself, and streams the layers it does not
             keep resident through pool slots (hypura.runtime.dense.layer_streamer).
         param_overrides: {"model_params": {...}, "context_params": {...}}: fields of llama.cpp's
@@ -82,6 +85,11 @@ class Llama(llama_cpp.Llama):
             CPUs), less a quarter when the plan pages experts from disk (their reads need cores).
         n_threads_batch: unset, as n_threads where Hypura chose that or experts page; else llama-cpp-python's
             default (all logical CPUs).
+        fit: llama.cpp's --fit (hypura.plan.auto): on the default path, a model that fits the free memory
+            (less margins) at its context loads as llama.cpp places it; one that does not is planned within
+            it, disk for the rest. n_gpu_layers=-1 plans over GPU, RAM and disk; 0 (the default: the CPU)
+            over RAM and disk, streamed with O_DIRECT, never paged through mmap. n_ctx=0 lets it choose the
+            context (>= fit.min_ctx). False: llama.cpp's placement as given. A Fit sets margins and minimum.
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.moe.expert_streaming).
@@ -92,6 +100,15 @@ class Llama(llama_cpp.Llama):
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
         self.gpu_mem, self.ram = gpu_mem, ram
+        if param_overrides is not None and not isinstance(param_overrides, dict):
+            raise HypuraError("param_overrides takes a dict: {\"model_params\": {...}, \"context_params\": {...}}")
+        # a copy, never the caller's: the default path writes the context it chose into it
+        param_overrides = {name: dict(fields) for name, fields in (param_overrides or {}).items()}
+        given = any(x is not None for x in (plan, placement_policy, override_tensor, expert_cache))
+        self.fit_decision = default_path(self.header, kwargs, param_overrides, fit, given, (gpu_mem, ram),
+                                         kwargs.get("verbose", True))
+        if self.fit_decision is not None and self.fit_decision.plan is not None:
+            plan = self.fit_decision.plan
         self.plan = self.resolve_plan(plan, placement_policy, override_tensor, kwargs)
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)

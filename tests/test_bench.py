@@ -14,7 +14,9 @@ def _bench(*args):
 
 def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
     out = tmp_path / "bench.json"
-    r = _bench(str(smollm2_path), "--ram", "300MiB", "-p", "16", "-n", "4", "-r", "2", "-t", "1", "--json", str(out))
+    # -c: an unset context would get 4096 cells, as hypura-cli's, and their KV cache does not fit 300 MiB
+    r = _bench(str(smollm2_path), "--ram", "300MiB", "-c", "256", "-p", "16", "-n", "4", "-r", "2", "-t", "1",
+               "--json", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert len(res["decode_tok_s"]["runs"]) == 2 and res["decode_tok_s"]["median"] > 0
@@ -29,7 +31,7 @@ def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
 
 
 def test_bench_of_a_prompt_only_reports_without_a_decode_ratio(smollm2_path):
-    r = _bench(str(smollm2_path), "--ram", "300MiB", "-p", "16", "-n", "0", "-r", "1", "-t", "1")
+    r = _bench(str(smollm2_path), "--ram", "300MiB", "-c", "256", "-p", "16", "-n", "0", "-r", "1", "-t", "1")
     assert r.returncode == 0, r.stderr
     assert "prefill" in r.stdout and "bound" in r.stdout and "measured/bound" not in r.stdout
 
@@ -102,3 +104,24 @@ def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measure
     measured = [b[0] for b in decoded(0, 0, 16)[2:]]  # the decode after the 2 warm-up tokens
     assert measured == decoded(0, 64, 0)[-1][:16]  # the same seed decodes its prompt's first tokens
     assert prompt[:16] != measured  # another seed: another sequence
+
+
+def test_a_bound_is_never_beaten_and_a_run_without_a_plan_has_one(smollm2_path):
+    from hypura.bench import honest, resident_bound
+    from hypura.modelfile import read_header
+    from hypura.plan import rates_for
+    from hypura.profile import quick_profile
+
+    b = resident_bound(read_header(smollm2_path), rates_for(quick_profile()), on_gpu=False)
+    assert b["decode_tok_s"] > 0 and b["limit"] == "cpu, resident weights"
+    assert honest(b, b["decode_tok_s"] / 2) == b
+    beaten = honest(b, 2 * b["decode_tok_s"])
+    assert beaten["decode_tok_s"] == 2 * b["decode_tok_s"] and beaten["profile_bound_tok_s"] == b["decode_tok_s"]
+    assert "beaten by this run" in beaten["limit"]
+
+
+def test_bench_without_budgets_runs_the_default_path_and_prints_its_bound(smollm2_path):
+    r = _bench(str(smollm2_path), "-p", "8", "-n", "4", "-r", "1", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "hypura: fits: llama.cpp's placement" in r.stderr and "context  8192" in r.stderr
+    assert "bound" in r.stdout and "measured/bound" in r.stdout

@@ -107,3 +107,40 @@ def test_tmpfs_falls_back_to_buffered_reads(tmp_path):
             assert _read(r, 3, 1000) == (bytes(range(256)) * 100)[3:1003]
     finally:
         os.unlink(path)
+
+
+def test_a_host_pool_tensor_is_read_as_spans_at_once(tmp_path, monkeypatch):
+    """Transfers reads a streamed host tensor in `readers` spans on their own threads; every byte lands
+    where the whole read would put it, at an unaligned offset too; a failing span raises."""
+    import threading
+
+    from hypura.runtime import transfers
+    from hypura.runtime.transfers import Piece, Transfers
+
+    monkeypatch.setattr(transfers, "STREAM_REQUEST_BYTES", 1 << 20)
+    data = np.random.default_rng(1).integers(0, 256, 9 << 20, dtype=np.uint8).tobytes()
+    path = tmp_path / "model.bin"
+    path.write_bytes(data)
+    threads = set()
+
+    def pread(fd, bufs, offset):
+        threads.add(threading.get_ident())
+        return os.preadv(fd, bufs, offset)
+
+    monkeypatch.setattr(Transfers, "pread", staticmethod(pread))
+    t = Transfers([str(path)], {}, False, readers=3)
+    try:
+        piece = Piece("t", None, "disk", 0, 4096 + 123, (7 << 20) + 5)
+        whole = memoryview(bytearray(piece.nbytes))
+        t._read_whole(piece, whole)
+        assert bytes(whole) == data[piece.file_offset:piece.file_offset + piece.nbytes] and len(threads) == 3
+
+        def broken(fd, bufs, offset):
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(Transfers, "pread", staticmethod(broken))
+        t._readers.clear()
+        with pytest.raises(Exception, match="Input/output error|could not be read|I/O"):
+            t._read_whole(piece, whole)
+    finally:
+        t.close()

@@ -4,6 +4,7 @@ RAM copy, ggml device links (on the CPU device here) and the llama.cpp compute r
 from __future__ import annotations
 
 import dataclasses
+import os
 import functools
 import json
 from pathlib import Path
@@ -79,6 +80,20 @@ def test_disk_without_o_direct_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(disk, "O_DIRECT", 0)
     d = disk.measure_disk(tmp_path, size=16 * MiB, threads=(1,), seconds=0.2)
     assert not d.direct_io and "posix_fadvise(DONTNEED)" in d.method
+
+
+def test_the_models_disk_is_measured_by_reading_the_model(tmp_path):
+    model = tmp_path / "model.gguf"
+    with open(model, "wb") as f:
+        f.write(os.urandom(MiB) * 96)  # 4 passes of 24 MiB regions: six 4 MiB requests each
+    try:
+        d = disk.measure_file(model, threads=(1, 2), seconds=0.2)
+    except HypuraError as e:  # a filesystem without O_DIRECT (tmpfs)
+        pytest.skip(str(e))
+    assert d.read_bw > 0 and d.random_read_bw > 0 and d.direct_io and "model.gguf" in d.method
+    assert d.path == str(tmp_path.resolve()) and model.stat().st_size == 96 * MiB  # read only
+    with pytest.raises(HypuraError, match="too small"):
+        disk.measure_file(model, threads=(1, 2, 4, 8), request=8 * MiB)
 
 
 def test_disk_errors(tmp_path):

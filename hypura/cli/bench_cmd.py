@@ -15,7 +15,10 @@ from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.profile.host import cores
 from hypura.profile.store import machine_profile
+from hypura.plan import Plan
+from hypura.plan.auto import Fit, check_budgets, plan_unset_context
 from hypura.plan.budget import parse_size, rates_for
+from hypura.profile.free import free_memory
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
 from hypura.runtime.stats import describe
 
@@ -27,6 +30,10 @@ from hypura.runtime.stats import describe
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), help="Plan file (hypura inspect --json).")
 @click.option("-p", "--n-prompt", type=click.IntRange(0), default=512, show_default=True, help="Prompt tokens.")
 @click.option("-n", "--n-gen", type=click.IntRange(0), default=128, show_default=True, help="Generated tokens.")
+@click.option("-c", "--ctx-size", type=click.IntRange(0), default=0, show_default=True,
+              help="Context; 0: as hypura-cli chooses it (at least --fit-ctx and what the runs need).")
+@click.option("-fitc", "--fit-ctx", type=click.IntRange(1), default=4096, show_default=True,
+              help="Smallest context an unset -c may get (llama.cpp's --fit-ctx).")
 @click.option("-r", "--repetitions", type=click.IntRange(1), default=3, show_default=True)
 @click.option("-t", "--threads", type=click.IntRange(1), default=None,
               help="CPU threads (default: physical cores, a quarter fewer when experts page from disk).")
@@ -45,7 +52,7 @@ from hypura.runtime.stats import describe
 @click.option("--parallel", metavar="N,N,...", default=None,
               help="The batched engine at these sequence counts, as llama-batched-bench: -p prompt tokens and -n "
                    "decode steps per sequence; aggregate prefill and decode tok/s beside the bound.")
-def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads, n_gpu_layers, flash_attn,
+def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, repetitions, threads, n_gpu_layers, flash_attn,
           profile_spec, expert_slots, seed, json_out, parallel) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound.
 
@@ -58,7 +65,10 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
     from hypura.runtime.plan_policy import plan_with_routing
 
     header = read_header(model)
-    n_ctx = max(256, n_prompt + n_gen + 64)
+    n_ctx = max(256, n_prompt + n_gen + 64)  # what the runs need
+    if ctx_size and ctx_size < n_ctx:
+        raise HypuraError(f"-c {ctx_size} is too small for -p {n_prompt} and -n {n_gen}: give at least {n_ctx}")
+    min_ctx = max(fit_ctx, n_ctx)
     # --- --parallel: the batched engine (hypura/engine/bench.py); the plan budgets every sequence's KV
     batched = None
     if parallel:
@@ -80,12 +90,18 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
         rates = rates_for(machine_profile(profile_spec))  # for the bound
         cache = ExpertCacheSettings(expert_slots)
     elif gpu_mem or ram:
-        plan = plan_with_routing(header, machine_profile(profile_spec), gpu_mem=gpu_mem, ram=ram,
-                                 settings=PlanSettings(n_ctx=n_ctx, parallel=max(batched.parallel) if batched else 1))
+        profile = machine_profile(profile_spec)
+        if not profile_spec:
+            check_budgets(gpu_mem, ram, free_memory())
+        n_par = max(batched.parallel) if batched else 1
+        plan_at = lambda c: plan_with_routing(header, profile, gpu_mem=gpu_mem, ram=ram,  # noqa: E731
+                                              settings=PlanSettings(n_ctx=c, parallel=n_par))
+        # the context hypura-cli gives these budgets (an unset -c), so both run the same plan
+        plan = plan_at(ctx_size or n_ctx) if ctx_size or batched else plan_unset_context(plan_at, header, min_ctx)
     elif plan_file:
         plan = plan_file
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    say(f"loading {model} ({'plan' if plan else f'-ngl {n_gpu_layers}'}) ...")
+    say(f"loading {model} ({'plan' if plan else 'plan or llama.cpp placement by free memory' if cache is None and n_gpu_layers in (0, -1) else f'-ngl {n_gpu_layers}'}) ...")
     fa = {"on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
           "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[flash_attn]
     if batched is not None:  # --- --parallel
@@ -96,16 +112,21 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, repetitions, threads,
                        json_out=json_out, extra={"budgets": {"gpu_mem": gpu_mem, "ram": ram}, "flash_attn": flash_attn,
                                                  "expert_cache": dataclasses.asdict(cache) if cache else None})
         return  # --- end --parallel
-    llm = Llama(model, plan=plan, n_ctx=n_ctx, n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=threads,
+    # no plan or budgets: the default path, as hypura-cli's (a plan if the model does not fit the free memory)
+    llm = Llama(model, plan=plan, n_ctx=plan.n_ctx if isinstance(plan, Plan) else ctx_size or (n_ctx if plan else 0),
+                n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=False,
-                param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache)
+                param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache,
+                fit=Fit(min_ctx=min_ctx, say=say))
+    if llm.fit_decision is None or llm.fit_decision.plan is None:
+        say(f"context  {llm.n_ctx()}")
     s = BenchSettings(n_prompt, n_gen, repetitions, llm.n_threads, seed)  # the threads Llama chose, for the JSON
     say(f"threads  {llm.n_threads}" + (" (a quarter of the cores left to the disk reads)"
                                        if threads is None and llm.n_threads < cores()[0] else ""))
     try:
         if llm.plan is not None and llm.plan.expert_slots:
             rates = llm.plan.rates  # what the plan's cache was sized with
-        result = run_bench(llm, llm.plan, s, say, rates)
+        result = run_bench(llm, llm.plan, s, say, rates or rates_for(machine_profile(profile_spec)))
     finally:
         llm.close()
     result["model"] = str(model)

@@ -11,6 +11,8 @@ import click
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import SOLVERS, PlanSettings, RateOverrides, plan_model
+from hypura.plan import knobs
+from hypura.plan.auto import Fit, Request, decide, plan_unset_context
 from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.store import load_cached, machine_profile
 from hypura.runtime.plan_policy import plan_with_routing
@@ -32,9 +34,13 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 
 @click.command("inspect")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--gpu-mem", metavar="SIZE", help="GPU memory budget, e.g. 8GiB (default: free minus 1 GiB).")
-@click.option("--ram", metavar="SIZE", help="RAM budget, e.g. 32GiB (default: available minus 2 GiB).")
-@click.option("-c", "--ctx-size", type=click.IntRange(1), default=4096, show_default=True, help="Context length.")
+@click.option("--gpu-mem", metavar="SIZE", help="GPU memory budget, e.g. 8GiB (default: free now minus 1 GiB).")
+@click.option("--ram", metavar="SIZE", help="RAM budget, e.g. 32GiB (default: available now minus 2 GiB).")
+@click.option("-c", "--ctx-size", type=click.IntRange(0), default=0, show_default=True,
+              help="Context length; 0: chosen as hypura-cli chooses it (at least --fit-ctx, more while decode keeps "
+                   "its speed).")
+@click.option("-fitc", "--fit-ctx", type=click.IntRange(1), default=4096, show_default=True,
+              help="Smallest context an unset -c may get (llama.cpp's --fit-ctx).")
 @click.option("-ub", "--ubatch-size", type=click.IntRange(1), default=512, show_default=True,
               help="Prefill micro-batch.")
 @click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True,
@@ -57,20 +63,33 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the plan as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw placement by layer and tier as a PNG.")
 @click.option("--tensors", is_flag=True, help="List every tensor's tier.")
-def inspect(model, gpu_mem, ram, ctx_size, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
+def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
             no_gpu, no_disk, prefetch_depth, routing, solver, json_out, plot, tensors) -> None:
     """Show where every tensor of MODEL would live and the predicted speed, reading only its header."""
     header = read_header(model)
     profile = machine_profile(profile_spec)
-    settings = PlanSettings(n_ctx=ctx_size, n_ubatch=ubatch_size, kv_bytes_per_element=KV_TYPES[kv_type], parallel=parallel,
-                            **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
+    if not profile_spec and gpu_mem is None and ram is None and kv_type == "f16":
+        # this machine, no budgets: what hypura-cli would do now, and the plan within the same free memory
+        decision = decide(header, Request(ctx_size, ubatch_size, parallel, use_gpu=not no_gpu),
+                          Fit(measure_profile=False), profile=profile, say=lambda line: click.echo(f"default  {line}"))
+        free = decision.free
+        gpu_mem = max(0, free.gpu - knobs.GPU_MARGIN) if free.gpu is not None and not no_gpu else None
+        ram = max(0, free.ram - knobs.RAM_MARGIN)
+        ctx_size = ctx_size or decision.n_ctx
     overrides = RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw, no_gpu=no_gpu)
     t0 = time.perf_counter()
-    budgets = dict(gpu_mem=gpu_mem, ram=ram, disk=not no_disk, settings=settings, overrides=overrides, solver=solver)
-    if routing:
-        plan = plan_model(header, profile, expert_probs=_routing(routing), **budgets)
-    else:  # as a run would plan: with the routing recorded by earlier runs of this model
-        plan = plan_with_routing(header, profile, **budgets)
+
+    def plan_at(n_ctx: int):
+        settings = PlanSettings(n_ctx=n_ctx, n_ubatch=ubatch_size, kv_bytes_per_element=KV_TYPES[kv_type],
+                                parallel=parallel,
+                                **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
+        budgets = dict(gpu_mem=gpu_mem, ram=ram, disk=not no_disk, settings=settings, overrides=overrides,
+                       solver=solver)
+        if routing:
+            return plan_model(header, profile, expert_probs=_routing(routing), **budgets)
+        return plan_with_routing(header, profile, **budgets)  # as a run plans: with recorded routing
+
+    plan = plan_at(ctx_size) if ctx_size else plan_unset_context(plan_at, header, fit_ctx)
     solve_ms = (time.perf_counter() - t0) * 1e3
 
     if not profile_spec and load_cached() is None:

@@ -22,10 +22,9 @@ _EPILOG = """\b
 Not supported yet (rejected like unknown flags, see docs/cli.md): prompt cache
 (--prompt-cache*), grammars and JSON schemas (--grammar*, -j, -jf), --jinja and
 reasoning flags, LoRA and control vectors, group attention (-gan/-gaw), -np,
-multi-GPU split (-sm, -ts, -mg, -dev, --rpc), --fit* (Hypura's planner takes its
-place), -lzm, CPU affinity (-C*, --prio*, --poll*), -hf/-mu/-dr downloads, -bf,
--bs, -ptc, -cl, --list-devices, --completion-bash, draft-model KV types, and
---log-file/--log-jsonl/--log-prefix/--log-timestamps/--log-colors.
+multi-GPU split (-sm, -ts, -mg, -dev, --rpc), -lzm, CPU affinity (-C*,
+--prio*, --poll*), -hf/-mu/-dr downloads, -bf, -bs, -ptc, -cl, --list-devices,
+--completion-bash, draft-model KV types, and --log-file/--log-jsonl/--log-prefix/--log-timestamps/--log-colors.
 """
 
 SETTINGS = {"help_option_names": ["-h", "--help", "--usage"], "max_content_width": 100, "terminal_width": 100}
@@ -93,6 +92,13 @@ OPTIONS = [
      dict(default=None, help="older llama.cpp spelling of -lm mmap / -lm none")),
     (("--mlock", "mlock"),
      dict(is_flag=True, default=False, help="older llama.cpp spelling of -lm mlock (mmap+mlock with --mmap)")),
+    (("-fit", "--fit", "fit"),
+     dict(metavar="[on|off]", help="fit unset placement and context to free memory: Hypura plans a model that "
+                                   "does not fit (default: on)", **_env("FIT"))),
+    (("-fitt", "--fit-target", "fit_target"),
+     dict(metavar="MiB0,MiB1,...", help="GPU memory --fit leaves free, MiB (default: 1024)", **_env("FIT_TARGET"))),
+    (("-fitc", "--fit-ctx", "fit_ctx"),
+     dict(metavar="N", help="smallest context --fit may set (default: 4096)", **_env("FIT_CTX"))),
     (("-cmoe", "--cpu-moe", "cpu_moe"),
      dict(is_flag=True, default=False, help="keep all MoE expert weights in the CPU")),
     (("-ncmoe", "--n-cpu-moe", "n_cpu_moe"),

@@ -18,6 +18,7 @@ import numpy as np
 from hypura.cli.llama_cli_settings import KV_CACHE_TYPES, SamplingSettings, Settings, sampler_type
 from hypura.errors import HypuraError
 from hypura.llama import Llama
+from hypura.plan.auto import Fit
 
 import llama_cpp  # after hypura.llama: it must load our library
 
@@ -34,7 +35,8 @@ _FLASH_ATTN = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama_cpp.LLAMA
                False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-def load_model(s: Settings, model_path: str) -> Llama:
+def load_model(s: Settings, model_path: str, say=None) -> Llama:
+    """say: where the default path's one line goes (the console: Python's stderr is quiet while loading)."""
     n_threads = s.n_threads if s.n_threads > 0 else None  # Llama's default: physical cores (fewer if paging)
     n_threads_batch = s.n_threads_batch if s.n_threads_batch > 0 else n_threads
     model_overrides = {"n_gpu_layers": s.n_gpu_layers, "load_mode": _LOAD_MODES[s.load_mode],
@@ -59,8 +61,13 @@ def load_model(s: Settings, model_path: str) -> Llama:
             override_tensor=list(s.override_tensor) or None,
             kv_overrides=dict(s.kv_overrides) or None, numa=_NUMA[s.numa],
             gpu_mem=s.gpu_mem, ram=s.ram, plan=str(s.plan) if s.plan else None,
-            expert_cache=s.expert_slots, verbose=True,
+            expert_cache=s.expert_slots, verbose=True, fit=_fit(s, say),
         )
+
+
+def _fit(s: Settings, say) -> Fit:
+    """llama.cpp's --fit rules: any placement flag the user set turns it off."""
+    return Fit(enabled=s.fit and not s.placement_set, gpu_margin=s.fit_target_mib << 20, min_ctx=s.fit_ctx, say=say)
 
 
 class _quiet_python_stderr:

@@ -55,7 +55,7 @@ class Completion:
             s = self.s = replace(s, n_ctx=8)
         con.inf(f"{FN}: llama backend init\n")
         con.inf(f"{FN}: load the model and apply lora adapter, if any\n")
-        self.llm = llm = load_model(s, self.model_path)
+        self.llm = llm = load_model(s, self.model_path, say=lambda line: con.inf(line + "\n"))
         ctx, model = llm.ctx, llm.model
         if llama_cpp.llama_model_has_encoder(model):
             raise HypuraError("encoder-decoder models are not supported by hypura-cli")

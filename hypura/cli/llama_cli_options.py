@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from hypura.cli.llama_cli_flags import on_off_auto, process_escapes, stof, stoi, stoul32, value_error
+from hypura.cli.llama_cli_flags import (
+    is_falsey, is_truthy, on_off_auto, process_escapes, stof, stoi, stoul32, value_error)
 from hypura.cli.llama_cli_settings import (
     FFN_DENSE_REGEX,
     FFN_EXPS_REGEX,
@@ -108,6 +109,8 @@ def build_settings(kw: dict) -> Settings:
                 raise value_error("-ot", "invalid value")
         s["override_tensor"] = tuple(kw["override_tensor"])
     s["override_tensor"] = s.get("override_tensor", ()) + _cpu_ffn_overrides(kw)
+    s["placement_set"] = bool(s["override_tensor"]) or s.get("n_gpu_layers", -1) != -1 or kw["expert_slots"] is not None
+    s.update(_fit(kw))
     if kw["no_host"]:
         s["no_host"] = True
     if kw["check_tensors"]:
@@ -260,6 +263,26 @@ def _cpu_ffn_overrides(kw: dict) -> tuple[str, ...]:
                 raise value_error(flag, "invalid value")
             rules += [rf"blk\.{i}{regex}=CPU" for i in range(n)]
     return tuple(rules)
+
+
+def _fit(kw: dict) -> dict:
+    """--fit on|off, -fitt MiB per device (the first GPU's is used), -fitc N: common/arg.cpp's rules."""
+    out = {}
+    if kw["fit"] is not None:
+        value = kw["fit"]
+        if not (is_truthy(value) or is_falsey(value)):
+            raise value_error("--fit", f"error: unknown value for --fit: '{value}'")
+        out["fit"] = is_truthy(value)
+    if kw["fit_target"] is not None:
+        mibs = [_convert("-fitt", v, stoi) for v in kw["fit_target"].split(",")]
+        if any(m < 0 for m in mibs):
+            raise value_error("-fitt", "invalid value")
+        out["fit_target_mib"] = mibs[0]
+    if kw["fit_ctx"] is not None:
+        out["fit_ctx"] = _convert("-fitc", kw["fit_ctx"], stoi)
+        if out["fit_ctx"] < 1:
+            raise value_error("-fitc", "invalid value")
+    return out
 
 
 def _kv_override(item: str) -> tuple[str, object]:

@@ -43,6 +43,16 @@ def _per(t_ms: float, n: int) -> str:
     return f"{_div(t_ms, n):8.2f} ms per token, {_div(1e3, t_ms) * n:8.2f} tokens per second"
 
 
+def plan_source(llm, s: Settings) -> str:
+    """Which plan ran: a file, one made from budgets, one the default path made, or none (llama.cpp's)."""
+    plan, decision = getattr(llm, "plan", None), getattr(llm, "fit_decision", None)
+    if plan is None:
+        return "none (llama.cpp's placement" + (", fits the free memory)" if decision is not None else ")")
+    what = (f"file {s.plan}" if s.plan else "made from the budgets" if s.gpu_mem or s.ram
+            else "made by --fit from the free memory")
+    return f"{what}: {plan.mode}, context {plan.n_ctx}"
+
+
 def print_perf(con: Console, llm, chain, s: Settings, model_path: str) -> None:
     """common_perf_print, then Hypura's --stats."""
     d = llama_cpp.llama_perf_context(llm.ctx)
@@ -64,7 +74,7 @@ def print_perf(con: Console, llm, chain, s: Settings, model_path: str) -> None:
     lines = [
         f"hypura: model {model_path}",
         f"hypura: tensors: {len(placement)}; placement policy: {by_tier}; buffers: {by_buffer}",
-        f"hypura: budgets: gpu-mem {s.gpu_mem or 'auto'}, ram {s.ram or 'auto'}, plan {s.plan or 'none'}",
+        f"hypura: budgets: gpu-mem {s.gpu_mem or 'auto'}, ram {s.ram or 'auto'}; plan {plan_source(llm, s)}",
         f"hypura: prompt {_div(1e3 * d.n_p_eval, d.t_p_eval_ms):.2f} tok/s, "
         f"decode {_div(1e3 * d.n_eval, d.t_eval_ms):.2f} tok/s",
     ]

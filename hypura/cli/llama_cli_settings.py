@@ -145,3 +145,8 @@ class Settings:
     plan: Optional[Path] = None
     expert_slots: Optional[int] = None
     stats: bool = False
+    # llama.cpp's --fit, -fitt (MiB left free on the GPU), -fitc (smallest context it may choose)
+    fit: bool = True
+    fit_target_mib: int = 1024
+    fit_ctx: int = 4096
+    placement_set: bool = False  # -ngl (but "auto"), -ot, -cmoe, -ncmoe, -ncffn, --expert-slots: no --fit

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from hypura.plan.report import describe_profile
@@ -12,12 +14,16 @@ from hypura.profile.measure import get_profile
 @click.option("--force", is_flag=True, help="Measure again even when a fresh cached profile exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON instead of a table.")
 @click.option("--path", type=click.Path(file_okay=False, exists=True),
-              help="Measure the filesystem holding this folder (default: $HYPURA_MODELS, else the current one).")
+              help="Measure the filesystem holding this folder (default: --model's, else $HYPURA_MODELS, else "
+                   "the current one).")
 @click.option("--model", type=click.Path(dir_okay=False, exists=True),
-              help="GGUF for the llama.cpp compute run (default: SmolLM2-135M; a bigger one is more exact).")
+              help="The GGUF you will run: its disk is measured (by reading it, read only, when it is 8 GiB or "
+                   "more), and it is the llama.cpp compute run's model (default: SmolLM2-135M).")
 def profile(force, as_json, path, model) -> None:
     """Measure RAM, GPU links, disk (O_DIRECT) and llama.cpp's CPU rate; cached per machine."""
-    prof, cache_file, measured = get_profile(force=force, path=path, model=model)
+    if path is None and model is not None:
+        path = str(Path(model).resolve().parent)  # the disk the model streams from
+    prof, cache_file, measured = get_profile(force=force, path=path, model=model, disk_file=model)
     if as_json:
         click.echo(prof.to_json(), nl=False)
         return

@@ -42,6 +42,7 @@ def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, max_queue,
     import logging
 
     from hypura.models import default_model_path
+    from hypura.plan.auto import Fit
 
     try:
         from hypura.serve.server import Server
@@ -54,7 +55,10 @@ def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, max_queue,
     settings = ServeSettings(models=tuple(Path(m) for m in models) or (default_model_path(),), host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache,
-                             llama_kwargs={"n_threads": threads} if threads else {})
+                             llama_kwargs={**({"n_threads": threads} if threads else {}),
+                                           # without budgets, each model is fitted to the free memory as
+                                           # hypura-cli fits it, for --parallel sequences; its line on stderr
+                                           "fit": Fit(say=lambda line: click.echo(line, err=True))})
     server = Server(settings, log_level=log_level)
     click.echo(f"hypura serve: listening on {server.url} (Ollama API at /api, OpenAI API at /v1)", err=True)
     server.run()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hypura.plan.budget import fmt_size
 from hypura.plan.cost import DISK, GPU, RAM
 from hypura.plan.plan import Plan
 
@@ -88,9 +89,10 @@ def plot_plan(plan: Plan, path: str | os.PathLike) -> Path:
     x = 8
     for tier in (GPU, RAM, DISK):
         img[30:40, x:x + 10] = COLORS[tier]
-        gib = plan.memory[tier]["weights"] / (1 << 30)
-        x = draw_text(img, x + 14, 30, f"{tier} {gib:.1f}GiB") + 16
-    draw_text(img, 4, top, f"{peak / (1 << 30):.1f}G" if peak >= 1 << 30 else f"{peak / (1 << 20):.0f}M")
+        # each tier's weights in a unit that keeps its figures (47.8 MiB, not 0.0 GiB)
+        x = draw_text(img, x + 14, 30, f"{tier} {fmt_size(plan.memory[tier]['weights'])}") + 16
+    draw_text(img, 4, top - 14, "weights per layer")
+    draw_text(img, 4, top, fmt_size(peak).replace(" ", ""))
     draw_text(img, left, top + plot_h + 8, "layer 0")
     last = f"{n - 1}"
     draw_text(img, left + n * bar - 8 * len(last), top + plot_h + 8, last)

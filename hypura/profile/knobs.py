@@ -13,6 +13,8 @@ DISK_RANDOM_REQUEST_BYTES = 1 * MiB
 DISK_THREADS = (1, 2, 4)
 # test file: big enough for a steady rate, small enough to write in ~1 s
 DISK_TEST_BYTES = 512 * MiB
+# a model file at least this large is read in place of a test file: far beyond a virtual disk's host cache
+DISK_FILE_MIN_BYTES = 8 * GiB
 # each thread count reads for at most this long (the whole file when faster)
 DISK_PASS_S = 1.5
 

@@ -13,7 +13,7 @@ import psutil
 
 from hypura.errors import HypuraError
 from hypura.profile import compute, knobs
-from hypura.profile.disk import measure_disk
+from hypura.profile.disk import measure_disk, measure_file
 from hypura.profile.host import cores, cpu_name, ram_copy_bw
 from hypura.profile.model import GpuInfo, HostInfo, MachineProfile
 from hypura.profile.store import cache_path, gpu_devices, hardware_facts, load_cached, profile_key
@@ -39,7 +39,10 @@ def _gpu_info(dev, progress: Callable[[str], None]) -> GpuInfo:
 
 
 def measure_profile(path: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
-                    progress: Callable[[str], None] = _stderr) -> MachineProfile:
+                    progress: Callable[[str], None] = _stderr,
+                    disk_file: str | os.PathLike | None = None) -> MachineProfile:
+    """disk_file: a large file (the model to run) whose disk is measured by reading it, in place of a
+    test file written in `path`."""
     t0 = time.perf_counter()
     notes: list[str] = []
     progress("[1/4] host: RAM copy bandwidth")
@@ -57,8 +60,15 @@ def measure_profile(path: str | os.PathLike | None = None, model: str | os.PathL
         notes.append("no GPU: CPU-only plans (RAM-resident vs disk-streamed, CPU compute)")
 
     folder = Path(path or os.environ.get("HYPURA_MODELS") or Path.cwd())
-    progress(f"[3/4] storage: O_DIRECT reads in {folder}")
-    disk = measure_disk(folder, progress=lambda m: progress(f"      {m}"))
+    big = disk_file is not None and Path(disk_file).stat().st_size >= knobs.DISK_FILE_MIN_BYTES
+    progress(f"[3/4] storage: O_DIRECT reads {f'of {disk_file}' if big else f'in {folder}'}")
+    disk = None
+    if big:
+        try:
+            disk = measure_file(disk_file, progress=lambda m: progress(f"      {m}"))
+        except HypuraError as e:  # e.g. a filesystem without O_DIRECT: a test file says what it does instead
+            progress(f"      {e}; a test file in {folder} instead")
+    disk = disk or measure_disk(folder, progress=lambda m: progress(f"      {m}"))
     if not disk.direct_io or disk.fs_type in ("tmpfs", "ramfs"):
         notes.append(f"disk figure is not a storage figure: {disk.method}" if disk.fs_type in ("tmpfs", "ramfs")
                      else f"disk: {disk.method}")
@@ -80,7 +90,8 @@ def measure_profile(path: str | os.PathLike | None = None, model: str | os.PathL
 
 
 def get_profile(force: bool = False, path: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
-                progress: Callable[[str], None] = _stderr) -> tuple[MachineProfile, Path, bool]:
+                progress: Callable[[str], None] = _stderr,
+                disk_file: str | os.PathLike | None = None) -> tuple[MachineProfile, Path, bool]:
     """(profile, cache file, measured now): the cached one unless forced, stale or missing."""
     facts = hardware_facts()
     cached = None if force else load_cached(facts)
@@ -88,5 +99,5 @@ def get_profile(force: bool = False, path: str | os.PathLike | None = None, mode
         cached = None  # another filesystem than the one measured
     if cached is not None:
         return cached, cache_path(cached.key), False
-    profile = measure_profile(path, model, progress)
+    profile = measure_profile(path, model, progress, disk_file)
     return profile, profile.save(cache_path(profile.key)), True

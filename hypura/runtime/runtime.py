@@ -103,6 +103,10 @@ class Runtime:
         if any(t.tier == "disk" for t in plan.tensors):
             # the page cache is not a hidden tier: nothing of the file is mapped or cached
             self.params.need("model_params", "a disk tier", load_mode=llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
+        if self.layout.layers(HOST_POOL):
+            # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the 70B
+            # on the CPU VM decoded 26.0 s a token with it, 16.0 without (bench/RESULTS.md, default-70b-cpu)
+            self.params.need("model_params", "host-pool tensors streamed each pass", use_extra_bufts=False)
 
     def _experts_in_host(self, policy: PlacementPolicy) -> PlacementPolicy:
         """The stacked experts go to plain host memory (pinned with a GPU), the loads' source; without a
@@ -130,7 +134,8 @@ class Runtime:
 
     def _start_streamer(self) -> None:
         self.streamer = streamer = LayerStreamer(self.layout, self.files,
-                                                 self.plan.prefetch_depth if self.plan else 0, self.router)
+                                                 self.plan.prefetch_depth if self.plan else 0, self.router,
+                                                 self.plan.rates.disk_readers if self.plan else 1)
         self._stack.callback(streamer.close)  # after the context: it calls into the stream until freed
         fn, user_data = streamer.eval_callback()
         self.params.need("context_params", "the compute hooks", cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn),

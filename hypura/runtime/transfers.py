@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,11 +64,15 @@ class Ticket:
 class Transfers:
     pread = staticmethod(os.preadv)  # what disk reads call (tests inject faults here)
 
-    def __init__(self, paths: list[str], slots: dict, gpu_disk: bool, copy_stream: bool = False):
+    def __init__(self, paths: list[str], slots: dict, gpu_disk: bool, copy_stream: bool = False, readers: int = 1):
         """slots: pool -> slot count; gpu_disk: some GPU-pool layer streams from disk; copy_stream:
-        start the GPU copy stream even without GPU pool slots (expert caches make their own events)."""
+        start the GPU copy stream even without GPU pool slots (expert caches make their own events);
+        readers: concurrent disk reads of a host-pool tensor (the profile's fastest thread count)."""
         L = lib()
         self.paths = paths
+        self.readers = max(1, readers)
+        self._spans = ThreadPoolExecutor(self.readers - 1, thread_name_prefix="hypura-loader-reads") \
+            if self.readers > 1 else None
         self.gpu = first_gpu() if slots.get(GPU_POOL) or copy_stream else None
         self.backend, self.events, self._buffers, self._own_events = ffi.NULL, {}, [], []
         if self.gpu is not None:
@@ -79,8 +84,9 @@ class Transfers:
         self.staging = self.pinned(STREAM_REQUEST_BYTES + DIRECT_ALIGN, "disk staging") if gpu_disk else None
         self.staging_free = L.ggml_backend_event_new(self.gpu) if gpu_disk else ffi.NULL
         staging = ffi.buffer(self.staging, STREAM_REQUEST_BYTES + DIRECT_ALIGN) if gpu_disk else None
-        self._readers = {True: FileReaders(paths, STREAM_REQUEST_BYTES, staging),  # into pinned staging
-                         False: FileReaders(paths, STREAM_REQUEST_BYTES)}  # into a reader's own buffer
+        # (staged, k): into the pinned staging; else reader k of the spans read at once, each into its own buffer
+        self._readers = {(True, 0): FileReaders(paths, STREAM_REQUEST_BYTES, staging),
+                         **{(False, k): FileReaders(paths, STREAM_REQUEST_BYTES) for k in range(self.readers)}}
         self._jobs: queue.Queue = queue.Queue()
         self._whole_buf: Optional[bytearray] = None
         self._thread = threading.Thread(target=self._run, name="hypura-loader", daemon=True)
@@ -135,8 +141,7 @@ class Transfers:
             # one set of the whole tensor: a repacking CPU buffer type (llama.cpp's choice for the
             # CPU, kept so the kernels and the numbers stay the default's) converts whole tensors only
             whole = self._whole(p.nbytes)
-            self.reader(p.file_idx, staged=False).read(
-                p.file_offset, p.nbytes, lambda piece, at: whole.__setitem__(slice(at, at + len(piece)), piece))
+            self._read_whole(p, whole)
             L.ggml_backend_tensor_set(p.tensor, ffi.from_buffer(whole), 0, p.nbytes)
             return
         def upload(piece: memoryview, at: int) -> None:
@@ -146,14 +151,35 @@ class Transfers:
 
         self.reader(p.file_idx, staged=True).read(p.file_offset, p.nbytes, upload)
 
+    def _read_whole(self, p: Piece, whole: memoryview) -> None:
+        """The tensor's bytes into `whole`, as `readers` spans read at once: a disk serves a few streams
+        faster than one (CPU VM: 0.92 GB/s with one reader, 1.64 with two)."""
+        n = self.readers if p.nbytes >= self.readers * STREAM_REQUEST_BYTES else 1
+        span = -(-p.nbytes // n)
+
+        def read(k: int) -> None:
+            base = k * span
+            self.reader(p.file_idx, staged=False, k=k).read(
+                p.file_offset + base, min(span, p.nbytes - base),
+                lambda piece, at: whole.__setitem__(slice(base + at, base + at + len(piece)), piece))
+
+        others = [self._spans.submit(read, k) for k in range(1, n)]
+        try:
+            read(0)
+        finally:
+            errors = [f.exception() for f in others]  # every span lands before `whole` is reused
+        for e in errors:
+            if e is not None:
+                raise e
+
     def _whole(self, nbytes: int) -> memoryview:
         """A host buffer for one whole tensor, grown to the largest seen (the loader thread's own)."""
         if self._whole_buf is None or len(self._whole_buf) < nbytes:
             self._whole_buf = bytearray(nbytes)
         return memoryview(self._whole_buf)[:nbytes]
 
-    def reader(self, file_idx: int, staged: bool) -> DirectReader:
-        return self._readers[staged].get(file_idx, pread=self.pread)
+    def reader(self, file_idx: int, staged: bool, k: int = 0) -> DirectReader:
+        return self._readers[(staged, k)].get(file_idx, pread=self.pread)
 
     def close(self) -> None:
         """Finishes the loads submitted, then frees everything; safe to call twice."""
@@ -161,6 +187,8 @@ class Transfers:
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
+        if self._spans is not None:
+            self._spans.shutdown(wait=True)
         for readers in self._readers.values():
             readers.close()
         if self.backend != ffi.NULL:

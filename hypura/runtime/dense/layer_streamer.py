@@ -39,14 +39,16 @@ _ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffe
 
 
 class LayerStreamer(Mechanism):
-    def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None):
+    def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None,
+                 readers: int = 1):
         super().__init__()
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
         self.stats = self.traffic  # bytes loaded into slots by source tier, loads, stall
         self.timeline: list = []  # this decode's hooks: (before|after, layer, perf_counter s)
         self.error: Optional[BaseException] = None
         gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
-        self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk)
+        self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk,
+                                   readers=readers)
         pinned = layout.pinned_bytes() + _ALIGN * len(layout.tensors)
         self._pinned = self.transfers.pinned(pinned, "RAM tier") if layout.pinned_bytes() else None
         self._pinned_used = 0
