@@ -21,8 +21,9 @@ def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, model_path: str | os.
     kernel leaves a sequence's attention independent of the others in the batch (docs/engine.md).
 
     gpu_mem/ram budgets without a plan: the plan is made here, for steps of `parallel` tokens (needs
-    model_path). A plan that turns llama.cpp's op offload off gets it off. Neither: no placement is
-    given, and hypura.Llama places the model as it does by default."""
+    model_path). A plan that turns llama.cpp's op offload off gets it off. Neither: every layer offered to
+    the GPU (n_gpu_layers=-1, as llama-server and Ollama serve), and hypura.Llama's default path fits the
+    model to the free memory or plans it there."""
     if "n_ctx" in kwargs:
         raise HypuraError("give n_ctx_per_seq: the context is parallel x n_ctx_per_seq tokens")
     overrides = {name: dict(fields) for name, fields in (kwargs.pop("param_overrides", None) or {}).items()}
@@ -42,6 +43,7 @@ def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, model_path: str | os.
         context.setdefault("op_offload", False)
     if "flash_attn" not in kwargs:
         context.setdefault("flash_attn_type", llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    kwargs.setdefault("n_gpu_layers", -1)  # a server's default: hypura.Llama's own stays llama-cpp-python's CPU
     kwargs.setdefault("verbose", False)
     return dict(kwargs, n_ctx=parallel * n_ctx_per_seq, param_overrides=overrides)
 
