@@ -125,7 +125,7 @@ def measure_disk(path: str | os.PathLike, size: int = knobs.DISK_TEST_BYTES,
         progress(f"writing a {size >> 20} MiB test file in {folder} ({kind})")
         try:
             direct = _write(name, size, request)
-            by_threads, random_by_threads = [], []
+            by_threads = []
             for n in threads:
                 try:
                     bw = _read_pass(name, size, request, n, seconds, direct)
@@ -136,10 +136,7 @@ def measure_disk(path: str | os.PathLike, size: int = knobs.DISK_TEST_BYTES,
                     bw = _read_pass(name, size, request, n, seconds, direct)
                 by_threads.append((n, bw))
                 progress(f"read {request >> 20} MiB requests x {n} thread(s): {bw / 1e9:.2f} GB/s")
-            for n in threads:
-                bw = _read_pass(name, size, random_request, n, seconds, direct, at_random=True)
-                random_by_threads.append((n, bw))
-                progress(f"read {random_request >> 20} MiB requests at random x {n} thread(s): {bw / 1e9:.2f} GB/s")
+            random_by_threads = _random_passes(name, size, random_request, threads, seconds, direct, progress)
         except OSError as e:
             raise HypuraError(f"disk test in {folder} failed: {e.strerror or e}") from None
     finally:
@@ -149,10 +146,8 @@ def measure_disk(path: str | os.PathLike, size: int = knobs.DISK_TEST_BYTES,
     else:
         method = (f"O_DIRECT unsupported on {kind}: buffered reads after fsync + posix_fadvise(DONTNEED)"
                   + ("; tmpfs keeps the file in RAM, so this is memory speed, not storage" if kind == "tmpfs" else ""))
-    return DiskInfo(path=str(folder.resolve()), fs_type=kind, direct_io=direct, method=method,
-                    request_bytes=request, read_bw=max(bw for _, bw in by_threads), by_threads=tuple(by_threads),
-                    random_request_bytes=random_request, random_read_bw=max(bw for _, bw in random_by_threads),
-                    random_by_threads=tuple(random_by_threads))
+    return _disk_info(str(folder.resolve()), kind, direct, method, request, by_threads, random_request,
+                      random_by_threads)
 
 
 def measure_file(file: str | os.PathLike, request: int = knobs.DISK_REQUEST_BYTES,
@@ -171,21 +166,34 @@ def measure_file(file: str | os.PathLike, request: int = knobs.DISK_REQUEST_BYTE
     if region < 4 * request:
         raise HypuraError(f"{path}: too small to measure its disk ({size >> 20} MiB)")
     progress(f"reading {path.name} ({size >> 30} GiB, {kind}) with O_DIRECT, read only")
-    by_threads, random_by_threads = [], []
+    by_threads = []
     try:
         for i, n in enumerate(threads):
             end = (i + 1) * region  # a pass stops at the end of its region: the next one starts there
             bw = _read_pass(path, end, request, n, seconds, True, start=i * region)
             by_threads.append((n, bw))
             progress(f"read {request >> 20} MiB requests x {n} thread(s): {bw / 1e9:.2f} GB/s")
-        for n in threads:
-            bw = _read_pass(path, size, random_request, n, seconds, True, at_random=True)
-            random_by_threads.append((n, bw))
-            progress(f"read {random_request >> 20} MiB requests at random x {n} thread(s): {bw / 1e9:.2f} GB/s")
+        random_by_threads = _random_passes(path, size, random_request, threads, seconds, True, progress)
     except OSError as e:
         raise HypuraError(f"disk test on {path} failed: {e.strerror or e}") from None
-    return DiskInfo(path=str(path.parent), fs_type=kind, direct_io=True,
-                    method=f"O_DIRECT reads of {path.name} into 4 KiB-aligned buffers (the model's own file, read only)",
-                    request_bytes=request, read_bw=max(bw for _, bw in by_threads), by_threads=tuple(by_threads),
+    return _disk_info(str(path.parent), kind, True,
+                      f"O_DIRECT reads of {path.name} into 4 KiB-aligned buffers (the model's own file, read only)",
+                      request, by_threads, random_request, random_by_threads)
+
+
+def _random_passes(path, size: int, request: int, threads, seconds: float, direct: bool, progress) -> list:
+    """(threads, bytes/s) of reads of `request` bytes at random places, one pass a thread count."""
+    out = []
+    for n in threads:
+        bw = _read_pass(path, size, request, n, seconds, direct, at_random=True)
+        out.append((n, bw))
+        progress(f"read {request >> 20} MiB requests at random x {n} thread(s): {bw / 1e9:.2f} GB/s")
+    return out
+
+
+def _disk_info(path: str, kind: str, direct: bool, method: str, request: int, by_threads: list,
+               random_request: int, random_by_threads: list) -> DiskInfo:
+    return DiskInfo(path=path, fs_type=kind, direct_io=direct, method=method, request_bytes=request,
+                    read_bw=max(bw for _, bw in by_threads), by_threads=tuple(by_threads),
                     random_request_bytes=random_request, random_read_bw=max(bw for _, bw in random_by_threads),
                     random_by_threads=tuple(random_by_threads))
