@@ -15,6 +15,21 @@ RAM_MARGIN = 2 * GiB
 # host memory a process that uses the GPU holds beyond the plan's tensors and buffers (the CUDA runtime,
 # Python): on the H200 (2026-12-03) RSS peaked 114-185 MiB above the plan's RAM (bench/RESULTS.md)
 GPU_PROCESS_RAM = 256 * MiB
+# host memory a CPU-only process holds beyond the plan's tensors and buffers (GPU_PROCESS_RAM includes
+# it): measured 2026-12-04 on a 2-core x86 machine, hypura.Llama(llama3.1-8b shape, 8 layers, ram=1400MiB,
+# n_ctx=256) after a decode: Python with numpy, llama_cpp and the library mapped 42 MiB; the heap
+# (llama.cpp's vocabulary of 128k tokens, ggml contexts, Python objects) 49-51 MiB; the streaming
+# reader's O_DIRECT request buffer 16 MiB (profile/knobs.py DISK_REQUEST_BYTES): 107-109 MiB, rounded
+# up for larger vocabularies
+PROCESS_RAM = 128 * MiB
+# llama.cpp stores CPU-computed weights of these types in its repacking CPU buffer type (CPU_REPACK)
+# when ne[1] is a multiple of REPACK_ROWS (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type):
+# on x86 with AVX2 (AVX-512 for Q2_K); ARM (NEON dot product / i8mm) repacks Q5_K, Q6_K and Q8_0 too.
+# A pool is one buffer per buffer type (the patch's hypura_hooks_alloc_pool), so the disk slots are
+# sized per type; and a repacked disk tensor is read whole into a host copy before it is set
+REPACK_TYPES_X86 = frozenset({"Q4_0", "Q4_K", "Q2_K", "IQ4_NL", "MXFP4"})
+REPACK_TYPES_ARM = REPACK_TYPES_X86 | {"Q5_K", "Q6_K", "Q8_0"}
+REPACK_ROWS = 8
 
 # --- decode cost ----------------------------------------------------------------------------
 # GPU decode reads weights at this fraction of a device copy's memory traffic: fit of DESIGN.md's

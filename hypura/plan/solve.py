@@ -26,6 +26,7 @@ the GPU; no streaming slots.
 
 from __future__ import annotations
 
+import platform
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,11 @@ class _Problem:
         d = mu.dims
         self.kv = d.kv_bytes_per_layer(settings.n_ctx, settings.kv_bytes_per_element) * d.n_layer
         self.buf = d.compute_buffer_bytes(settings.n_ubatch)
+        # the CPU's compute buffer, when no GPU computes: the estimate without the floor (a GPU
+        # backend's). llama.cpp logged 49.1 and 98.3 MiB (SmolLM2-135M, n_ctx 256 and 4096: its micro-batch
+        # is at most the context, so 256 and 512) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where the
+        # estimate at micro-batch 512 gives 116.4 and 370.5 MiB
+        self.cpu_buf = d.compute_buffer_bytes(settings.n_ubatch, floor=0)
         self.n_slots = settings.prefetch_depth + 1
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
@@ -107,6 +113,18 @@ class _Problem:
         self.host_order = sorted(
             range(len(mu.units)),
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+        # llama.cpp keeps the host pool's tensors in one buffer per CPU buffer type, which follows the
+        # type and row count (knobs.REPACK_TYPES_*): slots are sized per (type, rows mod 16), which
+        # over-counts no tensor and refines every such split
+        entries = {t.name: t for t in mu.tensors}
+        repack = knobs.REPACK_TYPES_X86 if platform.machine().lower() in ("x86_64", "amd64") else knobs.REPACK_TYPES_ARM
+        self.buf_class: list[tuple] = []
+        self.repacked: list[bool] = []
+        for u in mu.units:
+            t = entries[u.tensors[0]]
+            rows = t.shape[1] % 16 if len(t.shape) > 1 and u.expert < 0 else -1
+            self.buf_class.append(("experts",) if u.expert >= 0 else (t.ggml_type.name, rows))
+            self.repacked.append(rows >= 0 and rows % knobs.REPACK_ROWS == 0 and t.ggml_type.name in repack)
 
     def slots_need(self, tiers, compute, select: Callable[[str, str], bool]) -> list[int]:
         """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
@@ -115,13 +133,28 @@ class _Problem:
         stages = sorted(need)
         return [max((need[s] for s in stages[i::self.n_slots]), default=0) for i in range(self.n_slots)]
 
-    def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
+    def host_slots_need(self, tiers, compute) -> list[int]:
+        """Bytes of each disk slot in host memory: as slots_need, but a slot of the host pool is one
+        range of each CPU buffer type's pool, as large as the largest of its layers' bytes of that type."""
+        classes = sorted(set(self.buf_class))
+        need = {c: self.stage_need(tiers, compute, lambda t, _c: t == DISK, c) for c in classes}
+        stages = sorted(set().union(*need.values()))
+        return [sum(max((need[c].get(s, 0) for s in stages[i::self.n_slots]), default=0) for c in classes)
+                for i in range(self.n_slots)]
+
+    def repack_copy(self, tiers, compute) -> int:
+        """The host copy a repacked disk tensor is read into before llama.cpp converts it into its
+        slot (runtime/transfers.py): as large as the largest one the CPU computes."""
+        return max((u.nbytes for u, t, c, r in zip(self.mu.units, tiers, compute, self.repacked)
+                    if r and t == DISK and c == CPU and not u.host_only), default=0)
+
+    def stage_need(self, tiers, compute, select: Callable[[str, str], bool], buf_class=None) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units plus the k largest
         selected experts (a token needs at most k experts of a layer)."""
         dense: dict[int, int] = defaultdict(int)
         experts: dict[int, list[int]] = defaultdict(list)
-        for u, t, c in zip(self.mu.units, tiers, compute):
-            if u.host_only or not select(t, c):
+        for u, t, c, bc in zip(self.mu.units, tiers, compute, self.buf_class):
+            if u.host_only or not select(t, c) or buf_class not in (None, bc):
                 continue
             if u.expert >= 0:
                 experts[u.stage].append(u.nbytes)
@@ -220,10 +253,11 @@ class _Problem:
                   + ("" if op_offload else ", op offload off"))
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
         runtime = knobs.GPU_PROCESS_RAM if use_gpu else 0
-        ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0) + runtime
+        process = 0 if use_gpu else knobs.PROCESS_RAM  # GPU_PROCESS_RAM includes it
+        ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0) + runtime + process
         # llama.cpp sizes the CPU's compute buffer by the graph splits the CPU runs: small when the GPU
         # computes every layer
-        pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.buf)
+        pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.cpu_buf)
         for _ in range(32):
             gpu_cap = b.gpu - gpu_fixed - pool if use_gpu else 0
             ram_cap = b.ram - ram_fixed - host_buf - staging - ((gpu_fixed + pool) if b.unified else 0)
@@ -234,11 +268,15 @@ class _Problem:
             compute = self.split(tiers, kv_tier, op_offload) if stream else [GPU if t == GPU else CPU for t in tiers]
             slots = self.slots_need(tiers, compute, lambda t, c: t != GPU and c == GPU)
             stages = self.slots_need(tiers, compute, lambda t, c: t == DISK)
+            # what llama.cpp's buffer types add to those slots, and the repacking copy
+            split = sum(self.host_slots_need(tiers, compute)) - sum(stages)
+            repack = self.repack_copy(tiers, compute)
             cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
-            need_host = self.buf if cpu_work else host_buf
-            if sum(slots) <= pool and sum(stages) <= staging and need_host <= host_buf:
+            need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
+            if sum(slots) <= pool and sum(stages) + split + repack <= staging and need_host <= host_buf:
                 break
-            pool, staging, host_buf = max(pool, sum(slots)), max(staging, sum(stages)), max(host_buf, need_host)
+            pool, staging, host_buf = (max(pool, sum(slots)), max(staging, sum(stages) + split + repack),
+                                       max(host_buf, need_host))
         else:
             return self._shortfall(False, use_gpu, kv_tier, 0, b.ram + 1, pool, staging, host_buf)
         disk_left = sum(u.nbytes for u, t in zip(units, tiers) if t == DISK)
@@ -249,7 +287,9 @@ class _Problem:
             GPU: {"weights": weights[GPU], "kv": self.kv if kv_tier == GPU else 0,
                   "compute": self.buf if use_gpu else 0, "pool": sum(slots)},
             RAM: {"weights": weights[RAM], "kv": self.kv if kv_tier == RAM else 0,
-                  "compute": need_host, "staging": sum(stages), "runtime": runtime},
+                  "compute": need_host, "staging": sum(stages), "staging_split": split,
+                  "repack": repack, "runtime": runtime,
+                  "process": process},
             DISK: {"weights": weights[DISK]},
         }
         tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch, self.s.parallel, op_offload)
@@ -264,7 +304,8 @@ class _Problem:
             return _Shortfall(GPU, gpu_need, self.b.gpu, parts)
         parts = (f"input embeddings {fmt_size(self.host_only)}, compute buffer {fmt_size(host_buf)}, "
                  f"disk staging {fmt_size(staging)}" + (f", KV cache {kv}" if kv_tier == RAM else "")
-                 + (f", CUDA runtime {fmt_size(knobs.GPU_PROCESS_RAM)}" if use_gpu else "")
+                 + (f", CUDA runtime {fmt_size(knobs.GPU_PROCESS_RAM)}" if use_gpu
+                    else f", process {fmt_size(knobs.PROCESS_RAM)}")
                  + (", GPU bytes (unified memory)" if self.b.unified and use_gpu else ""))
         return _Shortfall(RAM, ram_need, self.b.ram, parts)
 

@@ -58,7 +58,10 @@ def memory_now(gpu_free_at_start: int | None) -> dict:
 
     free = gpu_free() if gpu_free_at_start is not None else None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
-    return {"rss": psutil.Process().memory_info().rss, "rss_peak": peak,
+    rss = psutil.Process().memory_info().rss
+    # Linux folds the current RSS into the high-water mark lazily (when pages are unmapped, at exit): the
+    # mark read now can lag the RSS by the pages faulted in since
+    return {"rss": rss, "rss_peak": max(peak, rss),
             "gpu_used": gpu_free_at_start - free if free is not None else None}
 
 

@@ -7,7 +7,8 @@ Protocol
   - RAM source (GPU pool): queue async copies pinned RAM -> slot;
   - disk source, GPU pool: read request-sized chunks with O_DIRECT into pinned staging, copy each
     to the slot, and wait for that copy before the next read reuses the staging;
-  - disk source, host pool: read the whole tensor, then set it into the slot in one call;
+  - disk source, host pool: read straight into the slot when it is plain host memory; into a
+    repacking buffer type, read the whole tensor, then set it into the slot in one call;
   then record the slot's event (GPU pool) and set the ticket. `Ticket.wait()` returns once the
   bytes are in the slot: the ticket, then the event, both waited for on the host, so the stream
   that computes never waits on ours. An error in a load is raised by `wait()` on the compute thread.
@@ -130,6 +131,13 @@ class Transfers:
             L.ggml_backend_tensor_set_async(self.backend, p.tensor, p.pinned, p.at, p.nbytes)
             return
         if pool != GPU_POOL:
+            if L.ggml_backend_buffer_is_host(p.tensor.buffer):
+                # ggml's own layout in plain host memory: the reads land in the slot itself (a whole-tensor
+                # copy held the largest such tensor, the output head, in RAM besides its slot)
+                data = ffi.cast("uint8_t *", p.tensor.data)
+                self.reader(p.file_idx, staged=False).read(
+                    p.file_offset, p.nbytes, lambda piece, at: ffi.memmove(data + at, ffi.from_buffer(piece), len(piece)))
+                return
             # one set of the whole tensor: a repacking CPU buffer type (llama.cpp's choice for the
             # CPU, kept so the kernels and the numbers stay the default's) converts whole tensors only
             whole = self._whole(p.nbytes)
