@@ -14,7 +14,7 @@ def _bench(*args):
 
 def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
     out = tmp_path / "bench.json"
-    r = _bench(str(smollm2_path), "--ram", "300MiB", "-p", "16", "-n", "4", "-r", "2", "-t", "1", "--json", str(out))
+    r = _bench(str(smollm2_path), "--ram", "250MiB", "-p", "16", "-n", "4", "-r", "2", "-t", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert len(res["decode_tok_s"]["runs"]) == 2 and res["decode_tok_s"]["median"] > 0
@@ -24,12 +24,12 @@ def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
     assert decode["streamed_bytes_per_token"]["disk"] > 0  # this budget streams layers from disk
     assert res["bound"]["decode_tok_s"] > 0 and res["bound_ratio"] > 0
     mem = res["stats"]["memory"]
-    assert mem["rss_peak"] >= mem["rss"] > 0 and mem["budget"]["ram"] == 300 * 2**20 and mem["gpu_used"] is None
+    assert mem["rss_peak"] >= mem["rss"] > 0 and mem["budget"]["ram"] == 250 * 2**20 and mem["gpu_used"] is None
     assert "decode" in r.stdout and "bound" in r.stdout and "RSS peak" in r.stdout
 
 
 def test_bench_of_a_prompt_only_reports_without_a_decode_ratio(smollm2_path):
-    r = _bench(str(smollm2_path), "--ram", "300MiB", "-p", "16", "-n", "0", "-r", "1", "-t", "1")
+    r = _bench(str(smollm2_path), "--ram", "250MiB", "-p", "16", "-n", "0", "-r", "1", "-t", "1")
     assert r.returncode == 0, r.stderr
     assert "prefill" in r.stdout and "bound" in r.stdout and "measured/bound" not in r.stdout
 
@@ -111,13 +111,13 @@ def test_bench_peak_rss_stays_within_a_tight_ram_budget(smollm2_path, tmp_path):
     from hypura.plan import knobs
 
     out = tmp_path / "bench.json"
-    r = _bench(str(smollm2_path), "--ram", "300MiB", "-p", "16", "-n", "4", "-r", "1", "-t", "1", "--json", str(out))
+    r = _bench(str(smollm2_path), "--ram", "250MiB", "-p", "16", "-n", "4", "-r", "1", "-t", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert res["stats"]["decode"]["streamed_bytes_per_token"]["disk"] > 0  # this budget streams from disk
     mem = res["stats"]["memory"]
-    assert mem["rss_peak"] <= mem["budget"]["ram"] == 300 * 2**20
-    inspect = subprocess.run([sys.executable, "-m", "hypura.cli.main", "inspect", str(smollm2_path), "--ram", "300MiB",
+    assert mem["rss_peak"] <= mem["budget"]["ram"] == 250 * 2**20
+    inspect = subprocess.run([sys.executable, "-m", "hypura.cli.main", "inspect", str(smollm2_path), "--ram", "250MiB",
                               "-c", "256"], capture_output=True, text=True, timeout=60)
     assert inspect.returncode == 0, inspect.stderr
     assert f"overhead {knobs.PROCESS_RAM >> 20}.0 MiB of the RAM budget reserved for the process itself" in inspect.stdout

@@ -91,10 +91,10 @@ class _Problem:
         self.kv = d.kv_bytes_per_layer(settings.n_ctx, settings.kv_bytes_per_element) * d.n_layer
         self.buf = d.compute_buffer_bytes(settings.n_ubatch)
         # the CPU's compute buffer, when no GPU computes: the estimate without the floor (a GPU
-        # backend's). llama.cpp logged 49.1 and 98.3 MiB (SmolLM2-135M, n_ctx 256 and 4096: its micro-batch
-        # is at most the context, so 256 and 512) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where the
-        # estimate at micro-batch 512 gives 116.4 and 370.5 MiB
-        self.cpu_buf = d.compute_buffer_bytes(settings.n_ubatch, floor=0)
+        # backend's), at llama.cpp's micro-batch, which is at most the context (llama-context.cpp:
+        # n_batch = min(n_ctx, n_batch)). llama.cpp logged 49.1 and 98.3 MiB (SmolLM2-135M, n_ctx 256 and
+        # 4096) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where this gives 55.5, 111.0 and 185.2 MiB
+        self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0)
         self.n_slots = settings.prefetch_depth + 1
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
