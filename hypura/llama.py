@@ -270,8 +270,10 @@ class Llama(llama_cpp.Llama):
             # copy them to the GPU for a prompt batch when the graph split starts, before they are filled.
             # A plan without GPU tensors too: llama.cpp offloads host weights' ops at -ngl 0 as well
             context["op_offload"] = False
-        if any(t.tier == "disk" for t in self.plan.tensors):
-            # the page cache is not a hidden tier: nothing of the file is mapped or cached
+        if any(t.tier == "disk" for t in self.plan.tensors) or not uses_gpu:
+            # the page cache is not a hidden tier: nothing of the file is mapped or cached. Mapped, a CPU plan's
+            # repacked weights were in RSS twice, the file's pages besides the repacked copy (2.26 GiB RSS for a
+            # 2 GiB plan of the llama3.1-8b shape, 8 layers)
             model["load_mode"] = llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO
 
     def _wrap_decode(self) -> None:
