@@ -34,7 +34,7 @@ def test_ram_plan_gives_the_same_logits(smollm2_path, reference, n_threads, tmp_
         llm.close()
 
 
-@pytest.mark.parametrize("ram,streams", [("2GiB", False), ("300MiB", True)])
+@pytest.mark.parametrize("ram,streams", [("2GiB", False), ("250MiB", True)])
 def test_budgets_plan_automatically(smollm2_path, reference, n_threads, prompt_logits, ram, streams):
     llm = hypura.Llama(str(smollm2_path), ram=ram, n_ctx=256, logits_all=True, n_threads=n_threads,
                        verbose=False)

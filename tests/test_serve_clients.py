@@ -129,11 +129,11 @@ def test_langchain_llamacpp_with_hypura_placement(smollm2_path):
 
     common = dict(model_path=str(smollm2_path), n_ctx=256, temperature=0, max_tokens=8, verbose=False,
                   n_threads=1)
-    vanilla = LlamaCpp(**common, model_kwargs={"ram": "300MiB"})
+    vanilla = LlamaCpp(**common, model_kwargs={"ram": "250MiB"})
     assert type(vanilla.client) is llama_cpp.Llama  # LangChain's own: Hypura's keywords vanish
     expected = vanilla.invoke("The capital of France is")
     vanilla.client.close()
-    streamed = HypuraLlamaCpp(**common, model_kwargs={"ram": "300MiB"})  # a budget that streams from disk
+    streamed = HypuraLlamaCpp(**common, model_kwargs={"ram": "250MiB"})  # a budget that streams from disk
     assert isinstance(streamed.client, hypura.Llama) and streamed.client.plan.tensors_by_tier()["disk"] > 0
     assert streamed.invoke("The capital of France is") == expected
     assert streamed.client.stats()["stream"]["bytes"]["disk"] > 0

@@ -147,6 +147,7 @@ ffi.cdef(
     ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size);
     void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer);
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer);
+    bool ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer);
     void ggml_backend_buffer_free(ggml_backend_buffer_t buffer);
     ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context * ctx, ggml_backend_buffer_type_t buft);
 

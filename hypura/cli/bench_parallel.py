@@ -20,8 +20,8 @@ def bench_parallel(model, plan, settings: BatchBenchSettings, *, threads, n_gpu_
 
     say(f"{max(settings.parallel)} sequences of {settings.n_ctx_per_seq} tokens at most")
     # a plan from budgets was made for the largest size (docs/engine.md); the keywords apply its op offload
-    llm = Llama(model, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu_layers, expert_cache=expert_cache,
-                **settings.llama_kwargs(plan=plan,
+    llm = Llama(model, n_threads=threads, n_threads_batch=threads, expert_cache=expert_cache,
+                **settings.llama_kwargs(plan=plan, n_gpu_layers=n_gpu_layers,
                                         param_overrides={"context_params": {"flash_attn_type": flash_attn_type}}))
     settings = dataclasses.replace(settings, n_threads=llm.n_threads)
     say(f"threads  {llm.n_threads}")

@@ -18,6 +18,16 @@ RAM_MARGIN = 2 * GiB
 # host memory a process that uses the GPU holds beyond the plan's tensors and buffers (the CUDA runtime,
 # Python): on the H200 (2026-12-03) RSS peaked 114-185 MiB above the plan's RAM (bench/RESULTS.md)
 GPU_PROCESS_RAM = 256 * MiB
+# host memory a CPU-only process holds beyond the plan's tensors and buffers (GPU_PROCESS_RAM includes
+# it): measured 2026-12-04 on a 2-core x86 machine, hypura.Llama(llama3.1-8b shape, 8 layers, ram=1400MiB,
+# n_ctx=256) after a decode: Python with numpy, llama_cpp and the library mapped 42 MiB; the heap
+# (llama.cpp's vocabulary of 128k tokens, ggml contexts, Python objects) 49-51 MiB; the streaming
+# reader's O_DIRECT request buffer 16 MiB (profile/knobs.py DISK_REQUEST_BYTES): 107-109 MiB, rounded
+# up for larger vocabularies
+PROCESS_RAM = 128 * MiB
+# each further concurrent reader of streamed disk tensors maps its own O_DIRECT request buffer
+# (runtime/transfers.py STREAM_REQUEST_BYTES); PROCESS_RAM counts the first
+STREAM_READER_RAM = 16 * MiB
 
 # --- decode cost ----------------------------------------------------------------------------
 # fixed cost per GPU-computed layer per token (kernel launches, syncs): the same fit, 58 us

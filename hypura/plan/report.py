@@ -106,6 +106,12 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
     staging = (f"{plan.staging_slots} RAM slots for disk layers, {fmt_size(plan.memory[RAM]['staging'])} (largest "
                f"{fmt_size(plan.staging_slot_bytes)})" if plan.staging_slots else "no disk slots")
     out.append(f"streams  {pool}; {staging}; prefetch depth {plan.prefetch_depth}")
+    ram = plan.memory[RAM]
+    if ram.get("process") or ram.get("runtime"):
+        what = ("the CUDA runtime, Python, libraries and llama.cpp's heap (knobs.GPU_PROCESS_RAM)" if ram.get("runtime")
+                else "Python, libraries and llama.cpp's heap (knobs.PROCESS_RAM)")
+        out.append(f"overhead {fmt_size(ram.get('process', 0) + ram.get('runtime', 0))} of the RAM budget reserved "
+                   f"for the process itself: {what}")
     if plan.routing_tokens:
         out.append(f"routing  expert frequencies from {plan.routing_tokens} tokens that earlier runs recorded "
                    f"(`hypura routing MODEL --reset` forgets them)")

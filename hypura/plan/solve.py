@@ -89,6 +89,11 @@ class _Problem:
         d = mu.dims
         self.kv = d.kv_bytes_per_layer(settings.n_ctx, settings.kv_bytes_per_element) * d.n_layer
         self.buf = d.compute_buffer_bytes(settings.n_ubatch)
+        # the CPU's compute buffer, when no GPU computes: the estimate without the floor (a GPU
+        # backend's), at llama.cpp's micro-batch, which is at most the context (llama-context.cpp:
+        # n_batch = min(n_ctx, n_batch)). llama.cpp logged 49.1 and 98.3 MiB (SmolLM2-135M, n_ctx 256 and
+        # 4096) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where this gives 55.5, 111.0 and 185.2 MiB
+        self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0)
         self.n_slots = settings.prefetch_depth + 1
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
@@ -220,10 +225,11 @@ class _Problem:
                   + ("" if op_offload else ", op offload off"))
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
         runtime = knobs.GPU_PROCESS_RAM if use_gpu else 0
-        ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0) + runtime
+        process = 0 if use_gpu else knobs.PROCESS_RAM  # GPU_PROCESS_RAM includes it
+        ram_fixed = self.host_only + (self.kv if kv_tier == RAM else 0) + runtime + process
         # llama.cpp sizes the CPU's compute buffer by the graph splits the CPU runs: small when the GPU
         # computes every layer
-        pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.buf)
+        pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.cpu_buf)
         for _ in range(32):
             gpu_cap = b.gpu - gpu_fixed - pool if use_gpu else 0
             ram_cap = b.ram - ram_fixed - host_buf - staging - ((gpu_fixed + pool) if b.unified else 0)
@@ -235,10 +241,15 @@ class _Problem:
             slots = self.slots_need(tiers, compute, lambda t, c: t != GPU and c == GPU)
             stages = self.slots_need(tiers, compute, lambda t, c: t == DISK)
             cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
-            need_host = self.buf if cpu_work else host_buf
-            if sum(slots) <= pool and sum(stages) <= staging and need_host <= host_buf:
+            need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
+            # host-pool slots hold ggml's plain layout (the runtime turns llama.cpp's repacking off beside them),
+            # read by disk_readers readers at once, each with its own request buffer (paged experts: the pager's)
+            dense_disk = any(t == DISK and u.expert < 0 and not u.host_only for u, t in zip(units, tiers))
+            readers = (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM if dense_disk else 0
+            if sum(slots) <= pool and sum(stages) + readers <= staging and need_host <= host_buf:
                 break
-            pool, staging, host_buf = max(pool, sum(slots)), max(staging, sum(stages)), max(host_buf, need_host)
+            pool, staging, host_buf = (max(pool, sum(slots)), max(staging, sum(stages) + readers),
+                                       max(host_buf, need_host))
         else:
             return self._shortfall(False, use_gpu, kv_tier, 0, b.ram + 1, pool, staging, host_buf)
         disk_left = sum(u.nbytes for u, t in zip(units, tiers) if t == DISK)
@@ -249,7 +260,7 @@ class _Problem:
             GPU: {"weights": weights[GPU], "kv": self.kv if kv_tier == GPU else 0,
                   "compute": self.buf if use_gpu else 0, "pool": sum(slots)},
             RAM: {"weights": weights[RAM], "kv": self.kv if kv_tier == RAM else 0,
-                  "compute": need_host, "staging": sum(stages), "runtime": runtime},
+                  "compute": need_host, "staging": sum(stages), "runtime": runtime, "process": process + readers},
             DISK: {"weights": weights[DISK]},
         }
         tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch, self.s.parallel, op_offload)
@@ -264,7 +275,8 @@ class _Problem:
             return _Shortfall(GPU, gpu_need, self.b.gpu, parts)
         parts = (f"input embeddings {fmt_size(self.host_only)}, compute buffer {fmt_size(host_buf)}, "
                  f"disk staging {fmt_size(staging)}" + (f", KV cache {kv}" if kv_tier == RAM else "")
-                 + (f", CUDA runtime {fmt_size(knobs.GPU_PROCESS_RAM)}" if use_gpu else "")
+                 + (f", CUDA runtime {fmt_size(knobs.GPU_PROCESS_RAM)}" if use_gpu
+                    else f", process {fmt_size(knobs.PROCESS_RAM)}")
                  + (", GPU bytes (unified memory)" if self.b.unified and use_gpu else ""))
         return _Shortfall(RAM, ram_need, self.b.ram, parts)
 

@@ -60,12 +60,12 @@ class ModelDims:
         """K and V of one layer for n_ctx cells (standard multi-head/GQA attention)."""
         return int(n_ctx * self.n_head_kv * (self.head_k + self.head_v) * bytes_per_element)
 
-    def compute_buffer_bytes(self, n_ubatch: int) -> int:
+    def compute_buffer_bytes(self, n_ubatch: int, floor: int = knobs.COMPUTE_FLOOR) -> int:
         """llama.cpp's compute buffer on the computing device: micro-batch logits and activations
         in f32 (flash attention keeps the KQ matrix out)."""
         ff = max(self.n_ff, self.n_expert_used * self.n_ff_exp)
         per_token = self.n_vocab + knobs.COMPUTE_ACTIVATIONS * self.n_embd + 2 * ff
-        return max(knobs.COMPUTE_FLOOR, n_ubatch * per_token * 4)
+        return max(floor, n_ubatch * per_token * 4)
 
 
 @dataclass(frozen=True)

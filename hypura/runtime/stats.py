@@ -51,6 +51,19 @@ def gpu_free() -> int | None:
     return gpus[0].mem_free if gpus else None
 
 
+def _vm_hwm() -> int | None:
+    """This process's peak RSS (Linux: VmHWM). Not ru_maxrss, which Linux carries across fork and exec: a
+    bench started from a large process reported that process's peak as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def memory_now(gpu_free_at_start: int | None) -> dict:
     """Process memory against what the plan budgets: RSS now and at peak; GPU memory taken since start
     (device-wide free memory, so other processes' use counts too)."""
@@ -59,8 +72,13 @@ def memory_now(gpu_free_at_start: int | None) -> dict:
     import psutil
 
     free = gpu_free() if gpu_free_at_start is not None else None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
-    return {"rss": psutil.Process().memory_info().rss, "rss_peak": peak,
+    peak = _vm_hwm()
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
+    rss = psutil.Process().memory_info().rss
+    # Linux folds the current RSS into the high-water mark lazily (when pages are unmapped, at exit): the
+    # mark read now can lag the RSS by the pages faulted in since
+    return {"rss": rss, "rss_peak": max(peak, rss),
             "gpu_used": gpu_free_at_start - free if free is not None else None}
 
 

@@ -7,7 +7,7 @@ Protocol
   - RAM source (GPU pool): queue async copies pinned RAM -> slot;
   - disk source, GPU pool: read request-sized chunks with O_DIRECT into pinned staging, copy each
     to the slot, and wait for that copy before the next read reuses the staging;
-  - disk source, host pool: read the whole tensor, then set it into the slot in one call;
+  - disk source, host pool: read straight into the slot (plain host memory), a few spans at once;
   then record the slot's event (GPU pool) and set the ticket. `Ticket.wait()` returns once the
   bytes are in the slot: the ticket, then the event, both waited for on the host, so the stream
   that computes never waits on ours. An error in a load is raised by `wait()` on the compute thread.
@@ -88,7 +88,6 @@ class Transfers:
         self._readers = {(True, 0): FileReaders(paths, STREAM_REQUEST_BYTES, staging),
                          **{(False, k): FileReaders(paths, STREAM_REQUEST_BYTES) for k in range(self.readers)}}
         self._jobs: queue.Queue = queue.Queue()
-        self._whole_buf: Optional[bytearray] = None
         self._thread = threading.Thread(target=self._run, name="hypura-loader", daemon=True)
         self._thread.start()
 
@@ -138,11 +137,12 @@ class Transfers:
             L.ggml_backend_tensor_set_async(self.backend, p.tensor, p.pinned, p.at, p.nbytes)
             return
         if pool != GPU_POOL:
-            # one set of the whole tensor: a repacking CPU buffer type (llama.cpp's choice for the
-            # CPU, kept so the kernels and the numbers stay the default's) converts whole tensors only
-            whole = self._whole(p.nbytes)
-            self._read_whole(p, whole)
-            L.ggml_backend_tensor_set(p.tensor, ffi.from_buffer(whole), 0, p.nbytes)
+            # ggml's plain layout in host memory (the runtime turns repacking off beside host-pool slots): the
+            # reads land in the slot itself (a whole-tensor copy held the largest one, the output head, beside it)
+            data = ffi.cast("uint8_t *", L.ggml_get_data(p.tensor))
+            if data == ffi.NULL:
+                raise HypuraError("a host-pool slot has no memory to read into")
+            self._read_spans(p, lambda at, piece: ffi.memmove(data + at, ffi.from_buffer(piece), len(piece)))
             return
         def upload(piece: memoryview, at: int) -> None:
             L.ggml_backend_tensor_set_async(self.backend, p.tensor, ffi.from_buffer(piece), at, len(piece))
@@ -151,32 +151,25 @@ class Transfers:
 
         self.reader(p.file_idx, staged=True).read(p.file_offset, p.nbytes, upload)
 
-    def _read_whole(self, p: Piece, whole: memoryview) -> None:
-        """The tensor's bytes into `whole`, as `readers` spans read at once: a disk serves a few streams
-        faster than one (CPU VM: 0.92 GB/s with one reader, 1.64 with two)."""
+    def _read_spans(self, p: Piece, write) -> None:
+        """The tensor's bytes, write(offset, piece), as `readers` spans read at once: a disk serves a few
+        streams faster than one (CPU VM: 0.92 GB/s with one reader, 1.64 with two)."""
         n = self.readers if p.nbytes >= self.readers * STREAM_REQUEST_BYTES else 1
         span = -(-p.nbytes // n)
 
         def read(k: int) -> None:
             base = k * span
             self.reader(p.file_idx, staged=False, k=k).read(
-                p.file_offset + base, min(span, p.nbytes - base),
-                lambda piece, at: whole.__setitem__(slice(base + at, base + at + len(piece)), piece))
+                p.file_offset + base, min(span, p.nbytes - base), lambda piece, at: write(base + at, piece))
 
         others = [self._spans.submit(read, k) for k in range(1, n)]
         try:
             read(0)
         finally:
-            errors = [f.exception() for f in others]  # every span lands before `whole` is reused
+            errors = [f.exception() for f in others]  # every span lands before its buffer is reused
         for e in errors:
             if e is not None:
                 raise e
-
-    def _whole(self, nbytes: int) -> memoryview:
-        """A host buffer for one whole tensor, grown to the largest seen (the loader thread's own)."""
-        if self._whole_buf is None or len(self._whole_buf) < nbytes:
-            self._whole_buf = bytearray(nbytes)
-        return memoryview(self._whole_buf)[:nbytes]
 
     def reader(self, file_idx: int, staged: bool, k: int = 0) -> DirectReader:
         return self._readers[(staged, k)].get(file_idx, pread=self.pread)

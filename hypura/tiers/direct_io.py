@@ -123,15 +123,18 @@ class DirectReader:
                     raise DiskReadError(
                         f"{self.path}: reading {length} bytes at {pos + got} failed after {failures} "
                         f"retries: {e.strerror or e}") from None
-                if n == 0 and got < target:  # nothing before the end of file; a short read that progressed is fine
+                before = got
+                got += n
+                if self.direct and got < target:
+                    got -= got % DIRECT_ALIGN  # O_DIRECT resumes on a block boundary
+                # nothing before the end of file; a short read that progressed is fine. A file cut within a
+                # block reads the same partial block again and again under O_DIRECT: no progress either
+                if got <= before and got < target:
                     failures += 1
                     if failures > self.retries:
                         now = os.fstat(self.fd).st_size  # a file cut while in use reads as nothing past its new end
                         cut = f": the file shrank to {now} bytes while in use" if now < self.size else ""
                         raise DiskReadError(f"{self.path}: reads at byte {pos + got} keep returning nothing{cut}")
-                got += n
-                if self.direct and got < target:
-                    got -= got % DIRECT_ALIGN  # O_DIRECT resumes on a block boundary
         return min(got, target)
 
     def close(self) -> None:
