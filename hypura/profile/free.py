@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
+from hypura.sizes import parse_size
 
 ENV = "HYPURA_FREE_MEMORY"
 OVERRIDE = os.environ.get(ENV)  # read once
@@ -118,8 +119,6 @@ def measure() -> FreeMemory:
 
 
 def parse_override(text: str, measured: FreeMemory) -> FreeMemory:
-    from hypura.plan.budget import parse_size
-
     parts = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
