@@ -45,6 +45,7 @@ class HParams:
     n_head_kv: tuple[int, ...]
     n_embd_head_k: int
     n_rot: int
+    n_ff: tuple[int, ...] = ()  # per layer, feed_forward_length
 
 
 def check_hparams(meta: Meta) -> HParams:
@@ -68,7 +69,7 @@ def check_hparams(meta: Meta) -> HParams:
     n_head = meta.per_layer("%s.attention.head_count", n_layer)
     n_head_kv = meta.per_layer("%s.attention.head_count_kv", n_layer, default=-1)
     n_head_kv = [h if kv == -1 else kv for h, kv in zip(n_head, n_head_kv)]  # n_head_kv defaults to n_head
-    meta.per_layer("%s.feed_forward_length", n_layer)
+    n_ff = meta.per_layer("%s.feed_forward_length", n_layer)
     meta.per_layer("%s.expert_feed_forward_length", n_layer)
     _rope_scaling(meta)
     for key in _EPSILONS:
@@ -77,7 +78,8 @@ def check_hparams(meta: Meta) -> HParams:
             raise Invalid(meta.key(key), eps, "a finite epsilon >= 0 (ggml-cpu norm: GGML_ASSERT(eps >= 0.0f))")
     head_k, n_rot = _head_dims(meta, n_embd, n_head[0])
     _check_heads(meta, n_head, n_head_kv)
-    return HParams(n_layer, n_embd, n_expert, tuple(used), tuple(n_head), tuple(n_head_kv), head_k, n_rot)
+    return HParams(n_layer, n_embd, n_expert, tuple(used), tuple(n_head), tuple(n_head_kv), head_k, n_rot,
+                   tuple(n_ff))
 
 
 def _experts(meta: Meta, n_layer: int) -> tuple[int, list[int]]:

@@ -83,6 +83,12 @@ def check_block_shapes(raw: RawFile, arch: str, hp: HParams, n_vocab: int) -> No
             raise Invalid(f"tensor '{name}'", Name("missing"), f"a tensor of shape {list(shape)} ({arch} needs it)")
         if _padded(t.ne) != _padded(shape):
             raise Invalid(f"tensor '{name}' shape", list(t.ne), f"{list(shape)} (from the {arch} hyper-parameters)")
+    if not hp.n_expert:  # a dense block's FFN is n_embd x feed_forward_length (the planner sizes buffers by it)
+        for il, n_ff in enumerate(hp.n_ff):
+            t = by_name.get(f"blk.{il}.ffn_up.weight")
+            if t is not None and n_ff and _padded(t.ne) != _padded((hp.n_embd, n_ff)):
+                raise Invalid(f"tensor '{t.name}' shape", list(t.ne),
+                              f"{[hp.n_embd, n_ff]} (from {arch}.embedding_length and {arch}.feed_forward_length)")
 
 
 def _padded(ne) -> tuple[int, ...]:

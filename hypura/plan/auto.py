@@ -255,7 +255,8 @@ def _plan_or_explain(plan_at, n_ctx: int, m: _Model, free: FreeMemory, gpu_mem: 
     try:
         return plan_at(n_ctx)
     except HypuraError as e:
-        detail = str(e).removeprefix("no placement fits: ")
+        # what the tier lacks, without the planner's model and budget totals: the free memory follows
+        detail = str(e).removeprefix("no placement fits: ").split("; model weights")[0]
     has = f"{free.describe()} {margins}"
     if explicit and m.kv(n_ctx) > gpu_mem + ram:
         raise HypuraError(f"-c {n_ctx}: its KV cache ({fmt_size(m.kv(n_ctx))}) does not fit in the free memory "
