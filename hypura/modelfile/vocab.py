@@ -6,7 +6,8 @@ vocabulary type without a tokenizer aborts at the first tokenize (GGML_ASSERT(ty
 LLAMA_VOCAB_TYPE_NONE)), and an SPM vocabulary missing a byte token throws std::out_of_range out
 of llama_tokenize (byte_to_token), which no C caller can catch; and a tokenizer that adds a BOS,
 EOS or SEP token to every prompt aborts there (GGML_ASSERT(special_bos_id != LLAMA_TOKEN_NULL)) when
-that token's id is outside the vocabulary and its tokenizer has no default for it. Each is checked here.
+that token's id is outside the vocabulary and its tokenizer has no default for it; llama-cpp-python decodes
+the BOS and EOS texts as UTF-8 when it loads. Each is checked here.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def check_vocab(meta: Meta) -> int:
     if vocab_size is not None and vocab_size != n_tokens:  # Hypura's planner sizes the logits by it
         raise Invalid(meta.key("%s.vocab_size"), vocab_size, f"the tokenizer's {n_tokens} tokens")
     _special_tokens(meta, model, n_tokens)
+    _special_texts(meta, model, tokens.items)
     texts = _unique_texts(tokens.items)
     if model in _BYTE_TOKEN_MODELS:
         _byte_tokens(texts, model)
@@ -106,6 +108,23 @@ def _special_tokens(meta: Meta, model: str, n_tokens: int) -> None:
         value = Name("missing") if stated is None else stated
         raise Invalid(_SPECIAL_KEYS[which], value, f"a token id below {n_tokens} (the {model} tokenizer adds "
                                                    f"{which.upper()} to every prompt)")
+
+
+def _special_texts(meta: Meta, model: str, items: list[bytes]) -> None:
+    """The BOS and EOS token texts are UTF-8: llama-cpp-python's Llama decodes both when it loads (strictly:
+    a UnicodeDecodeError out of its constructor otherwise)."""
+    defaults = _SPECIAL_DEFAULTS.get(model, ({}, False, False))[0]
+    for which in ("bos", "eos"):
+        stated = meta.u32(_SPECIAL_KEYS[which])
+        token = stated if stated is not None and stated < len(items) else defaults.get(which)
+        if token is None or token >= len(items):
+            continue
+        text = items[token].split(b"\0", 1)[0]  # a C string, as llama_vocab_get_text returns it
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Invalid(f"{TOKENS}[{token}]", text, f"UTF-8 text (the {which.upper()} token's, which "
+                                                      f"llama-cpp-python decodes when it loads)") from None
 
 
 def _array(meta: Meta, key: str, types: tuple, required: bool = False):

@@ -66,6 +66,14 @@ def _nul_token(model: Model) -> bytes:
     return set_kv(model, "tokenizer.ggml.tokens", ARR, tokens, STR).to_bytes()
 
 
+def _eos_not_utf8(model: Model) -> bytes:
+    """The EOS token's text cut inside a UTF-8 sequence: llama-cpp-python's Llama decodes it when it loads."""
+    eos = model.find("tokenizer.ggml.eos_token_id").value()
+    tokens = model.find("tokenizer.ggml.tokens").value()
+    tokens[eos] = tokens[eos] + b"\xc3"
+    return set_kv(model, "tokenizer.ggml.tokens", ARR, tokens, STR).to_bytes()
+
+
 def _control_char_name(model: Model) -> bytes:
     """A tensor named with a control character, its row no multiple of its block: the message quotes
     the name, printable."""
@@ -176,6 +184,7 @@ CASES: dict[str, tuple[str, Callable[[Model], bytes], object]] = {
                           "tokenizer.ggml.eos_token_id is 4000000000: expected a token id below"),
     "rwkv-eos-outside-vocab": ("tiny-llama", lambda m: _special_missing(m, b"rwkv", "eos"),
                                "tokenizer.ggml.eos_token_id is 4000000000"),  # llama-cpp-python appended -1
+    "eos-text-not-utf8": ("tiny-qwen3moe", _eos_not_utf8, "expected UTF-8 text (the EOS token's"),
     "chat-template-syntax": ("smollm2", lambda m: set_kv(m, "tokenizer.chat_template", STR,
                                                          b"{% if messages %}{{ 'x' }").to_bytes(),
                              "tokenizer.chat_template does not parse"),
