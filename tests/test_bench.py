@@ -128,9 +128,9 @@ def test_bench_without_budgets_runs_the_default_path_and_prints_its_bound(smollm
 
 
 def test_bench_peak_rss_stays_within_a_tight_ram_budget(smollm2_path, tmp_path):
-    """Issue 23: the RAM budget holds the whole process, not only the plan's tensors: the plan reserves the
-    process's own memory (knobs.PROCESS_RAM), the disk slots as llama.cpp's buffer types split them and
-    the host copy repacked disk tensors are read into; disk reads into plain host slots land in the slot."""
+    """The RAM budget holds the whole process, not only the plan's tensors: the plan reserves the
+    process's own memory (knobs.PROCESS_RAM) and the streaming readers' buffers, and disk reads land in the
+    plain host slots themselves (no whole-tensor copy beside them)."""
     from hypura.plan import knobs
 
     out = tmp_path / "bench.json"
