@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
-from hypura.sizes import parse_size
+from hypura.sizes import fmt_size, parse_size
 
 ENV = "HYPURA_FREE_MEMORY"
 OVERRIDE = os.environ.get(ENV)  # read once
@@ -34,12 +34,8 @@ class FreeMemory:
     source: str = "measured"
 
     def describe(self) -> str:
-        gpu = f"GPU {_gib(self.gpu)} free, " if self.gpu is not None else ""
-        return f"{gpu}RAM {_gib(self.ram)} available" + ("" if self.source == "measured" else f" ({self.source})")
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
+        gpu = f"GPU {fmt_size(self.gpu)} free, " if self.gpu is not None else ""
+        return f"{gpu}RAM {fmt_size(self.ram)} available" + ("" if self.source == "measured" else f" ({self.source})")
 
 
 def _read_int(path: Path) -> int | None:
