@@ -244,7 +244,8 @@ class _Problem:
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
             # host-pool slots hold ggml's plain layout (the runtime turns llama.cpp's repacking off beside them),
             # read by disk_readers readers at once, each with its own request buffer (paged experts: the pager's)
-            dense_disk = any(t == DISK and u.expert < 0 and not u.host_only for u, t in zip(units, tiers))
+            dense_disk = any(t == DISK and c == CPU and u.expert < 0 and not u.host_only
+                             for u, t, c in zip(units, tiers, compute))
             readers = (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM if dense_disk else 0
             if sum(slots) <= pool and sum(stages) + readers <= staging and need_host <= host_buf:
                 break
