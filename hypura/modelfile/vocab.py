@@ -101,10 +101,9 @@ def _special_tokens(meta: Meta, model: str, n_tokens: int) -> None:
     for which, added in adds.items():
         if not added:
             continue
-        stated = meta.u32(_SPECIAL_KEYS[which])
-        default = defaults[which]
-        if (stated is not None and stated < n_tokens) or (default is not None and default < n_tokens):
+        if _effective_id(meta, which, defaults, n_tokens) is not None:
             continue
+        stated = meta.u32(_SPECIAL_KEYS[which])
         value = Name("missing") if stated is None else stated
         raise Invalid(_SPECIAL_KEYS[which], value, f"a token id below {n_tokens} (the {model} tokenizer adds "
                                                    f"{which.upper()} to every prompt)")
@@ -115,9 +114,8 @@ def _special_texts(meta: Meta, model: str, items: list[bytes]) -> None:
     a UnicodeDecodeError out of its constructor otherwise)."""
     defaults = _SPECIAL_DEFAULTS.get(model, ({}, False, False))[0]
     for which in ("bos", "eos"):
-        stated = meta.u32(_SPECIAL_KEYS[which])
-        token = stated if stated is not None and stated < len(items) else defaults.get(which)
-        if token is None or token >= len(items):
+        token = _effective_id(meta, which, defaults, len(items))
+        if token is None:
             continue
         text = items[token].split(b"\0", 1)[0]  # a C string, as llama_vocab_get_text returns it
         try:
@@ -125,6 +123,14 @@ def _special_texts(meta: Meta, model: str, items: list[bytes]) -> None:
         except UnicodeDecodeError:
             raise Invalid(f"{TOKENS}[{token}]", text, f"UTF-8 text (the {which.upper()} token's, which "
                                                       f"llama-cpp-python decodes when it loads)") from None
+
+
+def _effective_id(meta: Meta, which: str, defaults: dict, n_tokens: int) -> int | None:
+    """The id llama.cpp uses for a special token: the file's when within the vocabulary (it ignores one
+    outside), else the tokenizer's default when that is; None: LLAMA_TOKEN_NULL."""
+    stated = meta.u32(_SPECIAL_KEYS[which])
+    token = stated if stated is not None and stated < n_tokens else defaults.get(which)
+    return token if token is not None and token < n_tokens else None
 
 
 def _array(meta: Meta, key: str, types: tuple, required: bool = False):
