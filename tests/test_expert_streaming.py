@@ -15,11 +15,6 @@ K, LAYERS = 4, (0, 1)  # tiny-qwen3moe: top-4 of 16 experts, 2 MoE layers
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 3
 
 
-@pytest.fixture(autouse=True)
-def own_cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # co-activation counts land here
-
-
 def _decode(model, n_threads=1, traced=False, **kwargs):
     """Token-by-token logits (every batch is a decode batch: the cache serves it), the routing (traced:
     through on_route, which makes every batch call Python) and stats. Untraced, the stream answers

@@ -14,7 +14,8 @@ from hypura.bench import BenchSettings, run_bench
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.profile.host import cores
-from hypura.profile.store import machine_profile
+from hypura.profile.measure import planning_profile
+from hypura.profile.store import resolve_profile
 from hypura.plan import Plan
 from hypura.plan.auto import Fit, check_budgets, plan_unset_context
 from hypura.plan.budget import parse_size, rates_for
@@ -65,6 +66,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
     from hypura.runtime.plan_policy import plan_with_routing
 
     header = read_header(model)
+    # the profile named, else this machine's (measured now if it has none, as hypura-cli would)
+    profile_of = lambda spec: resolve_profile(spec) if spec else planning_profile(model)  # noqa: E731
     n_ctx = max(256, n_prompt + n_gen + 64)  # what the runs need
     if ctx_size and ctx_size < n_ctx:
         raise HypuraError(f"-c {ctx_size} is too small for -p {n_prompt} and -n {n_gen}: give at least {n_ctx}")
@@ -87,10 +90,10 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
             if not gpu_mem:
                 raise HypuraError("--expert-slots -1 needs --gpu-mem")
             expert_slots = slots_for_budget(header, parse_size(gpu_mem))
-        rates = rates_for(machine_profile(profile_spec))  # for the bound
+        rates = rates_for(profile_of(profile_spec))  # for the bound
         cache = ExpertCacheSettings(expert_slots)
     elif gpu_mem or ram:
-        profile = machine_profile(profile_spec)
+        profile = profile_of(profile_spec)
         if not profile_spec:
             check_budgets(gpu_mem, ram, free_memory())
         n_par = max(batched.parallel) if batched else 1
@@ -108,7 +111,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
         from hypura.cli.bench_parallel import bench_parallel
 
         bench_parallel(model, plan, batched, threads=threads, n_gpu_layers=n_gpu_layers, flash_attn_type=fa,
-                       expert_cache=cache, rates=rates or rates_for(machine_profile(profile_spec)), say=say,
+                       expert_cache=cache, rates=rates or rates_for(profile_of(profile_spec)), say=say,
                        json_out=json_out, extra={"budgets": {"gpu_mem": gpu_mem, "ram": ram}, "flash_attn": flash_attn,
                                                  "expert_cache": dataclasses.asdict(cache) if cache else None})
         return  # --- end --parallel
@@ -126,7 +129,7 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
     try:
         if llm.plan is not None and llm.plan.expert_slots:
             rates = llm.plan.rates  # what the plan's cache was sized with
-        result = run_bench(llm, llm.plan, s, say, rates or rates_for(machine_profile(profile_spec)))
+        result = run_bench(llm, llm.plan, s, say, rates or rates_for(profile_of(profile_spec)))
     finally:
         llm.close()
     result["model"] = str(model)

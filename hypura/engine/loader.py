@@ -57,11 +57,12 @@ def plan_for_parallel(model_path: str | os.PathLike, parallel: int, n_ctx: int, 
     with decode steps of `parallel` tokens in its cost model."""
     from hypura.modelfile import read_header
     from hypura.plan import PlanSettings
-    from hypura.profile import machine_profile
+    from hypura.profile.measure import planning_profile
     from hypura.runtime.plan_policy import plan_with_routing
 
     settings = PlanSettings(n_ctx=n_ctx, n_ubatch=n_ubatch, parallel=parallel)
-    return plan_with_routing(read_header(model_path), machine_profile(), gpu_mem=gpu_mem, ram=ram, settings=settings)
+    return plan_with_routing(read_header(model_path), planning_profile(model_path), gpu_mem=gpu_mem, ram=ram,
+                             settings=settings)
 
 
 def _as_plan(spec):

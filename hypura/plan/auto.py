@@ -220,27 +220,9 @@ def _unified() -> bool:
 
 
 def _profile(header, fit: Fit, say):
-    """The cached profile; without one, measured now on the model's disk (and cached), so the first plan
-    has this machine's rates rather than defaults."""
-    from hypura.profile.store import load_cached, quick_profile
+    from hypura.profile.measure import planning_profile
 
-    cached = load_cached()
-    if cached is not None:
-        return cached
-    if not fit.measure_profile:
-        return quick_profile()
-    from hypura.profile.measure import get_profile
-
-    folder = Path(header.path).resolve().parent
-    if say is not None:
-        say(f"hypura: no machine profile yet: measuring the model's disk ({folder}), RAM and the CPU (once, ~20 s)")
-    progress = (lambda msg: say(f"hypura: profile {msg}")) if say is not None else (lambda msg: None)
-    try:
-        return get_profile(path=folder, progress=progress, disk_file=header.path)[0]
-    except HypuraError as e:
-        if say is not None:
-            say(f"hypura: profile not measured ({e}): planning with default rates")
-        return quick_profile()
+    return planning_profile(header.path, say, measure=fit.measure_profile)
 
 
 def _plan(header, profile, gpu_mem, ram, request: Request, n_ctx: int) -> Plan:

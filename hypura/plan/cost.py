@@ -149,10 +149,12 @@ def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, o
                    disk: float, expert_disk: float, r: Rates, parallel: int) -> dict:
     """Seconds of one decode step on each path, fixed costs left out (predict adds them)."""
     return {GPU: batch_compute_s(gpu, gpu_flops, r.gpu_read, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT, parallel),
-            CPU: batch_compute_s(cpu, cpu_flops, r.cpu_read, r.cpu_flops, parallel),
+            CPU: batch_compute_s(cpu, cpu_flops, r.cpu_read,
+                                 r.cpu_flops * (knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING if link > 0 else 1.0), parallel),
             "offload": _div(offload, r.pageable_rate),
-            # op offload's copies cross the same link as the streamed ones
-            "link": _div(link, r.link_beside(cpu)) + _div(offload, r.link), "disk": r.disk_seconds(disk, expert_disk)}
+            # op offload's pageable copies hold the link while they run, beside the streamed ones
+            "link": _div(link, r.link_beside(cpu)) + _div(offload, r.pageable_rate),
+            "disk": r.disk_seconds(disk, expert_disk)}
 
 
 @dataclass

@@ -94,6 +94,11 @@ ROLE_RANK = {"norm": 0, "other": 0, "router": 1, "attn": 2, "output": 3, "shared
 # weight there first, once the op's batch reaches this many tokens (ggml-cuda.cu,
 # ggml_backend_cuda_device_offload_op; GGML_OP_OFFLOAD_MIN_BATCH overrides it)
 OP_OFFLOAD_MIN_BATCH = 32
+# while layers stream to the GPU, the CPU's matmuls of a decode step's further tokens ran at this share of
+# the profile's prefill FLOP rate: H200, 2026-12-04, 70B shape at 8 GiB of GPU, 16 sequences, a step of 1.5 s
+# with 11.2 GB of FFN weights on the CPU beside 24.6 GB streamed (0.47 TFLOP/s against 1.22; the copies'
+# memory traffic and the hand-offs not told apart). Without streaming the full rate fits vanilla's runs
+CPU_BATCH_FLOPS_BESIDE_STREAMING = 0.4
 # those copies read ordinary (pageable) host memory, staged by the driver: H200 profile 8.5 GB/s,
 # 7.3 on 2026-12-04; used when a profile did not measure its own (h2d_pageable_bw)
 PAGEABLE_LINK_DEFAULT = 8e9

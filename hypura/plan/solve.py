@@ -13,10 +13,10 @@ mean p: they are one stacked tensor, which llama.cpp keeps in one buffer. What t
 enumerated: where the KV cache lives (GPU or RAM), whether GPU pool slots are reserved for streaming
 (slots cost GPU memory that resident weights could use), and whether to use the GPU at all (a budget
 too small for its buffers; tiny models). For each such config, the non-resident units are split
-between CPU compute and streaming into GPU slots by moving units to the GPU while the predicted
-time falls: along that path the compute term falls and the link term rises linearly, so the time
-is convex and the first stop is the optimum (the closed form is non-resident bytes /
-(CPU rate + link rate) when nothing else binds). Memory for slots and disk staging depends on the
+between CPU compute and streaming into GPU slots along one path (disk units, then RAM units, attention first, layers spread),
+keeping its best prefix: the compute term falls and the link term rises linearly, but the path is not
+convex where a batch's CPU matmuls slow beside streaming or op offload turns back on (the closed form is
+non-resident bytes / (CPU rate + link rate) when nothing else binds). Memory for slots and disk staging depends on the
 fill and split; it is reserved by iterating to a fixed point (reservations only grow, so this ends).
 
 Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
@@ -204,15 +204,16 @@ class _Problem:
         movable += sorted(ram, key=lambda i: (units[i].role != "attn", spread[units[i].stage], i))
         # disk units first: on unified memory they need no link copy, and the last CPU-computed one
         # gone lets op offload back on for a large batch (StepLoad)
-        for i in movable:
+        # the whole walk, then its best prefix: the time is not convex along it (the first streamed unit
+        # slows the CPU's batched matmuls, the last CPU-computed one lets op offload back on)
+        best_n = 0
+        for n, i in enumerate(movable, 1):
             step.add(units[i], tiers[i], CPU, -1)
             step.add(units[i], tiers[i], GPU)
             t = step.seconds()
-            if t >= best:
-                step.add(units[i], tiers[i], GPU, -1)
-                step.add(units[i], tiers[i], CPU)
-                break
-            best = t
+            if t < best:
+                best, best_n = t, n
+        for i in movable[:best_n]:
             compute[i] = GPU
         return compute
 

@@ -101,3 +101,25 @@ def get_profile(force: bool = False, path: str | os.PathLike | None = None, mode
         return cached, cache_path(cached.key), False
     profile = measure_profile(path, model, progress, disk_file)
     return profile, profile.save(cache_path(profile.key)), True
+
+
+def planning_profile(model_path: str | os.PathLike | None = None, say: Callable[[str], None] | None = _stderr,
+                     measure: bool = True) -> MachineProfile:
+    """The profile a plan is made with: this machine's cached one; without one, measured now on the model's
+    disk (briefly, with progress through `say`, and cached), so that a first plan has this machine's rates
+    rather than defaults (a PCIe 4.0 link for an H200's PCIe 5.0 one); the defaults when that fails or
+    `measure` is False."""
+    from hypura.profile.store import quick_profile
+
+    cached = load_cached()
+    if cached is not None or not measure:
+        return cached or quick_profile()
+    folder = Path(model_path).resolve().parent if model_path else None
+    say = say or (lambda msg: None)
+    say(f"hypura: no machine profile yet: measuring {f'the model disk ({folder}), ' if folder else ''}"
+        "RAM and the CPU (once, ~20 s)")
+    try:
+        return get_profile(path=folder, progress=lambda msg: say(f"hypura: profile {msg}"), disk_file=model_path)[0]
+    except HypuraError as e:
+        say(f"hypura: profile not measured ({e}): planning with default rates")
+        return quick_profile()

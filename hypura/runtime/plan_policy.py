@@ -16,7 +16,7 @@ from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader
 from hypura.plan import Plan, PlanSettings, plan_model
 from hypura.tiers.names import GPU
-from hypura.profile import machine_profile
+from hypura.profile.measure import planning_profile
 from hypura.profile.devices import has_gpu
 from hypura.profile.model import MachineProfile
 from hypura.runtime.moe.coactivation import routing_frequencies
@@ -35,7 +35,7 @@ def resolve_plan(spec: PlanSpec, header: ModelHeader, gpu_mem=None, ram=None, n_
         plan = spec
     elif spec is None or str(spec) == "auto":
         settings = PlanSettings(n_ctx=n_ctx or int(header.get("context_length", 4096)), n_ubatch=n_ubatch)
-        plan = plan_with_routing(header, machine_profile(), gpu_mem=gpu_mem, ram=ram, settings=settings)
+        plan = plan_with_routing(header, planning_profile(header.path), gpu_mem=gpu_mem, ram=ram, settings=settings)
     else:
         plan = Plan.load(spec)
     plan.check_model(header)
