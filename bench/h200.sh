@@ -83,24 +83,24 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     if [ "${GPUTESTS:-1}" = 1 ]; then
         HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf \
             HYPURA_GPU_TEST_DENSE=$PWD/$TOK PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
-            timeout 180 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_gpu_placement.py > "$RES/pytest-gpu.txt" 2>&1
+            timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_gpu_placement.py > "$RES/pytest-gpu.txt" 2>&1
         tail -3 "$RES/pytest-gpu.txt"
     fi
     ;;
 ab)  # the headline runs on this tree and on .oldtree, same library, same call: resident, dense streaming, paging
     models_done
-    "$(libdir)/llama-bench" -m $M14 -ngl 99 -p 512 -n 128 -r 3 -o json > "$RES/vanilla-q14-ngl99.json" 2> /dev/null
-    note "q14 vanilla llama-bench -ngl 99 (pp512 tg128): $(tps "$RES/vanilla-q14-ngl99.json")"
-    "$(libdir)/llama-bench" -m $M70 -ngl 14 -p 0 -n 16 -r 3 -o json > "$RES/vanilla-l70-ngl14.json" 2> /dev/null
-    note "l70 vanilla llama-bench -ngl 14 tg16: $(tps "$RES/vanilla-l70-ngl14.json")"
+    "$(libdir)/llama-bench" -m $M14 -ngl 99 -p 512 -n 64 -r 3 -o json > "$RES/vanilla-q14-ngl99.json" 2> /dev/null
+    note "q14 vanilla llama-bench -ngl 99 (pp512 tg64): $(tps "$RES/vanilla-q14-ngl99.json")"
+    "$(libdir)/llama-bench" -m $M70 -ngl 14 -p 0 -n 8 -r 3 -o json > "$RES/vanilla-l70-ngl14.json" 2> /dev/null
+    note "l70 vanilla llama-bench -ngl 14 tg8: $(tps "$RES/vanilla-l70-ngl14.json")"
     for side in new old; do
         run=hy; [ $side = old ] && run=old
         [ $side = old ] && [ ! -d .oldtree ] && continue
-        $run bench $M14 -p 512 -n 128 -r 3 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
-        $run bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 16 -r 3 --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
+        $run bench $M14 -p 512 -n 64 -r 3 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
+        $run bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 8 -r 3 --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
             | sed "s/^/l70 $side: /" | tee -a "$RES/summary.txt"
         drop_cache
-        $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -p 0 -n 32 -r 3 --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
+        $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -p 0 -n 16 -r 3 --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
             | sed "s/^/q3 $side: /" | tee -a "$RES/summary.txt"
     done
     ;;
@@ -134,15 +134,15 @@ cgroup)  # the 70B larger than RAM too: a 24 GiB memory cgroup (page cache count
     cg=$(memory_cgroup $((24 * GIB))) || { note "no memory cgroup here"; return 0; }
     hold_gpu 8.5
     drop_cache
-    in_cgroup $cg timeout 200 python3 -m hypura.cli.llama_cli -m $M70 -p "'Once upon a time'" -n 8 -no-cnv --temp 0 \
+    in_cgroup $cg timeout 150 python3 -m hypura.cli.llama_cli -m $M70 -p "'Once upon a time'" -n 4 -no-cnv --temp 0 \
         > "$RES/hypura-l70-cgroup.txt" 2>&1
     note "l70 hypura cgroup 24G: $(grep -a 'hypura:\|eval time' "$RES/hypura-l70-cgroup.txt" | tail -3 | paste -sd' ')"
     drop_cache
-    in_cgroup $cg timeout 200 python3 -m hypura.cli.main bench $M70 -p 0 -n 4 -r 1 --json "$RES/hypura-l70-cgroup-bench.json" \
+    in_cgroup $cg timeout 120 python3 -m hypura.cli.main bench $M70 -p 0 -n 2 -r 1 --json "$RES/hypura-l70-cgroup-bench.json" \
         > "$RES/hypura-l70-cgroup-bench.txt" 2>&1
     note "l70 hypura bench cgroup 24G: $(tail -3 "$RES/hypura-l70-cgroup-bench.txt" | paste -sd' ')"
     drop_cache
-    in_cgroup $cg timeout 120 "$(libdir)/llama-completion" -m $M70 -p "'Once upon a time'" -n 4 -no-cnv --temp 0 \
+    in_cgroup $cg timeout 100 "$(libdir)/llama-completion" -m $M70 -p "'Once upon a time'" -n 2 -no-cnv --temp 0 \
         > "$RES/vanilla-l70-cgroup.txt" 2>&1
     note "l70 vanilla cgroup 24G (rc $?): $(grep -a 'eval time' "$RES/vanilla-l70-cgroup.txt" | tail -1)"
     release_gpu
