@@ -121,8 +121,7 @@ def batch_bound(header, plan, rates, b: int) -> Optional[dict]:
     Bytes a step reads: every dense weight once, and of a stacked expert tensor the experts any of the b
     tokens select, 1 - (1 - k/E)^b of them under uniform routing (skewed real routing touches fewer).
     They go by the plan's tiers and compute devices (without a plan: all in RAM, read by the CPU) and are
-    timed as hypura.bench.bound times a token: CPU-read and link-copied bytes share a budget, disk and GPU
-    reads bound on their own. Left out: KV reads, compute, fixed per-layer costs, and an expert cache's
+    timed path by path, overlapping perfectly: CPU reads, link copies, disk and GPU reads. Left out: KV reads, compute, fixed per-layer costs, and an expert cache's
     hits (every expert a step touches counts as read from its tier)."""
     rates = plan.rates if plan is not None else rates
     if rates is None or (plan is None and rates.has_gpu):
@@ -147,8 +146,10 @@ def batch_bound(header, plan, rates, b: int) -> Optional[dict]:
                 expert_disk += nbytes if t.experts else 0.0
             if dev == "gpu" and (tier == "ram" or (tier == "disk" and not rates.unified)):
                 paths["link"] += nbytes
-    shared = (paths["cpu"] + paths["link"]) / (rates.cpu_read + (rates.link or 0))
-    terms = {"hybrid cpu+link" if rates.link else "cpu": shared,
+    # each path at its own rate: the plan fixed which bytes the CPU reads and which cross the link (a
+    # shared cpu+link budget would credit the CPU's rate to bytes that only the link can move)
+    terms = {"cpu": paths["cpu"] / rates.cpu_read,
+             "link": paths["link"] / rates.link if rates.link else 0.0,
              "disk": rates.disk_seconds(paths["disk"], expert_disk),
              "gpu": paths["gpu"] / rates.gpu_read if rates.gpu_read else 0.0}
     limit = max(terms, key=terms.get)
