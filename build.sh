@@ -130,6 +130,39 @@ cmake_flags() {
     echo $flags
 }
 
+# llama.cpp routes CPU matmuls of Q4_K/Q8_0/... weights through its AMX kernels when built with -march=native on
+# a CPU that has AMX; some compilers drop the tile configuration's stores (ldtilecfg then reads garbage and
+# faults), and some VMs fault on AMX outright. Build its loading code here and run it; if it faults, no AMX.
+amx_faults() {
+    grep -qw amx_tile /proc/cpuinfo 2> /dev/null || return 1
+    local dir rc
+    dir=$(mktemp -d)
+    cat > "$dir/amx.cpp" << 'CPP'
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <cstdint>
+struct tile_config { uint8_t palette = 0, start_row = 0, reserved[14] = {}; uint16_t colsb[16] = {}; uint8_t rows[16] = {}; };
+__attribute__((noinline)) static void load_config() {
+    alignas(64) tile_config tc = {};
+    tc.palette = 1;
+    for (int i = 0; i < 8; i++) { tc.rows[i] = 16; tc.colsb[i] = 64; }
+    _tile_loadconfig(&tc);
+    _tile_zero(4);
+    _tile_release();
+}
+int main() {
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 1;
+    load_config();
+    return 0;
+}
+CPP
+    { "${CXX:-c++}" -O2 -march=native -o "$dir/amx" "$dir/amx.cpp" && "$dir/amx"; } > /dev/null 2>&1
+    rc=$?
+    rm -rf "$dir"
+    [ $rc -ne 0 ]
+}
+
 # the tools the tests compare against are built beside the libraries
 BUILD_TARGETS=${HYPURA_BUILD_TARGETS:-llama llama-completion}
 
@@ -138,7 +171,12 @@ build_libs() {
     local backend flags key
     backend=$(detect_backend)
     flags=$(cmake_flags "$backend")
-    key=$( (cat "$VENDOR/.hypura-stamp"; echo "$flags $BUILD_TARGETS"; uname -m) | hash_of)
+    local cpu_flags=""
+    if amx_faults; then
+        cpu_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        say "AMX code built here faults on this CPU: building llama.cpp without AMX"
+    fi
+    key=$( (cat "$VENDOR/.hypura-stamp"; echo "$flags $cpu_flags $BUILD_TARGETS"; uname -m) | hash_of)
     BUILD_DIR=$CACHE/llama-build/$backend-$key
     if [ -f "$BUILD_DIR/.done" ]; then
         return
@@ -147,7 +185,8 @@ build_libs() {
     mkdir -p "$BUILD_DIR"
     local start=$SECONDS
     # shellcheck disable=SC2086
-    cmake -S "$VENDOR" -B "$BUILD_DIR" $flags > "$BUILD_DIR/cmake.log" 2>&1 \
+    CFLAGS="${CFLAGS:-} $cpu_flags" CXXFLAGS="${CXXFLAGS:-} $cpu_flags" \
+        cmake -S "$VENDOR" -B "$BUILD_DIR" $flags > "$BUILD_DIR/cmake.log" 2>&1 \
         || { tail -30 "$BUILD_DIR/cmake.log" >&2; die "cmake configure failed (log: $BUILD_DIR/cmake.log)"; }
     # shellcheck disable=SC2086
     cmake --build "$BUILD_DIR" -j "$JOBS" --target $BUILD_TARGETS > "$BUILD_DIR/build.log" 2>&1 \

@@ -70,9 +70,17 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     start=$SECONDS
     if ls .prebuilt/lib-$KEY.tar.xz.part* > /dev/null 2>&1; then
         mkdir -p /tmp/prebuilt && cat .prebuilt/lib-$KEY.tar.xz.part* | tar xJf - -C /tmp/prebuilt || exit 1
-        echo /tmp/prebuilt > /tmp/hypura-lib
-        note "prebuilt library $KEY"
-    elif [ ! -f /tmp/hypura-lib ]; then
+        if LD_LIBRARY_PATH=/tmp/prebuilt ldd /tmp/prebuilt/*.so* /tmp/prebuilt/llama-bench | grep -q "not found"; then
+            note "prebuilt library $KEY: $(LD_LIBRARY_PATH=/tmp/prebuilt ldd /tmp/prebuilt/*.so* | grep "not found" | sort -u | paste -sd' '); building"
+        elif ! LD_LIBRARY_PATH=/tmp/prebuilt timeout 60 /tmp/prebuilt/llama-completion -m $TOK -p hi -n 4 -no-cnv -ngl 0 \
+                < /dev/null > "$RES/prebuilt-smoke.txt" 2>&1; then  # built for another CPU: its instructions fault here
+            note "prebuilt library $KEY fails on this CPU ($(tail -1 "$RES/prebuilt-smoke.txt")); building"
+        else
+            echo /tmp/prebuilt > /tmp/hypura-lib
+            note "prebuilt library $KEY"
+        fi
+    fi
+    if [ ! -f /tmp/hypura-lib ]; then
         lib=$(./build.sh lib 2> "$RES/build.log") || { tail -40 "$RES/build.log"; exit 1; }
         note "build: $((SECONDS - start)) s, lib: $lib"
         echo "$lib" > /tmp/hypura-lib
@@ -94,21 +102,23 @@ ab)  # the headline runs on this tree and on .oldtree, same library, same call: 
     "$(libdir)/llama-bench" -m $M70 -ngl 14 -p 0 -n 8 -r 3 -o json > "$RES/vanilla-l70-ngl14.json" 2> /dev/null
     note "l70 vanilla llama-bench -ngl 14 tg8: $(tps "$RES/vanilla-l70-ngl14.json")"
     for side in new old; do
-        run=hy; [ $side = old ] && run=old
+        # the old tree's bench sized its context as max(256, p + n + 64); the new side is given the same
+        run=hy c14="-c 640" c=" -c 256"; [ $side = old ] && run=old c14= c=
         [ $side = old ] && [ ! -d .oldtree ] && continue
-        $run bench $M14 -p 512 -n 64 -r 3 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
-        $run bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 8 -r 3 --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
+        $run bench $M14 -p 512 -n 64 -r 3 $c14 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
+        $run bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 8 -r 3 $c --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
             | sed "s/^/l70 $side: /" | tee -a "$RES/summary.txt"
         drop_cache
-        $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -p 0 -n 16 -r 3 --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
+        $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -p 0 -n 16 -r 3 $c --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
             | sed "s/^/q3 $side: /" | tee -a "$RES/summary.txt"
     done
     ;;
 profile)  # the full machine profile (the defaults ran on the brief first-use one); predictions of both
+    cp "$(ls /tmp/xdg/hypura/profile*.json 2> /dev/null | head -1)" "$RES/profile-brief.json" 2> /dev/null
     timeout 300 python3 -m hypura.cli.main profile --force --json --model $M70 > "$RES/profile-full.json" 2> "$RES/profile.err"
     for p in brief full; do
-        f=$RES/profile-$p.json; [ $p = brief ] && f=$(ls /tmp/xdg/hypura/profile*.json 2> /dev/null | head -1)
-        [ -f "$f" ] || continue
+        f=$RES/profile-$p.json
+        [ -s "$f" ] || continue
         hy inspect $M70 --gpu-mem 8GiB --ram 64GiB -c 256 --profile "$f" --json "$RES/plan-l70-g8-$p.json" > /dev/null 2>&1
         hy inspect $MQ3 --gpu-mem 4GiB --ram 8GiB -c 256 --profile "$f" --json "$RES/plan-q3-g4-r8-$p.json" > /dev/null 2>&1
         note "predicted ($p profile): l70 g8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-l70-g8-$p.json" | head -1), q3 g4 r8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-q3-g4-r8-$p.json" | head -1)"
