@@ -131,8 +131,8 @@ cmake_flags() {
 }
 
 # llama.cpp routes CPU matmuls of Q4_K/Q8_0/... weights through its AMX kernels when built with -march=native on
-# a CPU that has AMX; some compilers drop the tile configuration's stores (ldtilecfg then reads garbage and
-# faults), and some VMs fault on AMX outright. Build its loading code here and run it; if it faults, no AMX.
+# a CPU that has AMX; some compilers (GCC 12) drop the tile configuration's stores, so ldtilecfg reads garbage and
+# faults. Build that loading code with this compiler and run it; if it faults, build without AMX.
 amx_faults() {
     grep -qw amx_tile /proc/cpuinfo 2> /dev/null || return 1
     local dir rc

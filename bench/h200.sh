@@ -70,8 +70,9 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     start=$SECONDS
     if ls .prebuilt/lib-$KEY.tar.xz.part* > /dev/null 2>&1; then
         mkdir -p /tmp/prebuilt && cat .prebuilt/lib-$KEY.tar.xz.part* | tar xJf - -C /tmp/prebuilt || exit 1
-        if LD_LIBRARY_PATH=/tmp/prebuilt ldd /tmp/prebuilt/*.so* /tmp/prebuilt/llama-bench | grep -q "not found"; then
-            note "prebuilt library $KEY: $(LD_LIBRARY_PATH=/tmp/prebuilt ldd /tmp/prebuilt/*.so* | grep "not found" | sort -u | paste -sd' '); building"
+        missing=$(LD_LIBRARY_PATH=/tmp/prebuilt ldd /tmp/prebuilt/*.so* /tmp/prebuilt/llama-* | grep "not found" | sort -u | paste -sd' ')
+        if [ -n "$missing" ]; then
+            note "prebuilt library $KEY: $missing; building"
         elif ! LD_LIBRARY_PATH=/tmp/prebuilt timeout 60 /tmp/prebuilt/llama-completion -m $TOK -p hi -n 4 -no-cnv -ngl 0 \
                 < /dev/null > "$RES/prebuilt-smoke.txt" 2>&1; then  # built for another CPU: its instructions fault here
             note "prebuilt library $KEY fails on this CPU ($(tail -1 "$RES/prebuilt-smoke.txt")); building"
@@ -103,7 +104,7 @@ ab)  # the headline runs on this tree and on .oldtree, same library, same call: 
     note "l70 vanilla llama-bench -ngl 14 tg8: $(tps "$RES/vanilla-l70-ngl14.json")"
     for side in new old; do
         # the old tree's bench sized its context as max(256, p + n + 64); the new side is given the same
-        run=hy c14="-c 640" c=" -c 256"; [ $side = old ] && run=old c14= c=
+        run=hy c14="-c 640" c="-c 256"; [ $side = old ] && run=old c14= c=
         [ $side = old ] && [ ! -d .oldtree ] && continue
         $run bench $M14 -p 512 -n 64 -r 3 $c14 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
         $run bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 8 -r 3 $c --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
