@@ -123,6 +123,40 @@ def test_cancel_frees_the_sequence_and_its_kv_at_once(llm):
         a.cancel()  # a no-op once done
 
 
+def test_every_metrics_snapshot_adds_up_while_requests_come_and_go(llm):
+    # a request between the queue and its slot, or between its slot's release and its count, is active:
+    # an engine that looks idle has counted every request finished (a server's test waits on exactly that)
+    snapshots, done = [], threading.Event()
+
+    def poll(engine):
+        while not done.is_set():
+            snapshots.append(engine.metrics()["requests"])
+
+    with running(llm, parallel=2) as engine:
+        watcher = threading.Thread(target=poll, args=(engine,))
+        watcher.start()
+        try:
+            tokens = engine.tokenize(PROMPT)
+            for _ in range(6):
+                a = engine.submit(tokens, SamplingParams(max_tokens=4, temperature=0.0))
+                b = engine.submit(tokens, SamplingParams(max_tokens=200, temperature=0.0))
+                queued = engine.submit(tokens, SamplingParams(max_tokens=2, temperature=0.0))
+                a.result(60)
+                b.cancel()
+                queued.cancel()
+                b.result(60)
+                queued.result(60)
+        finally:
+            done.set()
+            watcher.join()
+        last = engine.metrics()["requests"]
+    assert len(snapshots) > 20  # about one a step: metrics() waits for the step lock
+    for m in snapshots:
+        assert m["total"] == m["finished"] + m["active"] + m["queued"], m
+        assert m["finished"] == sum(m["by_reason"].values()) and 0 <= m["active"] <= 3, m
+    assert last["finished"] == 18 and last["active"] == 0 and last["queued"] == 0
+
+
 def test_a_cancelled_request_leaves_the_queue_and_a_cancelled_sequence_holds_no_kv(llm):
     with running(llm, parallel=1) as engine:
         tokens = engine.tokenize(PROMPT)

@@ -12,8 +12,10 @@ Threading protocol:
   thread, outside the lock. It sleeps when nothing is queued or running.
 - A failed llama_decode, or weights that could not be streamed, ends the requests of that step with
   finish_reason "error" (their KV freed); the engine keeps serving the others.
-- `metrics()` takes the step lock for llm.stats(), so it waits at most one step. `close()` ends every
-  request (finish_reason "error", "engine closed") and joins the thread; the Llama stays the caller's.
+- `metrics()` reads the request counts in one hold of the lock (active is derived from them, so an idle
+  engine never shows a request that has not been counted finished) and takes the step lock for
+  llm.stats(), so it waits at most one step. `close()` ends every request (finish_reason "error",
+  "engine closed") and joins the thread; the Llama stays the caller's.
 """
 
 from __future__ import annotations
@@ -132,8 +134,10 @@ class Engine:
         return b"".join(self._piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def metrics(self) -> dict:
-        with self._cond:
-            out = self._counters.as_dict(active=len(self._active), queued=len(self._waiting))
+        with self._cond:  # one snapshot: total = finished + active + queued (active: out of the queue, not finished)
+            queued = len(self._waiting)
+            active = self._counters.submitted - sum(self._counters.finished.values()) - queued
+            out = self._counters.as_dict(active=active, queued=queued)
         out.update(parallel=self.config.parallel, n_ctx_per_seq=self.n_ctx_per_seq, step_tokens=self.step_tokens)
         with self._step_lock:  # the engine thread updates llm's counters during a step
             out["llm"] = self.llm.stats()
