@@ -25,6 +25,14 @@ from hypura.serve.settings import DEFAULT_HOST, DEFAULT_PORT
 @click.option("--ram", metavar="SIZE", help="RAM budget, e.g. 16GiB: placement is planned from it.")
 @click.option("--api-key", envvar="HYPURA_API_KEY", metavar="KEY",
               help="Require 'Authorization: Bearer KEY' on every route but /health (or $HYPURA_API_KEY).")
+@click.option("--allowed-hosts", metavar="NAME", multiple=True,
+              help="Answer requests whose Host is NAME too (repeatable; '*' answers any). Loopback names and "
+                   "addresses and --host are always answered: DNS-rebinding pages are not.")
+@click.option("--cors-origin", "cors_origins", metavar="ORIGIN", multiple=True,
+              help="Let web pages of ORIGIN (e.g. https://app.example, http://192.168.1.5:*) call the server "
+                   "(repeatable; '*' lets any). Pages on localhost may by default; other origins are refused.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=86400), default=60, show_default=True,
+              help="Seconds a request's headers, then its body, may take to arrive.")
 @click.option("--max-queue", type=click.IntRange(1), default=64, show_default=True,
               help="Requests that may wait for a sequence; beyond them the server answers 429.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
@@ -33,8 +41,8 @@ from hypura.serve.settings import DEFAULT_HOST, DEFAULT_PORT
               help="CPU threads (default: hypura.Llama's, physical cores).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, max_queue, prefix_cache, threads,
-          log_level) -> None:
+def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, allowed_hosts, cors_origins, timeout_s,
+          max_queue, prefix_cache, threads, log_level) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
     Models are named as Ollama names them (GET /api/tags), the same names in both APIs; a request can
@@ -54,7 +62,8 @@ def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, max_queue,
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
     settings = ServeSettings(models=tuple(Path(m) for m in models) or (default_model_path(),), host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
-                             max_queue=max_queue, prefix_cache=prefix_cache,
+                             max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
+                             cors_origins=cors_origins, timeout_s=timeout_s,
                              llama_kwargs={**({"n_threads": threads} if threads else {}),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr

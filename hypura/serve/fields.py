@@ -17,8 +17,12 @@ from hypura.serve.errors import bad_request
 _MISSING = object()
 
 
+MAX_DEPTH = 64  # nesting of a request body; tools' JSON schemas stay far below
+
+
 async def json_body(request: Request) -> dict:
-    """The body as a JSON object (the body-size bound is enforced below, by the middleware)."""
+    """The body as a JSON object (the body-size bound is enforced below, by the middleware), of text that
+    is valid Unicode and nested at most MAX_DEPTH deep."""
     raw = await request.body()
     if not raw.strip():
         raise bad_request("the request body is empty: want a JSON object")
@@ -26,9 +30,35 @@ async def json_body(request: Request) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request(f"the request body is nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise bad_request(f"the request body has a number out of range: {str(e)[:100]}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body is a JSON {type(body).__name__}: want an object")
+    _check_values(body)
     return body
+
+
+def _check_values(body: dict) -> None:
+    """Refuse what JSON allows but nothing downstream can use: lone surrogates ("\\ud800", which UTF-8
+    cannot encode) and nesting deeper than MAX_DEPTH. Iterative: depth costs no recursion here."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise bad_request(f"the request body is nested too deeply (at most {MAX_DEPTH} levels)")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+            stack.extend((k, depth) for k in value)
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad_request("the request body has a lone surrogate (\\ud800-\\udfff without its pair): "
+                                  "text must be valid Unicode") from None
 
 
 def _get(body: dict, key: str, default: Any) -> Any:

@@ -3,13 +3,15 @@
 The socket is bound before anything loads (a taken port is one clear error, at once), then uvicorn
 serves while a thread loads each model through `hypura.Llama` and starts its engine: /health answers
 503 until every model is loaded, 200 after. A model that fails to load stops the server with its
-error. On shutdown (Ctrl-C, SIGTERM, `stop()`) open streams get a few seconds, are then cancelled
-(which cancels their engine requests), and the engines and models are closed.
+error. On shutdown (Ctrl-C, SIGTERM, `stop()`) each open stream ends at once with a final error chunk
+(lifecycle.py), its engine request cancelled; prompt work still running gets a few seconds to stop, then
+the engines and models are closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -21,6 +23,7 @@ import uvicorn
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
+from hypura.serve import lifecycle
 from hypura.serve.app import ServerState, create_app
 from hypura.serve.registry import open_model
 from hypura.serve.settings import ServeSettings
@@ -52,6 +55,12 @@ def bind(host: str, port: int) -> socket.socket:
         raise HypuraError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(128)  # backlog: connections the kernel holds before uvicorn accepts them
     return sock
+
+
+class _Uvicorn(uvicorn.Server):
+    async def shutdown(self, sockets=None) -> None:
+        lifecycle.begin_shutdown()  # open streams end with an error chunk instead of waiting to be cancelled
+        await super().shutdown(sockets)
 
 
 class _Stopped(BaseException):
@@ -89,8 +98,9 @@ class Server:
         self.sock = bind(settings.host, settings.port)
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(create_app(self.state), log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S)
-        self.uvicorn = uvicorn.Server(config)
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S,
+                                http=functools.partial(lifecycle.HeaderDeadline, timeout_s=settings.timeout_s))
+        self.uvicorn = _Uvicorn(config)
         self._loader = threading.Thread(target=self._load, name="hypura-serve-load", daemon=True)
         self._thread: Optional[threading.Thread] = None
 
@@ -147,5 +157,10 @@ class Server:
         if self._loader.is_alive():
             log.warning("stopping while a model still loads")
         self.state.ready = False
+        if not lifecycle.drain(GRACEFUL_SHUTDOWN_S):  # llama.cpp would free a vocabulary still being read
+            log.warning("prompt work still runs after %d s: the models are left to the process's exit",
+                        GRACEFUL_SHUTDOWN_S)
+            self.sock.close()
+            return
         self.state.registry.close()
         self.sock.close()
