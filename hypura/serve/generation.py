@@ -30,7 +30,7 @@ async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) 
     Jinja template: special tokens parsed, no BOS added (the template writes its own)."""
     template = entry.chat_template()
     if len(messages) >= entry.n_ctx:  # every template writes a token or more per message
-        raise prompt_tokens.too_long(entry.n_ctx, "a conversation of more messages than that:", len(messages))
+        raise prompt_tokens.too_long(entry.n_ctx, f"a conversation of {len(messages)} messages")
     prompt_tokens.check_chars(entry.vocab, entry.n_ctx, sum(len(m.get("content") or "") for m in messages
                                                             if isinstance(m.get("content"), str)))
 

@@ -76,15 +76,17 @@ def read_vocab(llm) -> Vocab:
                  adds_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)))
 
 
-def too_long(n_ctx: int, what: str, n: int) -> ApiError:
-    return ApiError(400, f"the prompt is {what} {n}, but the context is {n_ctx} tokens per request (prompt and "
+def too_long(n_ctx: int, size: str) -> ApiError:
+    """The 400 of a prompt of `size` ("601 tokens") that does not fit `n_ctx` (as generation.make_job's)."""
+    return ApiError(400, f"the prompt is {size}, but the context is {n_ctx} tokens per request (prompt and "
                          "reply together): shorten it", "context_length_exceeded")
 
 
 def check_chars(vocab: Vocab, n_ctx: int, chars: int) -> None:
     """Refuse text that cannot fit `n_ctx` tokens even at the longest token (chars <= bytes: a lower bound)."""
     if chars > n_ctx * vocab.max_token_bytes:
-        raise too_long(n_ctx, "longer than its context could hold: characters", chars)
+        raise too_long(n_ctx, f"{chars} characters, more than {n_ctx} tokens of at most {vocab.max_token_bytes} "
+                              "bytes hold")
 
 
 def tokenize(tokenize_fn: Callable[[str, bool, bool], list[int]], vocab: Vocab, text: str, add_special: bool,
@@ -99,7 +101,7 @@ def tokenize(tokenize_fn: Callable[[str, bool, bool], list[int]], vocab: Vocab, 
             raise Cancelled()
         out += tokenize_fn(piece, add_special and i == 0, parse_special)
         if len(out) >= n_ctx:
-            raise too_long(n_ctx, "at least this many tokens:" if i < len(pieces) - 1 else "tokens:", len(out))
+            raise too_long(n_ctx, f"{'at least ' if i < len(pieces) - 1 else ''}{len(out)} tokens")
     return out
 
 

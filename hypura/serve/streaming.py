@@ -45,13 +45,14 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def race_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """`await work`, or cancel it and raise ClientGone if the client disconnects first.
+async def race_disconnect(receive: Receive, work: Awaitable[T], stop: bool = True) -> T:
+    """`await work`, or cancel it and raise ClientGone if the client disconnects first (or, with `stop`,
+    ApiError 503 if the server shuts down first).
 
     The work runs as a task of its own beside the watcher, so its exceptions reach the caller as they
     are; a cancelled work has finished its cleanup (closing its event iterator) when this returns."""
     job, watcher = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(receive))
-    stop = asyncio.ensure_future(lifecycle.stopping().wait())
+    stop = asyncio.ensure_future(lifecycle.stopping().wait() if stop else asyncio.Future())
     try:
         await asyncio.wait({job, watcher, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -85,7 +86,7 @@ class StreamResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await race_disconnect(receive, self._pump(send))
+            await race_disconnect(receive, self._pump(send), stop=False)  # _pump ends itself at shutdown
         except ClientGone:
             pass  # nobody to answer; the engine request was cancelled with the iterator
 
