@@ -10,7 +10,7 @@ Protocol:
    uvicorn's grace period and nothing is left for it to cancel.
 2. Prompt work (rendering a chat template, tokenizing) runs through `off_loop(fn)`: `fn(cancelled)` on a
    daemon thread of its own, never the loop's default executor (which asyncio joins when the loop closes:
-   shutdown would wait on it). The awaiting request sets `cancelled` when it is cancelled (the client left)
+   shutdown would wait on it). The awaiting request sets `cancelled` when it is cancelled (its deadline)
    or the server stops; `fn` checks it between its bounded steps. `drain(seconds)` waits for the threads
    still running, so the models are closed only when no thread uses them.
 3. Headers. `HeaderDeadline`, uvicorn's h11 protocol with a deadline: a connection whose request headers

@@ -2,8 +2,8 @@
 CVE-2024-28224.
 
 - Host: a DNS-rebinding page reaches 127.0.0.1 under a name of its own (`Host: rebind.evil.example`), so a
-  request is served only when its Host is a loopback address or `localhost` (`*.localhost`), the `--host`
-  value, or a name of `--allowed-hosts` (`*` allows any). A server listening on every address (`0.0.0.0`,
+  request is served only when its Host is a loopback address or `localhost` (`*.localhost`), this
+  machine's own name, the `--host` value, or a name of `--allowed-hosts` (`*` allows any). A server listening on every address (`0.0.0.0`,
   `::`) also answers any IP address: rebinding needs a name.
 - Origin: browsers send it on every cross-origin request, and a `text/plain` POST needs no preflight, so a
   request whose Origin is not allowed is refused before any work. Allowed: loopback origins of any port and
@@ -18,7 +18,9 @@ CVE-2024-28224.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import ipaddress
+import socket
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,6 +40,13 @@ def _ip(host: str) -> Optional[ipaddress._BaseAddress]:
         return ipaddress.ip_address(host.strip("[]").split("%")[0])
     except ValueError:
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def _this_machine() -> tuple[str, ...]:
+    """This machine's own names (a rebinding page cannot make them resolve to anything)."""
+    name = socket.gethostname().lower()
+    return (name, f"{name}.local") if name else ()
 
 
 def host_name(header: str) -> str:
@@ -62,7 +71,7 @@ class Origins:
         name = host_name(header)
         if "*" in self.allowed_hosts or name in LOOPBACK_NAMES or name.endswith(".localhost"):
             return True
-        if name in (self.host.lower().strip("[]"), *(h.lower() for h in self.allowed_hosts)):
+        if name in (self.host.lower().strip("[]"), *(h.lower() for h in self.allowed_hosts), *_this_machine()):
             return True
         ip = _ip(name)
         listen = _ip(self.host)
