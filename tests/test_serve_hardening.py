@@ -235,3 +235,57 @@ def test_shutdown_ends_every_stream_with_an_error_chunk(smollm2_path, log_lines)
     assert all(r.cancelled.is_set() or r._done.is_set() for r in engine.submitted)
     _no_traceback(log_lines)
     assert not [r for r in log_lines.records if "CancelledError" in r.getMessage()]
+
+
+def test_sigterm_ends_open_streams_and_exits_within_the_grace(tmp_path):
+    """`hypura serve` with the default model and streams open: SIGTERM ends each with an error chunk
+    (SSE: then [DONE]), exits 0 within the grace period, and logs no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "hypura.cli.main", "serve", "--port", str(port), "-np", "2",
+                             "-c", "256", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HYPURA_API_KEY": ""})
+    url, results = f"http://127.0.0.1:{port}", {}
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "not ready"
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.ConnectError:
+                pass
+            time.sleep(0.1)
+        model = httpx.get(url + "/api/tags").json()["models"][0]["name"]
+        long = {"model": model, "messages": [{"role": "user", "content": "Count to a million."}], "stream": True,
+                "options": {"num_predict": 10_000, "temperature": 0}, "max_tokens": 10_000}
+
+        def stream(name, path):
+            with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", path, json=long) as r:
+                results[name] = "".join(r.iter_text())
+
+        threads = [threading.Thread(target=stream, args=(n, p)) for n, p in
+                   (("ndjson", "/api/chat"), ("sse", "/v1/chat/completions"))]
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+        for t in threads:
+            t.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert took < 6, took
+    assert results["ndjson"].rstrip().endswith('{"error":"the server is shutting down"}'), results["ndjson"][-300:]
+    assert results["sse"].rstrip().endswith("data: [DONE]") and "shutting down" in results["sse"][-300:]
+    assert "Traceback" not in err and "CancelledError" not in err, err[-2000:]

@@ -30,6 +30,7 @@ from hypura.serve.settings import ServeSettings
 
 log = logging.getLogger("hypura.serve")
 
+_LEFT_OPEN: list = []  # registries whose models a stuck tokenization still reads at shutdown
 GRACEFUL_SHUTDOWN_S = 5  # streams still open at shutdown get this long before they are cancelled
 # uvicorn's default keeps idle connections 5 s; clients that pool connections reconnect when closed
 KEEP_ALIVE_S = 5
@@ -103,6 +104,7 @@ class Server:
         self.uvicorn = _Uvicorn(config)
         self._loader = threading.Thread(target=self._load, name="hypura-serve-load", daemon=True)
         self._thread: Optional[threading.Thread] = None
+        self.left_open = False  # shut down with prompt work still running: the process must exit, not unload
 
     @property
     def url(self) -> str:
@@ -160,6 +162,8 @@ class Server:
         if not lifecycle.drain(GRACEFUL_SHUTDOWN_S):  # llama.cpp would free a vocabulary still being read
             log.warning("prompt work still runs after %d s: the models are left to the process's exit",
                         GRACEFUL_SHUTDOWN_S)
+            _LEFT_OPEN.append(self.state.registry)  # never collected: no __del__ frees them under the thread
+            self.left_open = True
             self.sock.close()
             return
         self.state.registry.close()
