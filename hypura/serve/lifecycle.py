@@ -14,8 +14,9 @@ Protocol:
    or the server stops; `fn` checks it between its bounded steps. `drain(seconds)` waits for the threads
    still running, so the models are closed only when no thread uses them.
 3. Headers. `HeaderDeadline`, uvicorn's h11 protocol with a deadline: a connection whose request headers
-   are not complete `timeout` seconds after it opened (or after its previous response) is closed, one log
-   line each (slowloris). The body has its own deadline (guard.py).
+   are not complete `timeout` seconds after it opened (or after its previous response, whose body may
+   still be dripping in unread) is closed, one log line each (slowloris). A body being read has its own
+   deadline (guard.py).
 """
 
 from __future__ import annotations
@@ -122,9 +123,13 @@ class HeaderDeadline(H11Protocol):
             self._header_timer.cancel()
             self._header_timer = None
 
+    def _serving(self) -> bool:
+        """A request's headers are in and its response is not complete."""
+        return self.cycle is not None and not self.cycle.response_complete
+
     def _headers_late(self) -> None:
         self._header_timer = None
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if not self.transport.is_closing() and not self._serving():  # also the rest of an unread body
             client = "%s:%d " % tuple(self.client[:2]) if self.client else ""
             log.info("%sclosed: no complete request headers within %g s (--timeout)", client, self.header_timeout_s)
             self.transport.close()
@@ -139,11 +144,11 @@ class HeaderDeadline(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.conn.their_state is not h11.IDLE:  # the headers are in: the body's deadline is the guard's
+        if self._serving():  # the headers are in: the body's deadline is the guard's
             self._disarm()
 
     def on_response_complete(self) -> None:
-        self._arm()  # the next request's headers, on a kept-alive connection
+        self._arm()  # the next request's headers (or what is left of a body nobody read), kept alive
         super().on_response_complete()
-        if self.conn.their_state is not h11.IDLE:
+        if self._serving():  # a pipelined request started at once
             self._disarm()
