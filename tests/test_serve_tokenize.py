@@ -150,3 +150,41 @@ def test_shutdown_does_not_wait_on_a_tokenization(smollm2_path):
     assert time.monotonic() - started < 9  # the grace period (5 s), then the models are left to the exit
     asker.join(10)
     assert answer["r"].status_code == 503 and "shutting down" in answer["r"].json()["error"]["message"]
+
+
+class _SlowTokenizer(FakeEngine):
+    """Tokenizing takes a while (a long prompt); `started`/`finished` tell when."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def tokenize(self, text, add_special=True, parse_special=True):
+        if "slow" in text:
+            self.started.set()
+            self.release.wait(10)
+        return super().tokenize(text, add_special, parse_special)
+
+
+def test_a_client_leaving_during_tokenization_ends_its_request(smollm2_path):
+    import socket
+
+    engine = _SlowTokenizer()
+    server = start_fake(smollm2_path, engine=engine)
+    try:
+        body = b'{"model": "%s", "prompt": "slow", "stream": false}' % MODEL.encode()
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert engine.started.wait(10)
+        s.close()
+        deadline = time.monotonic() + 5
+        while 'route="/v1/completions",status="499"' not in httpx.get(server.url + "/metrics").text:
+            assert time.monotonic() < deadline, "the request did not end when its client left"
+            time.sleep(0.05)
+        engine.release.set()
+        time.sleep(0.2)
+        assert not engine.submitted  # nothing reached the engine after the tokens came
+    finally:
+        engine.release.set()
+        server.stop()

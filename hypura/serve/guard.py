@@ -14,6 +14,7 @@ import time
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hypura.serve import lifecycle
 from hypura.serve.errors import ApiError, error_response, is_openai_path
 from hypura.serve.origins import Origins, cors_headers, preflight_headers
 
@@ -62,7 +63,9 @@ class Guard:
             if refusal is not None:
                 await error_response(refusal, is_openai_path(path))(scope, receive, counting_send)
                 return
-            await self.app(scope, self._bounded(scope, receive), counting_send)
+            bounded = self._bounded(scope, receive)
+            lifecycle.watch_client(bounded)  # prompt work stops when the client goes
+            await self.app(scope, bounded, counting_send)
         finally:
             self.state.http.count(path, status[0] if status else 499)  # 499: the client left before an answer
 

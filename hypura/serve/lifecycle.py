@@ -10,8 +10,10 @@ Protocol:
    uvicorn's grace period and nothing is left for it to cancel.
 2. Prompt work (rendering a chat template, tokenizing) runs through `off_loop(fn)`: `fn(cancelled)` on a
    daemon thread of its own, never the loop's default executor (which asyncio joins when the loop closes:
-   shutdown would wait on it). The awaiting request sets `cancelled` when it is cancelled (its deadline)
-   or the server stops; `fn` checks it between its bounded steps. `drain(seconds)` waits for the threads
+   shutdown would wait on it). The awaiting request sets `cancelled` when it is cancelled (its deadline),
+   its client disconnects (the guard hands each request's `receive` over in a context variable: the body
+   is read by then, so what comes is the disconnect) or the server stops; `fn` checks it between its
+   bounded steps. `drain(seconds)` waits for the threads
    still running, so the models are closed only when no thread uses them.
 3. Headers. `HeaderDeadline`, uvicorn's h11 protocol with a deadline: a connection whose request headers
    are not complete `timeout` seconds after it opened (or after its previous response, whose body may
@@ -22,6 +24,7 @@ Protocol:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -38,6 +41,21 @@ log = logging.getLogger("hypura.serve")
 
 _STOPPING: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Event]" = weakref.WeakKeyDictionary()
 _WORKERS: set[threading.Thread] = set()
+_RECEIVE: contextvars.ContextVar = contextvars.ContextVar("hypura_serve_receive", default=None)
+
+
+class ClientGone(Exception):
+    """The client disconnected before the work was done."""
+
+
+def watch_client(receive) -> None:
+    """Let off_loop work of this request (this task and its children) stop when its client disconnects."""
+    _RECEIVE.set(receive)
+
+
+async def disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 _WORKERS_LOCK = threading.Lock()
 
 
@@ -82,15 +100,20 @@ async def off_loop(fn: Callable[[threading.Event], T]) -> T:
         _WORKERS.add(thread)
     thread.start()
     stop = asyncio.ensure_future(stopping().wait())
+    receive = _RECEIVE.get()
+    gone = asyncio.ensure_future(disconnected(receive) if receive else asyncio.Future())
     try:
-        await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({future, stop, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not future.done():
             cancelled.set()
+            if gone.done() and not gone.cancelled():
+                raise ClientGone()
             raise ApiError(503, "the server is shutting down")
         return future.result()
     finally:
-        cancelled.set()  # a no-op once fn returned; else (the client left, an error) fn stops at its next step
+        cancelled.set()  # a no-op once fn returned; else (a deadline, an error) fn stops at its next step
         stop.cancel()
+        gone.cancel()
 
 
 def drain(seconds: float) -> bool:

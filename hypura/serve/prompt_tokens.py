@@ -1,6 +1,6 @@
 """Prompt text to tokens in bounded time: refused before tokenizing when it cannot fit the context, tokenized
-in pieces that each cost little, and stopped between pieces (the server stops, the prompt's deadline
-passed, the tokens filled the context).
+in pieces that each cost little, and stopped between pieces (the client left, the server stops, the
+prompt's deadline passed, the tokens filled the context).
 
 llama.cpp splits a text at special tokens before tokenizing (`tokenizer_st_partition`), and each split
 walks its fragment list from the start: N special tokens in a prompt cost N² steps (`"<|im_end|>x" * 32k`

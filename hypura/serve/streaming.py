@@ -36,13 +36,8 @@ def sse(obj) -> bytes:
     return b"data: " + data.encode() + b"\n\n"
 
 
-class ClientGone(Exception):
-    """The client disconnected before the work was done."""
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+ClientGone = lifecycle.ClientGone  # the client disconnected before the work was done
+_disconnected = lifecycle.disconnected
 
 
 async def race_disconnect(receive: Receive, work: Awaitable[T], stop: bool = True) -> T:
