@@ -303,7 +303,7 @@ def run(settings) -> int:
     else:  # a path, or a model name in Ollama's store, LM Studio's or $HYPURA_MODELS_DIR
         from hypura.store import resolve_path
 
-        model_path = resolve_path(model_path)
+        model_path = resolve_path(str(model_path))
     from hypura.modelfile import read_header
 
     read_header(model_path)  # a bad file fails here, in one line, before llama.cpp is loaded

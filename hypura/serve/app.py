@@ -52,11 +52,11 @@ async def prometheus(request: Request):
 
 # routes of both APIs this server does not offer: a 501 that says why beats a bare 404
 NOT_SUPPORTED = {
-    "/api/pull": "models are the GGUF files and stores `hypura serve` found at start: nothing is pulled",
-    "/api/push": "models are the GGUF files and stores `hypura serve` found at start: nothing is pushed",
-    "/api/create": "models are the GGUF files and stores `hypura serve` found at start: none are created",
-    "/api/copy": "models are the GGUF files and stores `hypura serve` found at start: none are copied",
-    "/api/delete": "models are the GGUF files and stores `hypura serve` found at start: none are deleted",
+    "/api/pull": "models are the files given to `hypura serve -m` or found in the stores at start: nothing is pulled",
+    "/api/push": "models are the files given to `hypura serve -m` or found in the stores at start: nothing is pushed",
+    "/api/create": "models are the files given to `hypura serve -m` or found in the stores at start: none are created",
+    "/api/copy": "models are the files given to `hypura serve -m` or found in the stores at start: none are copied",
+    "/api/delete": "models are the files given to `hypura serve -m` or found in the stores at start: none are deleted",
     "/api/embed": "embeddings are not supported", "/api/embeddings": "embeddings are not supported",
     "/v1/embeddings": "embeddings are not supported",
 }
