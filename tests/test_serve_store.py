@@ -118,6 +118,7 @@ def test_first_request_loads_with_the_params_layer(store, loads):
             request = loads.engines[resolve_model("smol").path.name][0].submitted[0]
             assert request.params.temperature == 0.25 and "User:" in request.params.stop  # Ollama's params layer
             assert _generate(c, "library/smol:latest").status_code == 200
+            assert _generate(c, "someone/smol").status_code == 404  # :latest, as Ollama reads it: not :tiny
             assert len(loads.started) == 1  # loaded once, then served as loaded
     finally:
         server.stop()
@@ -235,6 +236,8 @@ def test_serve_m_name_loads_at_start(store, loads):
         with _ready(server) as c:
             assert _loaded(c) == ["someone/smol:tiny"] and len(loads.started) == 1
             assert [m["name"] for m in c.get("/api/tags").json()["models"]] == ["someone/smol:tiny"]
+            digest = hashlib.sha256((store / "manifests/registry.ollama.ai/someone/smol/tiny").read_bytes()).hexdigest()
+            assert c.get("/api/ps").json()["models"][0]["digest"] == digest
             assert _generate(c, "someone/smol:tiny", keep_alive=0).status_code == 200
             assert _loaded(c) == ["someone/smol:tiny"]  # loaded at start: kept
     finally:

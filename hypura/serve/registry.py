@@ -2,7 +2,7 @@
 a request's demand and unloaded when idle (`serve` with no -m: every model the stores hold).
 
 Requests name a model; names resolve only to models on offer (`name:tag`, Ollama's long forms, and
-`name` or `name:latest` when one model has that name), never to a path, so a client cannot make the
+for models from files `name` or `name:latest` when one model has that name), never to a path, so a client cannot make the
 server open a file.
 
 Concurrency protocol (threads: uvicorn's event loop, one loader thread, one janitor thread):
@@ -56,6 +56,7 @@ class Offer:
     path: Path
     modified_at: datetime
     params: dict = field(default_factory=dict)  # Ollama's params layer: the model's default options
+    aliases: tuple[str, ...] = ()  # short forms it answers to while no other model claims them
 
     @property
     def name(self) -> str:
@@ -129,9 +130,9 @@ class Registry:
             raise HypuraError(f"two models are named '{offer.name}' ({self._offers[offer.name].path} and "
                               f"{offer.path}): rename one of the files")
         self._offers[offer.name] = offer
-        bases = collections.Counter(n.split(":")[0] for n in self._offers)
-        self._aliases = {alias: n for n in self._offers for alias in (n.split(":")[0], f"{n.split(':')[0]}:latest")
-                         if bases[n.split(":")[0]] == 1 and alias != n}
+        claims = collections.Counter(a for o in self._offers.values() for a in set(o.aliases) - {o.name})
+        self._aliases = {a: o.name for o in self._offers.values() for a in o.aliases
+                         if claims[a] == 1 and a not in self._offers}
 
     def broken(self, name: str, line: str) -> None:
         self._broken[name] = line
@@ -153,12 +154,6 @@ class Registry:
         raise ApiError(404, f"model '{name[:200]}' not found (this server has: {known})", "model_not_found")
 
     # --- loaded models ----------------------------------------------------------------------------
-    def add(self, entry: ModelEntry) -> None:
-        """A model loaded at start (`serve -m`), kept until the server stops."""
-        self.offer(Offer(entry.info, entry.path, entry.loaded_at, entry.params))
-        with self._lock:
-            self.entries[entry.name] = entry
-
     def get(self, name: Optional[str]) -> ModelEntry:
         """The loaded model `name` names (routes run after `acquire` loaded it)."""
         offer = self.find(name)
@@ -235,8 +230,10 @@ class Registry:
     def load_pinned(self, offer: Offer) -> ModelEntry:
         """Load at start, kept until the server stops (the server's loader thread)."""
         entry = open_model(offer.path, self.settings, self.start_engine, offer.name)
-        entry.params = offer.params
-        self.add(entry)
+        entry.info, entry.params = offer.info, offer.params  # the store's digest and size, as /api/tags
+        self.offer(offer)
+        with self._lock:
+            self.entries[entry.name] = entry
         return entry
 
     def _load(self, offer: Offer) -> ModelEntry:
@@ -253,8 +250,8 @@ class Registry:
                 settings = room.settings_for(self.settings, lambda line: (lines.append(line), log.info("%s", line)))
                 log.info("loading %s: %s", offer.name, room.describe())
                 entry = open_model(offer.path, settings, self.start_engine, offer.name)
-                entry.params, entry.pinned = offer.params, False
-                entry.plan = lines[-1].removeprefix("hypura: ") if lines else room.describe()
+                entry.info, entry.params, entry.pinned = offer.info, offer.params, False
+                entry.plan = room.chosen(entry, lines)
                 entry.footprint = room.footprint(entry)
                 with self._lock:
                     if self._closing:
@@ -363,4 +360,5 @@ def offer_of(stored, header) -> Offer:
     """A store's model (hypura.store.StoredModel) as offered: /api/tags' digest and size as Ollama's own."""
     info = model_info(stored.path, header, stored.name)
     info = dataclasses.replace(info, digest=stored.digest or info.digest, size=stored.size or info.size)
-    return Offer(info, stored.path, datetime.fromtimestamp(stored.modified, timezone.utc), dict(stored.params))
+    return Offer(info, stored.path, datetime.fromtimestamp(stored.modified, timezone.utc), dict(stored.params),
+                 stored.aliases)

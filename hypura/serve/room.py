@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hypura.modelfile import read_header
-from hypura.plan.auto import Fit, Request, resident_need
+from hypura.plan.auto import Fit, Request, resident_need, summary
 from hypura.plan.cost import GPU, RAM
 from hypura.profile.free import FreeMemory, free_memory
 from hypura.serve.errors import ApiError
@@ -43,10 +43,15 @@ class Room:
 
     def footprint(self, entry) -> tuple[int, int]:
         """(GPU, RAM) bytes the loaded model holds: its plan's, or as llama.cpp holds it where it fitted."""
-        decision = getattr(entry.llm, "fit_decision", None)
-        if decision is not None and decision.plan is not None:
-            return decision.plan.used(GPU), decision.plan.used(RAM)
-        return self.need
+        plan = getattr(entry.llm, "plan", None)
+        return (plan.used(GPU), plan.used(RAM)) if plan is not None else self.need
+
+    def chosen(self, entry, said: list[str]) -> str:
+        """What the planner chose, in one line (/api/ps): the default path's line, else the plan's summary."""
+        if said:
+            return said[-1].removeprefix("hypura: ")
+        plan = getattr(entry.llm, "plan", None)
+        return f"plan: {summary(plan)}" if plan is not None else f"llama.cpp's placement; {self.describe()}"
 
 
 def _fit(settings) -> Fit:
@@ -93,5 +98,8 @@ def make_room(registry, offer) -> Room:
     if len(staying) >= settings.max_loaded:
         raise ApiError(503, f"{len(staying)} models are loaded and busy (--max-loaded {settings.max_loaded}): "
                             f"'{offer.name}' loads when one is idle", None, {"Retry-After": "5"})
-    source = f"{measured.source}, less {len(staying)} loaded here" if staying else measured.source
+    if measured.source == "measured":
+        source = f"measured, with {len(gone)} unloaded for it" if gone else "measured"
+    else:
+        source = f"{measured.source}, less {len(staying)} loaded here" if staying else measured.source
     return Room(_room(measured, loaded, staying, source), tuple(e.name for e in staying), tuple(gone), need)

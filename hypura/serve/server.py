@@ -63,7 +63,10 @@ def _kept_offer(model) -> Offer:
         from hypura.store.folder import stored_file
 
         header = read_header(model)
-        return dataclasses.replace(offer_of(stored_file(Path(model), "file"), header), info=model_info(Path(model), header))
+        info = model_info(Path(model), header)  # named from the file and its header, as before
+        base = info.name.split(":")[0]
+        return dataclasses.replace(offer_of(stored_file(Path(model), "file"), header), info=info,
+                                   aliases=(base, f"{base}:latest"))
     return offer_of(model, read_header(model.path))
 
 
