@@ -33,7 +33,7 @@ def store(tmp_path, monkeypatch, smollm2_path, gemma_path):
     root = fake_store(tmp_path / "ollama", smollm2_path, gemma_path)
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HYPURA_MODELS_DIR", raising=False)
+    monkeypatch.delenv("HYPURA_MODELS", raising=False)
     monkeypatch.setattr(free, "OVERRIDE", "ram=64GiB")  # room for every model unless a test says otherwise
     return root
 

@@ -23,7 +23,7 @@ def store(tmp_path, monkeypatch, smollm2_path, gemma_path):
     root = fake_store(tmp_path / "ollama", smollm2_path, gemma_path)
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no LM Studio folder but the test's
-    monkeypatch.delenv("HYPURA_MODELS_DIR", raising=False)
+    monkeypatch.delenv("HYPURA_MODELS", raising=False)
     return root
 
 
@@ -92,7 +92,7 @@ def test_lmstudio_and_models_dir(store, tmp_path, smollm2_path, gemma_path, monk
     assert resolve_model("lmstudio-community/gemma-3-270m:q4_k_m").source == "lmstudio"
     assert resolve_model("gemma-3-270m").path == repo / "gemma-3-270m-Q4_K_M.gguf"  # the short form, unique
     assert resolve_model("smollm2-135m-instruct:q4_1", models_dir=folder).source == "folder"
-    monkeypatch.setenv("HYPURA_MODELS_DIR", str(folder))
+    monkeypatch.setenv("HYPURA_MODELS", str(folder))
     assert resolve_model("smollm2-135m-instruct").path == folder / smollm2_path.name
 
 

@@ -300,7 +300,7 @@ def run(settings) -> int:
         from hypura.models import default_model_path
 
         model_path = default_model_path()
-    else:  # a path, or a model name in Ollama's store, LM Studio's or $HYPURA_MODELS_DIR
+    else:  # a path, or a model name in Ollama's store, LM Studio's or $HYPURA_MODELS
         from hypura.store import resolve_path
 
         model_path = resolve_path(str(model_path))

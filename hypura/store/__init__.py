@@ -3,7 +3,7 @@
     names.py     Ollama's model names (registry/namespace/name:tag) and the names files get
     ollama.py    $OLLAMA_MODELS (~/.ollama/models): manifests -> the GGUF blob, its params layer
     lmstudio.py  ~/.lmstudio/models/<publisher>/<repo>/*.gguf
-    folder.py    a folder of GGUFs (--models-dir, $HYPURA_MODELS_DIR)
+    folder.py    a folder of GGUFs (--models-dir, $HYPURA_MODELS)
     catalog.py   every model found, looked up by name (close matches when none)
     resolve.py   what a user types (-m, Llama(...), inspect): a path, else a name
 

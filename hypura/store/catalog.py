@@ -13,7 +13,7 @@ from hypura.errors import HypuraError
 from hypura.store import names
 
 GGUF_MAGIC = b"GGUF"
-MODELS_DIR_ENV = "HYPURA_MODELS_DIR"  # the default of --models-dir, and where Llama("name") looks too
+MODELS_DIR_ENV = "HYPURA_MODELS"  # the default of --models-dir, and where Llama("name") looks too
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def check_gguf(path: Path) -> Optional[str]:
 
 
 def locations(models_dir=None) -> list[tuple[str, Path]]:
-    """(kind, folder) searched, in order: --models-dir ($HYPURA_MODELS_DIR), Ollama's, LM Studio's."""
+    """(kind, folder) searched, in order: --models-dir ($HYPURA_MODELS), Ollama's, LM Studio's."""
     out = []
     folder = models_dir or os.environ.get(MODELS_DIR_ENV)
     if folder:

@@ -1,4 +1,4 @@
-"""A plain folder of GGUF files (--models-dir, $HYPURA_MODELS_DIR), subfolders included: each file is named
+"""A plain folder of GGUF files (--models-dir, $HYPURA_MODELS), subfolders included: each file is named
 from its stem (names.file_name), and answers to `name` alone too while no other model claims it."""
 
 from __future__ import annotations
