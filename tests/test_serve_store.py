@@ -14,6 +14,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
+from hypura.errors import HypuraError  # noqa: E402
 from hypura.plan.auto import Request, resident_need  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan import knobs  # noqa: E402
@@ -42,10 +43,12 @@ class Loads:
     """An engine starter of fakes that records each load, and may hold one model's load until released."""
 
     def __init__(self):
-        self.started, self.engines, self.hold = [], {}, {}
+        self.started, self.engines, self.hold, self.fail = [], {}, {}, set()
 
     def __call__(self, path, settings):
         self.started.append(path)
+        if path.name in self.fail:
+            raise HypuraError("not enough free memory to run it, even streaming from disk")
         gate = self.hold.get(path.name)
         if gate is not None:
             assert gate.wait(20), "a held load was never released"
@@ -137,6 +140,8 @@ def test_keep_alive_expires_and_zero_unloads(store, loads):
             r = c.post("/api/generate", json={"model": "gemma3:270m", "keep_alive": 0})
             assert r.status_code == 200 and r.json()["done"] and r.json()["done_reason"] == "unload"
             assert _loaded(c) == []
+            assert _generate(c, "smol", keep_alive=0).status_code == 200  # unloaded once answered
+            _until(lambda: _loaded(c) == [], timeout=5)
             r = c.post("/api/chat", json={"model": "gemma3:270m", "keep_alive": "bad"})
             assert r.status_code == 400 and "keep_alive" in r.json()["error"]
     finally:
@@ -226,6 +231,19 @@ def test_broken_entries_fail_alone(store, loads, name, why):
             assert r.status_code == 500 and why in r.json()["error"] and "\n" not in r.json()["error"]
             assert _generate(c, "smol").status_code == 200
             assert c.post("/api/generate", json={"model": "nothing", "prompt": "x"}).status_code == 404
+    finally:
+        server.stop()
+
+
+def test_a_failed_load_is_one_line_and_the_others_serve(store, loads):
+    loads.fail.add(resolve_model("gemma3:270m").path.name)
+    server = serve(loads)
+    try:
+        with _ready(server) as c:
+            r = _generate(c, "gemma3:270m")
+            assert r.status_code == 500 and r.json()["error"] == ("model 'gemma3:270m' failed to load: not enough "
+                                                                  "free memory to run it, even streaming from disk")
+            assert _generate(c, "smol").status_code == 200 and _loaded(c) == ["smol:latest"]
     finally:
         server.stop()
 

@@ -185,11 +185,13 @@ class Registry:
         except asyncio.TimeoutError:
             raise ApiError(503, f"model '{offer.name}' is still loading after {LOAD_WAIT_S} s", None,
                            {"Retry-After": "10"}) from None
+        except asyncio.CancelledError:
+            if future.cancelled():  # a queued load, cancelled at shutdown (not this request)
+                raise ApiError(503, "the server is stopping") from None
+            raise
         except ApiError:
             raise
         except Exception as e:  # HypuraError, ModelFileError, llama.cpp's ValueError: one line, no traceback
-            if future.cancelled():
-                raise ApiError(503, "the server is stopping") from None
             raise ApiError(500, f"model '{offer.name}' failed to load: {e}") from None
         finally:
             with self._lock:
@@ -254,12 +256,14 @@ class Registry:
                 entry.plan = room.chosen(entry, lines)
                 entry.footprint = room.footprint(entry)
                 with self._lock:
-                    if self._closing:
-                        entry.close()
-                        raise ApiError(503, "the server is stopping")
-                    entry.expires = time.monotonic() + (self.settings.keep_alive if self.settings else 0)
-                    self.entries[entry.name] = entry
-                    self._idle.notify_all()
+                    closing = self._closing
+                    if not closing:
+                        entry.expires = time.monotonic() + self.settings.keep_alive
+                        self.entries[entry.name] = entry
+                        self._idle.notify_all()
+                if closing:  # the server stopped while it loaded
+                    entry.close()
+                    raise ApiError(503, "the server is stopping")
                 log.info("loaded %s in %.1f s", entry.name, entry.load_s)
                 if entry.template_error:
                     log.warning("%s: %s (chat routes will answer 500)", entry.name, entry.template_error)
@@ -295,9 +299,8 @@ class Registry:
                     return
                 now = time.monotonic()
                 due = [e for e in self.idle() if e.expires <= now]
-                if not due:
-                    upcoming = [e.expires for e in self.entries.values() if not e.pinned]
-                    self._idle.wait(min([60.0] + [max(0.01, t - now) for t in upcoming]))
+                if not due:  # until the next idle one expires, or `release` and loads notify
+                    self._idle.wait(min([60.0] + [e.expires - now for e in self.idle()]))
                     continue
             with self._mem:
                 with self._lock:
