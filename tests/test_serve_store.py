@@ -43,7 +43,8 @@ class Loads:
     """An engine starter of fakes that records each load, and may hold one model's load until released."""
 
     def __init__(self):
-        self.started, self.engines, self.hold, self.fail = [], {}, {}, set()
+        self.started, self.engines, self.hold, self.fail, self.free = [], {}, {}, set(), {}
+        self.token_s = 0.002
 
     def __call__(self, path, settings):
         self.started.append(path)
@@ -52,7 +53,9 @@ class Loads:
         gate = self.hold.get(path.name)
         if gate is not None:
             assert gate.wait(20), "a held load was never released"
-        engine = FakeEngine(n_ctx=settings.n_ctx)
+        fit = settings.llama_kwargs.get("fit")
+        self.free[path.name] = fit.free if fit is not None else None  # what the load is planned within
+        engine = FakeEngine(n_ctx=settings.n_ctx, token_s=self.token_s)
         self.engines.setdefault(path.name, []).append(engine)
         return FakeLlama(path), engine
 
@@ -167,6 +170,28 @@ def test_two_models_one_at_a_time(store, loads, monkeypatch, caplog):
             assert loads.engines[smol.name][0].closed
             assert "unloaded smol:latest (to make room for gemma3:270m)" in caplog.text
             assert "loading gemma3:270m: alone; unloaded smol:latest for it" in caplog.text
+    finally:
+        server.stop()
+
+
+def test_planned_within_what_a_busy_model_leaves(store, loads, monkeypatch, caplog):
+    smol, gemma = resolve_model("smol").path, resolve_model("gemma3:270m").path
+    room = max(_need(smol), _need(gemma)) + (min(_need(smol), _need(gemma)) // 2)
+    pinned = knobs.RAM_MARGIN + room
+    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={pinned}" if free.measure().gpu is not None else f"ram={pinned}")
+    loads.token_s = 0.05  # smol's request below runs ~2 s: busy while gemma loads
+    server = serve(loads)
+    try:
+        with _ready(server) as c, caplog.at_level("INFO", logger="hypura.serve"):
+            busy = threading.Thread(target=lambda: _generate(httpx.Client(base_url=server.url, timeout=30), "smol",
+                                                             options={"num_predict": 40}))
+            busy.start()
+            _until(lambda: _loaded(c) == ["smol:latest"])
+            assert _generate(c, "gemma3:270m").status_code == 200
+            busy.join(10)
+            assert loads.free[gemma.name].ram == pinned - _need(smol)  # what smol, staying, leaves
+            assert "loading gemma3:270m: beside smol:latest;" in caplog.text
+            assert sorted(_loaded(c)) == ["gemma3:270m", "smol:latest"]
     finally:
         server.stop()
 

@@ -140,3 +140,11 @@ def test_hypura_cli_by_name(store):
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     p = subprocess.run([*cmd[:4], "smoll", *cmd[5:]], capture_output=True, timeout=300, env=os.environ.copy())
     assert p.returncode != 0 and b"close matches: smol:latest" in p.stderr and b"Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("args", [["serve", "-m", "smoll", "--port", "0"], ["inspect", "smoll"]])
+def test_hypura_commands_say_close_matches(store, args):
+    p = subprocess.run([sys.executable, "-m", "hypura.cli.main", *args], capture_output=True, timeout=120,
+                       env=os.environ.copy(), text=True)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith("close matches: smol:latest")

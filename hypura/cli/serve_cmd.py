@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from hypura.errors import HypuraError
-from hypura.serve.settings import DEFAULT_HOST, DEFAULT_PORT
+from hypura.serve.settings import DEFAULT_HOST, DEFAULT_MAX_LOADED, DEFAULT_PORT
 from hypura.store.catalog import MODELS_DIR_ENV
 
 
@@ -20,9 +20,10 @@ from hypura.store.catalog import MODELS_DIR_ENV
 @click.option("--keep-alive", default=None, envvar="OLLAMA_KEEP_ALIVE", metavar="DURATION",
               help="How long a model loaded on demand stays loaded idle: seconds or 5m, 1h; negative: kept "
                    "(or $OLLAMA_KEEP_ALIVE; default 5m; a request's keep_alive overrides it).")
-@click.option("--max-loaded", type=click.IntRange(1), default=3, show_default=True, envvar="OLLAMA_MAX_LOADED_MODELS",
+@click.option("--max-loaded", type=click.IntRange(0), default=DEFAULT_MAX_LOADED, show_default=True,
+              envvar="OLLAMA_MAX_LOADED_MODELS",
               help="Models loaded on demand at once; the least recently used idle one is unloaded for another "
-                   "(or $OLLAMA_MAX_LOADED_MODELS).")
+                   f"(or $OLLAMA_MAX_LOADED_MODELS; 0: {DEFAULT_MAX_LOADED}, as Ollama reads 0).")
 @click.option("--host", default=DEFAULT_HOST, show_default=True,
               help="Address to listen on (0.0.0.0 or :: opens the server to the network).")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
@@ -72,7 +73,7 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
     # a path stays a path (named from its file, as before); a name brings its store's name and defaults
     kept = [resolve_model(m, models_dir) for m in models]
     kept = tuple(Path(m.path) if m.source == "file" else m for m in kept)
-    settings = ServeSettings(models=kept, models_dir=models_dir, keep_alive=keep_alive_s, max_loaded=max_loaded,
+    settings = ServeSettings(models=kept, models_dir=models_dir, keep_alive=keep_alive_s, max_loaded=max_loaded or DEFAULT_MAX_LOADED,
                              host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache,

@@ -11,6 +11,7 @@ from hypura.serve.keep_alive import DEFAULT_S as DEFAULT_KEEP_ALIVE_S
 
 DEFAULT_HOST = "127.0.0.1"  # closed by default: reachable from this machine only unless --host says otherwise
 DEFAULT_PORT = 11434  # Ollama's port, so that Ollama clients find the server without configuration
+DEFAULT_MAX_LOADED = 3  # Ollama's OLLAMA_MAX_LOADED_MODELS default (3 a GPU, 3 on the CPU)
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class ServeSettings:
     models: tuple = ()
     models_dir: Optional[Path] = None  # a folder of GGUFs offered too (hypura.store)
     keep_alive: float = DEFAULT_KEEP_ALIVE_S  # seconds an on-demand model stays loaded idle (math.inf: kept)
-    max_loaded: int = 3  # on-demand models loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS default, per GPU)
+    max_loaded: int = DEFAULT_MAX_LOADED  # on-demand models loaded at once
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     parallel: int = 4  # sequences decoded together per llama_decode (the engine's batch)
