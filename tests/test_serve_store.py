@@ -151,16 +151,22 @@ def test_keep_alive_expires_and_zero_unloads(store, loads):
         server.stop()
 
 
-def _need(path) -> int:
+def _need(path) -> tuple[int, int]:
+    """(GPU, RAM) bytes as the registry counts them (on a GPU machine the tests pin gpu=0: nothing fits there)."""
     request = Request(n_ctx=PARALLEL * N_CTX, parallel=PARALLEL)
-    return sum(resident_need(read_header(path), request, on_gpu=False))
+    return resident_need(read_header(path), request, on_gpu=free.measure().gpu is not None)
+
+
+def _pin_room_for_one(monkeypatch, a, b) -> int:
+    """Free memory that holds either model alone, never both (RAM; the GPU pinned at 0 where there is one)."""
+    ram = knobs.RAM_MARGIN + max(_need(a)[1], _need(b)[1]) + min(_need(a)[1], _need(b)[1]) // 2
+    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram}" if free.measure().gpu is not None else f"ram={ram}")
+    return ram
 
 
 def test_two_models_one_at_a_time(store, loads, monkeypatch, caplog):
     smol, gemma = resolve_model("smol").path, resolve_model("gemma3:270m").path
-    room = max(_need(smol), _need(gemma)) + (min(_need(smol), _need(gemma)) // 2)  # fits one, never both
-    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={knobs.RAM_MARGIN + room}" if free.measure().gpu is not None
-                        else f"ram={knobs.RAM_MARGIN + room}")
+    _pin_room_for_one(monkeypatch, smol, gemma)
     server = serve(loads)
     try:
         with _ready(server) as c, caplog.at_level("INFO", logger="hypura.serve"):
@@ -176,9 +182,7 @@ def test_two_models_one_at_a_time(store, loads, monkeypatch, caplog):
 
 def test_planned_within_what_a_busy_model_leaves(store, loads, monkeypatch, caplog):
     smol, gemma = resolve_model("smol").path, resolve_model("gemma3:270m").path
-    room = max(_need(smol), _need(gemma)) + (min(_need(smol), _need(gemma)) // 2)
-    pinned = knobs.RAM_MARGIN + room
-    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={pinned}" if free.measure().gpu is not None else f"ram={pinned}")
+    pinned = _pin_room_for_one(monkeypatch, smol, gemma)
     loads.token_s = 0.05  # smol's request below runs ~2 s: busy while gemma loads
     server = serve(loads)
     try:
@@ -189,7 +193,7 @@ def test_planned_within_what_a_busy_model_leaves(store, loads, monkeypatch, capl
             _until(lambda: _loaded(c) == ["smol:latest"])
             assert _generate(c, "gemma3:270m").status_code == 200
             busy.join(10)
-            assert loads.free[gemma.name].ram == pinned - _need(smol)  # what smol, staying, leaves
+            assert loads.free[gemma.name].ram == pinned - _need(smol)[1]  # what smol, staying, leaves
             assert "loading gemma3:270m: beside smol:latest;" in caplog.text
             assert sorted(_loaded(c)) == ["gemma3:270m", "smol:latest"]
     finally:
