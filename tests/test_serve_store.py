@@ -300,5 +300,10 @@ def test_real_engine_on_demand(store):
             assert r.status_code == 200 and r.json()["eval_count"] == 4
             ps = c.get("/api/ps").json()["models"]
             assert ps[0]["name"] == "someone/smol:tiny" and "fits" in ps[0]["hypura"]["plan"]
+            r = c.post("/api/chat", json={"model": "someone/smol:tiny", "keep_alive": 0})
+            assert r.json()["done_reason"] == "unload" and _loaded(c) == []  # the real engine and model closed
+            r = c.post("/v1/completions", json={"model": "someone/smol:tiny", "prompt": "Hi", "max_tokens": 2},
+                       timeout=120)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2  # loaded again
     finally:
         server.stop()
