@@ -11,7 +11,11 @@ used (the first two /api/tags lists, or the --make names in order). The server r
 memory free then, beside what stays; the server's lines saying what it loaded, planned and unloaded are
 printed after each step. Steps: A first, A warm, B first (the switch), B warm, A again. Reported per step:
 wall time, the model's load time (/api/ps), decode tok/s (eval_count / eval_duration), what is loaded
-after; a table on stderr, JSON on stdout (and --json FILE).
+after; a table on stderr, JSON on stdout (and --json FILE). Where both models fit, the second loads
+beside the first, planned within what it leaves; to make each switch unload the other, pin the free memory
+the server sees (it is passed on): HYPURA_FREE_MEMORY=gpu=48GiB python3 -m bench.store_switch ...
+
+    python3 -m bench.store_switch /tmp/store --make llama3.3:70b=/tmp/l70.gguf --make qwen3:30b-a3b=/tmp/q3.gguf
 """
 
 from __future__ import annotations
