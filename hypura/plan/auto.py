@@ -334,5 +334,12 @@ def default_path(header, kwargs: dict, overrides: dict, fit: Fit | bool | None, 
     return decision
 
 
+def resident_need(header, request: Request, on_gpu: bool) -> tuple[int, int]:
+    """(GPU bytes, RAM bytes) the model takes as llama.cpp would hold it at request.n_ctx (every layer on
+    the GPU when on_gpu, else in RAM): what `decide` checks against the free memory (a server's room)."""
+    m = _Model(header, request)
+    return m.resident_need(request.n_ctx or m.contexts(MIN_CTX)[-1], on_gpu, on_gpu and _unified())
+
+
 __all__ = ["CTX_DECODE_TOLERANCE", "Decision", "Fit", "MIN_CTX", "Request", "check_budgets", "contexts_for",
-           "decide", "default_path", "grow_context", "plan_unset_context", "summary"]
+           "decide", "default_path", "grow_context", "plan_unset_context", "resident_need", "summary"]

@@ -1,11 +1,13 @@
 """`hypura serve`: Ollama's and OpenAI's HTTP APIs over the batched engine (hypura.engine).
 
     settings.py       ServeSettings: the flags, and every bound the server enforces
-    server.py         bind, uvicorn, models loaded on a thread meanwhile (/health 503 -> 200), shutdown
+    server.py         bind, uvicorn, -m models loaded on a thread meanwhile (/health 503 -> 200), or the
+                      stores' models offered; shutdown
     app.py            the Starlette app: routes, /health, /metrics, errors in each API's shape
     guard.py          ASGI layer: Host, Origin and CORS (origins.py), API key, body bound and deadline,
                       503 while loading, request counts
     lifecycle.py      shutdown ending streams, prompt work on threads of its own, the header deadline
+    gate.py           ASGI layer: a request's model loaded (on demand) and leased while its answer runs
     ollama_routes.py  /, /api/version, /api/tags, /api/ps, /api/show, /api/generate, /api/chat
     ollama_options.py Ollama's `options` -> SamplingParams
     openai_routes.py  /v1/models, /v1/chat/completions, /v1/completions
@@ -13,7 +15,9 @@
     prompt_tokens.py  tokenizing in bounded time: refused before it when it cannot fit, in pieces, stoppable
     bridge.py         the asyncio <-> engine-thread protocol (EngineStream)
     streaming.py      NDJSON / SSE responses and waits that cancel the request when the client leaves
-    registry.py       the models loaded at start and their names; model_info.py what is said about them
+    registry.py       the models on offer and those loaded (at start, or on demand: its protocol), their names
+    room.py           which idle models a load unloads, and the free memory it is planned within
+    keep_alive.py     Ollama's keep_alive durations; model_info.py what is said about a model
     chat_template.py  the GGUF's Jinja chat template, rendered in a bounded sandbox
     template_sandbox.py  its operations sized before they run (powers, formats, tojson, repetition)
     metrics.py        Prometheus text of engine.metrics()

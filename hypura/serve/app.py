@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from hypura.serve import metrics, ollama_routes, openai_routes
 from hypura.serve.errors import ApiError, error_response, is_openai_path
+from hypura.serve.gate import ModelGate
 from hypura.serve.guard import Guard
 from hypura.serve.registry import Registry
 from hypura.serve.settings import ServeSettings
@@ -56,11 +57,11 @@ async def prometheus(request: Request):
 
 # routes of both APIs this server does not offer: a 501 that says why beats a bare 404
 NOT_SUPPORTED = {
-    "/api/pull": "models are the files given to `hypura serve -m` at start: nothing is pulled",
-    "/api/push": "models are the files given to `hypura serve -m` at start: nothing is pushed",
-    "/api/create": "models are the files given to `hypura serve -m` at start: none are created",
-    "/api/copy": "models are the files given to `hypura serve -m` at start: none are copied",
-    "/api/delete": "models are the files given to `hypura serve -m` at start: none are deleted",
+    "/api/pull": "models are the files given to `hypura serve -m` or found in the stores at start: nothing is pulled",
+    "/api/push": "models are the files given to `hypura serve -m` or found in the stores at start: nothing is pushed",
+    "/api/create": "models are the files given to `hypura serve -m` or found in the stores at start: none are created",
+    "/api/copy": "models are the files given to `hypura serve -m` or found in the stores at start: none are copied",
+    "/api/delete": "models are the files given to `hypura serve -m` or found in the stores at start: none are deleted",
     "/api/embed": "embeddings are not supported", "/api/embeddings": "embeddings are not supported",
     "/v1/embeddings": "embeddings are not supported",
 }
@@ -107,4 +108,4 @@ def create_app(state: ServerState):
         ClientDisconnect: _left_mid_body, Exception: _unexpected})
     app.state.server = state
     app.state.registry = state.registry
-    return Guard(app, state)
+    return Guard(ModelGate(app, state.registry), state)  # the gate loads a request's model on demand

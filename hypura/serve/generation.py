@@ -8,7 +8,6 @@ stalls the loop that streams every other request, nor the server's shutdown.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from dataclasses import dataclass
 from typing import Optional
@@ -39,7 +38,7 @@ async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) 
         return _tokenize(entry, text, False, cancelled)
 
     try:
-        return await _off_loop(run)
+        return await lifecycle.off_loop(run, PROMPT_DEADLINE_S)
     except TemplateRejected as e:
         raise ApiError(400, str(e)) from None
     except TemplateError as e:
@@ -49,18 +48,11 @@ async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) 
 async def text_tokens(entry: ModelEntry, text: str) -> list[int]:
     """A raw prompt, as llama-cpp-python's create_completion tokenizes it (BOS as the model wants)."""
     prompt_tokens.check_chars(entry.vocab, entry.n_ctx, len(text))
-    return await _off_loop(lambda cancelled: _tokenize(entry, text, True, cancelled))
+    return await lifecycle.off_loop(lambda cancelled: _tokenize(entry, text, True, cancelled), PROMPT_DEADLINE_S)
 
 
 def _tokenize(entry: ModelEntry, text: str, add_special: bool, cancelled) -> list[int]:
     return prompt_tokens.tokenize(entry.engine.tokenize, entry.vocab, text, add_special, True, entry.n_ctx, cancelled)
-
-
-async def _off_loop(fn):
-    try:
-        return await asyncio.wait_for(lifecycle.off_loop(fn), PROMPT_DEADLINE_S)
-    except asyncio.TimeoutError:
-        raise ApiError(500, f"preparing the prompt took longer than {PROMPT_DEADLINE_S:g} s") from None
 
 
 def checked_token_ids(entry: ModelEntry, tokens, field: str) -> list[int]:

@@ -72,8 +72,10 @@ def begin_shutdown() -> None:
     stopping().set()
 
 
-async def off_loop(fn: Callable[[threading.Event], T]) -> T:
-    """`fn(cancelled)` on a daemon thread; cancelling the caller or stopping the server sets `cancelled`."""
+async def off_loop(fn: Callable[[threading.Event], T], deadline_s: float) -> T:
+    """`fn(cancelled)` on a daemon thread. Its deadline passing or its client leaving sets `cancelled`, and
+    the caller then waits for `fn` to stop (its current step: the model it reads stays leased until then)
+    before raising ApiError 500 / ClientGone; the server stopping raises ApiError 503 at once (`drain`)."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
     cancelled = threading.Event()
@@ -103,15 +105,19 @@ async def off_loop(fn: Callable[[threading.Event], T]) -> T:
     receive = _RECEIVE.get()
     gone = asyncio.ensure_future(disconnected(receive) if receive else asyncio.Future())
     try:
-        await asyncio.wait({future, stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({future, stop, gone}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED)
         if not future.done():
             cancelled.set()
-            if gone.done() and not gone.cancelled():
+            if not stop.done():
+                await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.done():
+                raise ApiError(503, "the server is shutting down")
+            if gone.done():
                 raise ClientGone()
-            raise ApiError(503, "the server is shutting down")
+            raise ApiError(500, f"preparing the prompt took longer than {deadline_s:g} s")
         return future.result()
     finally:
-        cancelled.set()  # a no-op once fn returned; else (a deadline, an error) fn stops at its next step
+        cancelled.set()  # a no-op once fn returned; else (the caller cancelled) fn stops at its next step
         stop.cancel()
         gone.cancel()
 

@@ -8,8 +8,9 @@ what this server cannot do (images, tools, thinking, JSON formats, Go template o
 
 from __future__ import annotations
 
+import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
@@ -24,7 +25,6 @@ from hypura.serve.ollama_options import ollama_sampling
 from hypura.serve.streaming import NDJSON, StreamResponse, ndjson, race_disconnect
 
 NS = 1_000_000_000
-KEEP_LOADED = timedelta(days=365 * 100)  # /api/ps expires_at: models stay loaded until the server stops
 
 
 def _now() -> str:
@@ -39,34 +39,47 @@ async def version(request: Request):
     return JSONResponse({"version": hypura.__version__})
 
 
-def _listing(entry) -> dict:
-    info = entry.info
-    return {"name": info.name, "model": info.name, "modified_at": entry.loaded_at.isoformat(), "size": info.size,
+def _listing(info, modified_at: datetime) -> dict:
+    return {"name": info.name, "model": info.name, "modified_at": modified_at.isoformat(), "size": info.size,
             "digest": info.digest, "details": info.details()}
 
 
 async def tags(request: Request):
-    return JSONResponse({"models": [_listing(e) for e in request.app.state.registry]})
+    """Every model on offer, loaded or not (Ollama's digests for models from its store)."""
+    return JSONResponse({"models": [_listing(o.info, o.modified_at) for o in request.app.state.registry.offers()]})
 
 
 async def ps(request: Request):
+    """The models loaded now, when each is unloaded if idle, and what Hypura's planner chose for it."""
     models = []
     for e in request.app.state.registry:
-        expires = (e.loaded_at + KEEP_LOADED).isoformat()
-        models.append({**_listing(e), "expires_at": expires, "size_vram": e.size_vram, "context_length": e.n_ctx})
+        models.append({**_listing(e.info, e.loaded_at), "expires_at": e.expires_at().isoformat(),
+                       "size_vram": e.size_vram, "context_length": e.n_ctx,
+                       "hypura": {"plan": e.plan, "loaded_at_start": e.pinned, "load_s": round(e.load_s, 3)}})
     return JSONResponse({"models": models})
 
 
+def _parameters(params: dict, n_ctx: int) -> str:
+    """Ollama's `parameters` text: one `key value` line per parameter (each stop string on its own)."""
+    lines = [f"{k} {json.dumps(x) if isinstance(x, str) else x}" for k, v in params.items()
+             for x in (v if isinstance(v, list) else [v])]
+    return "\n".join(lines if "num_ctx" in params else [*lines, f"num_ctx {n_ctx}"])
+
+
 async def show(request: Request):
+    """What a model is, without loading it (as Ollama's /api/show)."""
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model") or fields.string(body, "name"))
-    template = entry.template.source if entry.template else entry.info.metadata.get("tokenizer.chat_template", "")
-    parameters = f"num_ctx {entry.n_ctx}"
+    registry = request.app.state.registry
+    offer = registry.find(fields.string(body, "model") or fields.string(body, "name"))
+    entry = registry.entries.get(offer.name)
+    n_ctx = entry.n_ctx if entry else registry.settings.n_ctx
+    parameters = _parameters(offer.params, n_ctx)
+    modelfile = "".join(f"PARAMETER {line}\n" for line in parameters.splitlines())
     return JSONResponse({
-        "modelfile": f"# served by hypura\nFROM {entry.path.name}\nPARAMETER {parameters}\n",
-        "parameters": parameters, "template": template, "details": entry.info.details(),
-        "model_info": entry.info.model_info(), "capabilities": ["completion"],
-        "modified_at": entry.loaded_at.isoformat(),
+        "modelfile": f"# served by hypura\nFROM {offer.path}\n{modelfile}",
+        "parameters": parameters, "template": offer.info.metadata.get("tokenizer.chat_template", ""),
+        "details": offer.info.details(), "model_info": offer.info.model_info(), "capabilities": ["completion"],
+        "modified_at": offer.modified_at.isoformat(),
     })
 
 
@@ -105,14 +118,15 @@ def _messages(body: dict) -> list[dict]:
 def _metrics(finished: Finished, started: float) -> dict:
     r = finished.result
     return {"done_reason": r.finish_reason, "total_duration": int((time.monotonic() - started) * NS),
-            "load_duration": 0,  # models are loaded when the server starts, never for a request
+            "load_duration": 0,  # a load on demand happens before the request starts (the gate)
             "prompt_eval_count": r.prompt_tokens, "prompt_eval_duration": int(r.prompt_s * NS),
             "eval_count": r.completion_tokens, "eval_duration": int(r.decode_s * NS)}
 
 
-def _loaded(model: str, chat: bool) -> JSONResponse:
-    """An empty prompt or conversation loads the model in Ollama: here it always is."""
-    out = {"model": model, "created_at": _now(), "done": True, "done_reason": "load"}
+def load_answer(model: str, chat: bool, reason: str = "load") -> JSONResponse:
+    """An empty prompt or conversation loads the model in Ollama (the gate loaded it), or with keep_alive 0
+    unloads it."""
+    out = {"model": model, "created_at": _now(), "done": True, "done_reason": reason}
     out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     return JSONResponse(out)
 
@@ -130,9 +144,9 @@ async def generate(request: Request):
     raw = fields.boolean(body, "raw", False)
     stream = fields.boolean(body, "stream", True)
     context = checked_token_ids(entry, body.get("context") or [], "context")
-    params, n_ctx = ollama_sampling(fields.mapping(body, "options"))
+    params, n_ctx = ollama_sampling(entry.options(fields.mapping(body, "options")))
     if not prompt and not context:
-        return _loaded(entry.name, chat=False)
+        return load_answer(entry.name, chat=False)
     if raw:
         tokens = await text_tokens(entry, prompt) if prompt else []
     else:
@@ -158,9 +172,9 @@ async def chat(request: Request):
     _refuse_unsupported(body)
     messages = _messages(body)
     stream = fields.boolean(body, "stream", True)
-    params, n_ctx = ollama_sampling(fields.mapping(body, "options"))
+    params, n_ctx = ollama_sampling(entry.options(fields.mapping(body, "options")))
     if not messages:
-        return _loaded(entry.name, chat=True)
+        return load_answer(entry.name, chat=True)
     job = make_job(entry, await chat_tokens(entry, messages), params, n_ctx)
     head = {"model": entry.name}
 

@@ -28,16 +28,16 @@ MAX_STOPS = 4  # OpenAI's limit
 FINGERPRINT = f"hypura-{hypura.__version__}"
 
 
-def _model_card(entry) -> dict:
-    return {"id": entry.name, "object": "model", "created": int(entry.loaded_at.timestamp()), "owned_by": "hypura"}
+def _model_card(offer) -> dict:
+    return {"id": offer.name, "object": "model", "created": int(offer.modified_at.timestamp()), "owned_by": "hypura"}
 
 
 async def models(request: Request):
-    return JSONResponse({"object": "list", "data": [_model_card(e) for e in request.app.state.registry]})
+    return JSONResponse({"object": "list", "data": [_model_card(o) for o in request.app.state.registry.offers()]})
 
 
 async def model(request: Request):
-    return JSONResponse(_model_card(request.app.state.registry.get(request.path_params["model"])))
+    return JSONResponse(_model_card(request.app.state.registry.find(request.path_params["model"])))
 
 
 def _refuse_unsupported(body: dict) -> None:

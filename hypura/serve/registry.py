@@ -1,15 +1,38 @@
-"""The models a server loaded at start, each with its engine, chat template and Ollama name.
+"""The models a server offers, and those loaded now: loaded at start and kept (`serve -m`), or loaded on
+a request's demand and unloaded when idle (`serve` with no -m: every model the stores hold).
 
-Requests name a model; `Registry.get` resolves only names of these models (`name:tag`, and `name`
-or `name:latest` when one loaded model has that name), never a path, so a client cannot make the
-server open a file.
+Requests name a model; names resolve only to models on offer (`name:tag`, Ollama's long forms, and
+for models from files `name` or `name:latest` when one model has that name), never to a path, so a
+client cannot make the server open a file.
+
+Concurrency protocol (threads: uvicorn's event loop, one loader thread, one janitor thread):
+  - `_lock` guards `entries`, `_loading`, each entry's `leases` and `expires`, and `_waiting`; it is held
+    only for dictionary updates, never across a load, an unload or an await. `_idle` is its condition.
+  - `_mem` serializes what changes memory: each load (planning included) and each unload holds it from
+    choosing what to unload until the model is open or closed, so a plan always sees the models that
+    stay. Lock order: `_mem`, then `_lock`. The event loop never takes `_mem`.
+  - `acquire` (event loop): a loaded model is leased at once, under `_lock` alone, so requests for it are
+    never held up by another model's load. Otherwise the request joins the model's load (one per name,
+    on the loader thread) as a waiter, waits at most LOAD_WAIT_S, and turns into a lease under `_lock`.
+    Entries with leases or waiters are never unloaded.
+  - `release` (event loop): drops the lease and sets `expires` (now + keep_alive); the janitor unloads
+    entries past `expires` with neither leases nor waiters. keep_alive 0 expires at once.
+  - `close` (shutdown): queued loads are cancelled (their waiters get 503), a load under way is closed
+    as soon as it ends, and every entry is closed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import threading
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -19,6 +42,26 @@ from hypura.serve.errors import ApiError
 from hypura.serve.model_info import ModelInfo, model_info
 from hypura.serve.prompt_tokens import Vocab, read_vocab
 from hypura.serve.settings import ServeSettings
+from hypura.store import names
+
+log = logging.getLogger("hypura.serve")
+
+LOAD_WAIT_S = 600  # a request waits this long for its model's load (a 70B from disk takes minutes on slow disks)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A model the server can load: where it is, what /api/tags says of it, its Ollama params."""
+
+    info: ModelInfo
+    path: Path
+    modified_at: datetime
+    params: dict = field(default_factory=dict)  # Ollama's params layer: the model's default options
+    aliases: tuple[str, ...] = ()  # short forms it answers to while no other model claims them
+
+    @property
+    def name(self) -> str:
+        return self.info.name
 
 
 @dataclass
@@ -34,11 +77,25 @@ class ModelEntry:
     loaded_at: datetime
     load_s: float
     size_vram: int  # bytes of weights in device memory
+    params: dict = field(default_factory=dict)  # default options (Ollama's params layer), under a request's
+    pinned: bool = True  # loaded at start and kept; False: on demand, unloaded when idle
+    plan: str = ""  # what the planner chose for it, in one line (/api/ps)
+    footprint: tuple[int, int] = (0, 0)  # (GPU, RAM) bytes it holds, as planned
+    leases: int = 0  # requests using it now
+    expires: float = math.inf  # time.monotonic() when it is unloaded, idle
     vocab: Vocab = Vocab(max_token_bytes=64)  # what bounds tokenizing a prompt (prompt_tokens.py)
 
     @property
     def name(self) -> str:
         return self.info.name
+
+    def options(self, given: dict) -> dict:
+        """A request's options over the model's defaults, as Ollama applies its params layer."""
+        return {**self.params, **given}
+
+    def expires_at(self) -> datetime:
+        left = self.expires - time.monotonic() if not self.pinned and self.expires < math.inf else 100 * 365 * 86400
+        return datetime.now(timezone.utc) + timedelta(seconds=max(0.0, left))
 
     def chat_template(self) -> ChatTemplate:
         if self.template is not None:
@@ -48,42 +105,226 @@ class ModelEntry:
         raise ApiError(400, f"model '{self.name}' has no chat template (tokenizer.chat_template): send a raw "
                             "prompt instead (/api/generate with \"raw\": true, or /v1/completions)")
 
+    def close(self) -> None:
+        self.engine.close()
+        self.llm.close()
+
 
 class Registry:
-    def __init__(self):
+    def __init__(self, settings: Optional[ServeSettings] = None, start_engine: Optional[Callable] = None):
+        self.settings, self.start_engine = settings, start_engine
         self.entries: dict[str, ModelEntry] = {}
+        self._offers: dict[str, Offer] = {}
+        self._broken: dict[str, str] = {}  # name -> why it cannot be loaded (one line)
         self._aliases: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._mem = threading.Lock()
+        self._loading: dict[str, concurrent.futures.Future] = {}
+        self._waiting: collections.Counter = collections.Counter()
+        self._closing = False
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hypura-serve-load")
+        self._janitor: Optional[threading.Thread] = None
 
-    def add(self, entry: ModelEntry) -> None:
-        if entry.name in self.entries:
-            raise HypuraError(f"two models are named '{entry.name}' ({self.entries[entry.name].path} and "
-                              f"{entry.path}): rename one of the files")
-        self.entries[entry.name] = entry
-        base = entry.name.split(":")[0]
-        taken = any(n.split(":")[0] == base for n in self.entries if n != entry.name)
-        for alias in (base, f"{base}:latest"):
-            if taken:  # two models share the name: only name:tag picks one
-                self._aliases.pop(alias, None)
-            elif alias != entry.name:
-                self._aliases[alias] = entry.name
+    # --- what is on offer -------------------------------------------------------------------------
+    def offer(self, offer: Offer) -> None:
+        if offer.name in self._offers:
+            raise HypuraError(f"two models are named '{offer.name}' ({self._offers[offer.name].path} and "
+                              f"{offer.path}): rename one of the files")
+        self._offers[offer.name] = offer
+        claims = collections.Counter(a for o in self._offers.values() for a in set(o.aliases) - {o.name})
+        self._aliases = {a: o.name for o in self._offers.values() for a in o.aliases
+                         if claims[a] == 1 and a not in self._offers}
 
-    def get(self, name: Optional[str]) -> ModelEntry:
+    def broken(self, name: str, line: str) -> None:
+        self._broken[name] = line
+
+    def offers(self) -> list[Offer]:
+        return list(self._offers.values())
+
+    def find(self, name: Optional[str]) -> Offer:
         if not name:
             raise ApiError(400, "'model' is required", "model_not_found")
-        key = name.strip().lower()
-        entry = self.entries.get(self._aliases.get(key, key))
+        typed = name.strip().lower()
+        for key in (typed, names.parse(typed).short()):
+            key = self._aliases.get(key, key)
+            if key in self._offers:
+                return self._offers[key]
+            if key in self._broken:
+                raise ApiError(500, f"model '{key}' cannot be loaded: {self._broken[key]}")
+        known = ", ".join(self._offers) or "none"
+        raise ApiError(404, f"model '{name[:200]}' not found (this server has: {known})", "model_not_found")
+
+    # --- loaded models ----------------------------------------------------------------------------
+    def get(self, name: Optional[str]) -> ModelEntry:
+        """The loaded model `name` names (routes run after `acquire` loaded it)."""
+        offer = self.find(name)
+        entry = self.entries.get(offer.name)
         if entry is None:
-            known = ", ".join(self.entries) or "none"
-            raise ApiError(404, f"model '{name[:200]}' not found (this server has: {known})", "model_not_found")
+            raise ApiError(503, f"model '{offer.name}' is not loaded", None, {"Retry-After": "1"})
         return entry
 
     def __iter__(self):
-        return iter(list(self.entries.values()))  # a copy: the loader thread may add one meanwhile
+        with self._lock:
+            return iter(list(self.entries.values()))  # a copy: loads and unloads go on meanwhile
 
-    def close(self) -> None:
-        for entry in self.entries.values():
-            entry.engine.close()
-            entry.llm.close()
+    async def acquire(self, name: Optional[str]) -> ModelEntry:
+        """The model, loaded (waiting for its load, bounded) and leased until `release`."""
+        offer = self.find(name)
+        with self._lock:
+            entry = self.entries.get(offer.name)
+            if entry is not None:
+                entry.leases += 1
+                return entry
+            if self._closing:
+                raise ApiError(503, "the server is stopping")
+            future = self._loading.get(offer.name)
+            if future is None:
+                future = self._loading[offer.name] = self._loader.submit(self._load, offer)
+            self._waiting[offer.name] += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), LOAD_WAIT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(503, f"model '{offer.name}' is still loading after {LOAD_WAIT_S} s", None,
+                           {"Retry-After": "10"}) from None
+        except asyncio.CancelledError:
+            if future.cancelled():  # a queued load, cancelled at shutdown (not this request)
+                raise ApiError(503, "the server is stopping") from None
+            raise
+        except ApiError:
+            raise
+        except Exception as e:  # HypuraError, ModelFileError, llama.cpp's ValueError: one line, no traceback
+            raise ApiError(500, f"model '{offer.name}' failed to load: {e}") from None
+        finally:
+            with self._lock:
+                self._waiting[offer.name] -= 1
+                entry = self.entries.get(offer.name)
+                if entry is not None and future.done() and not future.cancelled() and future.exception() is None:
+                    entry.leases += 1
+        if entry is None:
+            raise ApiError(503, "the server is stopping")
+        return entry
+
+    def release(self, entry: ModelEntry, keep_alive: Optional[float]) -> None:
+        """A request is done with `entry`: it stays loaded `keep_alive` seconds (None: the server's default)."""
+        keep = self.settings.keep_alive if keep_alive is None and self.settings else keep_alive
+        with self._lock:
+            entry.leases -= 1
+            entry.expires = time.monotonic() + (math.inf if keep is None else keep)
+            self._idle.notify_all()
+
+    def unload(self, name: Optional[str]) -> bool:
+        """keep_alive 0 with nothing to generate: unload now if idle (else when its requests end). False when
+        it was not loaded or is kept (loaded at start)."""
+        offer = self.find(name)
+        with self._mem:
+            with self._lock:
+                entry = self.entries.get(offer.name)
+                if entry is None or entry.pinned:
+                    return False
+                entry.expires = time.monotonic()
+                gone = entry.leases == 0 and self._waiting[offer.name] == 0
+                if gone:
+                    del self.entries[offer.name]
+            if gone:
+                self._unload(entry, "keep_alive 0")
+        return True
+
+    # --- loading and unloading (loader thread, janitor thread) -------------------------------------------
+    def load_pinned(self, offer: Offer) -> ModelEntry:
+        """Load at start, kept until the server stops (the server's loader thread)."""
+        entry = open_model(offer.path, self.settings, self.start_engine, offer.name)
+        entry.info, entry.params = offer.info, offer.params  # the store's digest and size, as /api/tags
+        self.offer(offer)
+        with self._lock:
+            self.entries[entry.name] = entry
+        return entry
+
+    def _load(self, offer: Offer) -> ModelEntry:
+        from hypura.serve.room import make_room
+
+        try:
+            with self._mem:
+                if self._closing:
+                    raise ApiError(503, "the server is stopping")
+                room = make_room(self, offer)
+                for gone in room.unloaded:
+                    self._unload(gone, f"to make room for {offer.name}")
+                lines = []
+                settings = room.settings_for(self.settings, lambda line: (lines.append(line), log.info("%s", line)))
+                log.info("loading %s: %s", offer.name, room.describe())
+                entry = open_model(offer.path, settings, self.start_engine, offer.name)
+                entry.info, entry.params, entry.pinned = offer.info, offer.params, False
+                entry.plan = room.chosen(entry, lines)
+                entry.footprint = room.footprint(entry)
+                with self._lock:
+                    closing = self._closing
+                    if not closing:
+                        entry.expires = time.monotonic() + self.settings.keep_alive
+                        self.entries[entry.name] = entry
+                        self._idle.notify_all()
+                if closing:  # the server stopped while it loaded
+                    entry.close()
+                    raise ApiError(503, "the server is stopping")
+                log.info("loaded %s in %.1f s", entry.name, entry.load_s)
+                if entry.template_error:
+                    log.warning("%s: %s (chat routes will answer 500)", entry.name, entry.template_error)
+                return entry
+        except Exception as e:
+            log.warning("loading %s failed: %s", offer.name, e)
+            raise
+        finally:
+            with self._lock:
+                self._loading.pop(offer.name, None)
+
+    def idle(self) -> list[ModelEntry]:
+        """Entries that may be unloaded now, least recently used first (call under `_lock`)."""
+        idle = [e for e in self.entries.values() if not e.pinned and e.leases == 0 and not self._waiting[e.name]]
+        return sorted(idle, key=lambda e: e.expires)
+
+    def _unload(self, entry: ModelEntry, why: str) -> None:
+        """Close an entry already out of `entries` (under `_mem`)."""
+        log.info("unloaded %s (%s)", entry.name, why)
+        try:
+            entry.close()
+        except Exception as e:  # one model failing to close must not stop the others being served
+            log.warning("closing %s: %s", entry.name, e)
+
+    def start_janitor(self) -> None:
+        self._janitor = threading.Thread(target=self._expire_loop, name="hypura-serve-expire", daemon=True)
+        self._janitor.start()
+
+    def _expire_loop(self) -> None:
+        while True:
+            with self._idle:
+                if self._closing:
+                    return
+                now = time.monotonic()
+                due = [e for e in self.idle() if e.expires <= now]
+                if not due:  # until the next idle one expires, or `release` and loads notify
+                    self._idle.wait(min([60.0] + [e.expires - now for e in self.idle()]))
+                    continue
+            with self._mem:
+                with self._lock:
+                    due = [e for e in self.idle() if e.expires <= time.monotonic()]
+                    for e in due:
+                        del self.entries[e.name]
+                for e in due:
+                    self._unload(e, "keep_alive expired")
+
+    def close(self, wait_s: float = 5.0) -> None:
+        with self._idle:
+            self._closing = True
+            self._idle.notify_all()
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        if not self._mem.acquire(timeout=wait_s):
+            log.warning("stopping while a model still loads: it is closed when its load ends")
+        else:
+            self._mem.release()
+        with self._lock:
+            entries, self.entries = list(self.entries.values()), {}
+        for entry in entries:
+            entry.close()
 
 
 def _token_text(llm, token: int) -> str:
@@ -102,9 +343,9 @@ def _device_bytes(llm) -> int:
     return total
 
 
-def open_model(path: Path, settings: ServeSettings, start_engine: Callable) -> ModelEntry:
+def open_model(path: Path, settings: ServeSettings, start_engine: Callable, name: Optional[str] = None) -> ModelEntry:
     """Load `path` with its engine (`start_engine(path, settings) -> (llm, engine)`) and read what the
-    routes report about it. The chat template is parsed now, so a broken one is reported at start."""
+    routes report about it. The chat template is parsed now, so a broken one is reported at load."""
     started = time.monotonic()
     llm, engine = start_engine(path, settings)
     load_s = time.monotonic() - started
@@ -115,7 +356,15 @@ def open_model(path: Path, settings: ServeSettings, start_engine: Callable) -> M
             template = ChatTemplate(source, _token_text(llm, llm.token_bos()), _token_text(llm, llm.token_eos()))
         except TemplateError as e:
             template_error = str(e)
-    return ModelEntry(info=model_info(path, llm.header), path=path, engine=engine, llm=llm, template=template,
+    return ModelEntry(info=model_info(path, llm.header, name), path=path, engine=engine, llm=llm, template=template,
                       template_error=template_error, n_ctx=int(engine.n_ctx_per_seq), n_vocab=int(llm.n_vocab()),
                       loaded_at=datetime.now(timezone.utc), load_s=load_s, size_vram=_device_bytes(llm),
                       **({"vocab": read_vocab(llm)} if hasattr(llm, "_model") else {}))  # stand-ins have none
+
+
+def offer_of(stored, header) -> Offer:
+    """A store's model (hypura.store.StoredModel) as offered: /api/tags' digest and size as Ollama's own."""
+    info = model_info(stored.path, header, stored.name)
+    info = dataclasses.replace(info, digest=stored.digest or info.digest, size=stored.size or info.size)
+    return Offer(info, stored.path, datetime.fromtimestamp(stored.modified, timezone.utc), dict(stored.params),
+                 stored.aliases)

@@ -1,16 +1,19 @@
 """Running the server: bind, serve with uvicorn, load the models meanwhile, shut down cleanly.
 
 The socket is bound before anything loads (a taken port is one clear error, at once), then uvicorn
-serves while a thread loads each model through `hypura.Llama` and starts its engine: /health answers
+serves while a thread loads each `-m` model through `hypura.Llama` and starts its engine: /health answers
 503 until every model is loaded, 200 after. A model that fails to load stops the server with its
-error. On shutdown (Ctrl-C, SIGTERM, `stop()`) each open stream ends at once with a final error chunk
-(lifecycle.py), its engine request cancelled; prompt work still running gets a few seconds to stop, then
-the engines and models are closed.
+error. Without -m, every model the stores hold (hypura.store) is offered at once and loaded on its first
+request (registry.py; an unusable one is a line in the log and in its requests' answers). On shutdown
+(Ctrl-C, SIGTERM, `stop()`) each open stream ends at once with a final error chunk (lifecycle.py), its
+engine request cancelled; prompt work still running gets a few seconds to stop, then the engines and
+models are closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import signal
@@ -25,7 +28,8 @@ from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.serve import lifecycle
 from hypura.serve.app import ServerState, create_app
-from hypura.serve.registry import open_model
+from hypura.serve.model_info import model_info
+from hypura.serve.registry import Offer, Registry, offer_of
 from hypura.serve.settings import ServeSettings
 
 log = logging.getLogger("hypura.serve")
@@ -56,6 +60,39 @@ def bind(host: str, port: int) -> socket.socket:
         raise HypuraError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(128)  # backlog: connections the kernel holds before uvicorn accepts them
     return sock
+
+
+def _kept_offer(model) -> Offer:
+    """A `serve -m` model: a path (named from its file and header, as before) or a store's model."""
+    if isinstance(model, (str, Path)):
+        from hypura.store.folder import stored_file
+
+        header = read_header(model)
+        info = model_info(Path(model), header)  # named from the file and its header, as before
+        base = info.name.split(":")[0]
+        return dataclasses.replace(offer_of(stored_file(Path(model), "file"), header), info=info,
+                                   aliases=(base, f"{base}:latest"))
+    return offer_of(model, read_header(model.path))
+
+
+def _offer_stores(registry: Registry, models_dir) -> None:
+    """Every model the stores hold, on offer; each unusable one is one line in the log (and its requests')."""
+    from hypura.models import default_model_path
+    from hypura.store import Catalog
+
+    catalog = Catalog.scan(models_dir)
+    for problem in catalog.problems:
+        registry.broken(problem.name, problem.line)
+        log.warning("cannot offer %s: %s", problem.name, problem.line)
+    for stored in catalog:
+        try:
+            registry.offer(offer_of(stored, read_header(stored.path)))
+        except HypuraError as e:  # ModelFileError: truncated, unsupported...
+            registry.broken(stored.name, str(e))
+            log.warning("cannot offer %s: %s", stored.name, e)
+    if not registry.offers() and not catalog.problems:  # nothing found anywhere: the default model, if installed
+        with contextlib.suppress(HypuraError):
+            registry.offer(_kept_offer(default_model_path()))
 
 
 class _Uvicorn(uvicorn.Server):
@@ -91,10 +128,12 @@ class Server:
     """One `hypura serve`: `run()` blocks (the CLI), `start()` serves from a thread (tests, embedding)."""
 
     def __init__(self, settings: ServeSettings, engine_starter: Callable = start_engine, log_level: str = "info"):
-        for path in settings.models:  # a missing or broken file is one error now, not after binding
-            read_header(path)
         self.settings = settings
-        self.state = ServerState(settings)
+        self.state = ServerState(settings, registry=Registry(settings, engine_starter))
+        # a missing or broken -m file is one error now, not after binding; a broken store entry is one line
+        self.kept = [_kept_offer(m) for m in settings.models]
+        if not self.kept:
+            _offer_stores(self.state.registry, settings.models_dir)
         self.engine_starter = engine_starter
         self.sock = bind(settings.host, settings.port)
         self.port = self.sock.getsockname()[1]
@@ -113,14 +152,16 @@ class Server:
 
     def _load(self) -> None:
         try:
-            for path in self.settings.models:
-                entry = open_model(Path(path), self.settings, self.engine_starter)
-                self.state.registry.add(entry)
-                log.info("loaded %s as %s in %.1f s", path, entry.name, entry.load_s)
+            for offer in self.kept:
+                entry = self.state.registry.load_pinned(offer)
+                log.info("loaded %s as %s in %.1f s", offer.path, entry.name, entry.load_s)
                 if entry.template_error:
                     log.warning("%s: %s (chat routes will answer 500)", entry.name, entry.template_error)
+            if not self.kept:
+                self.state.registry.start_janitor()
             self.state.ready = True
-            log.info("ready: %s", ", ".join(e.name for e in self.state.registry))
+            names = ", ".join(o.name for o in self.state.registry.offers())
+            log.info("ready: %s", names if self.kept else f"offering {names or 'no model'} (loaded on demand)")
         except Exception as e:  # HypuraError, ModelFileError, llama.cpp's ValueError: the server cannot serve
             self.state.error = f"loading failed: {e}"
             self.uvicorn.should_exit = True
@@ -157,7 +198,7 @@ class Server:
     def _close(self) -> None:
         self._loader.join(GRACEFUL_SHUTDOWN_S)  # a model being loaded: closed too if it is done by then
         if self._loader.is_alive():
-            log.warning("stopping while a model still loads")
+            log.warning("stopping while a model still loads")  # the registry closes it when its load ends
         self.state.ready = False
         if not lifecycle.drain(GRACEFUL_SHUTDOWN_S):  # llama.cpp would free a vocabulary still being read
             log.warning("prompt work still runs after %d s: the models are left to the process's exit",
@@ -166,5 +207,5 @@ class Server:
             self.left_open = True
             self.sock.close()
             return
-        self.state.registry.close()
+        self.state.registry.close(GRACEFUL_SHUTDOWN_S)
         self.sock.close()

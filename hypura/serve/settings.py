@@ -7,14 +7,21 @@ from pathlib import Path
 from typing import Optional, Union
 
 from hypura.errors import HypuraError
+from hypura.serve.keep_alive import DEFAULT_S as DEFAULT_KEEP_ALIVE_S
 
 DEFAULT_HOST = "127.0.0.1"  # closed by default: reachable from this machine only unless --host says otherwise
 DEFAULT_PORT = 11434  # Ollama's port, so that Ollama clients find the server without configuration
+DEFAULT_MAX_LOADED = 3  # Ollama's OLLAMA_MAX_LOADED_MODELS default (3 a GPU, 3 on the CPU)
 
 
 @dataclass(frozen=True)
 class ServeSettings:
-    models: tuple[Path, ...]  # GGUF files, loaded at start; requests can name only these
+    # loaded at start and kept: GGUF paths, or hypura.store.StoredModel (a name resolved, with its defaults);
+    # none: every model the stores hold is offered, loaded on its first request, unloaded when idle
+    models: tuple = ()
+    models_dir: Optional[Path] = None  # a folder of GGUFs offered too (hypura.store)
+    keep_alive: float = DEFAULT_KEEP_ALIVE_S  # seconds an on-demand model stays loaded idle (math.inf: kept)
+    max_loaded: int = DEFAULT_MAX_LOADED  # on-demand models loaded at once
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     parallel: int = 4  # sequences decoded together per llama_decode (the engine's batch)
@@ -36,8 +43,8 @@ class ServeSettings:
 
     def __post_init__(self):
         bad = []
-        if not self.models:
-            bad.append("no model")
+        if self.max_loaded < 1 or not self.keep_alive >= 0:
+            bad.append(f"--max-loaded {self.max_loaded} / --keep-alive {self.keep_alive} (want >= 1 / >= 0)")
         if not 0 <= self.port <= 65535:
             bad.append(f"--port {self.port} (want 0..65535)")
         if self.parallel < 1:

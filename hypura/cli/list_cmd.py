@@ -1,0 +1,68 @@
+"""`hypura list`: the models found where they already are (Ollama's store, LM Studio's, --models-dir), and
+with --plan what Hypura would do with each on this machine now (as `hypura inspect` decides it)."""
+
+from __future__ import annotations
+
+import click
+
+from hypura.errors import HypuraError
+from hypura.sizes import fmt_size
+from hypura.store.catalog import MODELS_DIR_ENV, Catalog
+
+
+def plan_now(header, profile):
+    """(mode, context, predicted decode tok/s) on this machine's free memory: hypura-cli's default path, and
+    where the model fits as llama.cpp places it, the plan within the same memory (as `hypura inspect`)."""
+    from hypura.plan import PlanSettings, knobs
+    from hypura.plan.auto import Fit, Request, decide
+    from hypura.runtime.plan_policy import plan_with_routing
+
+    decision = decide(header, Request(), Fit(measure_profile=False), profile=profile, say=None)
+    plan = decision.plan
+    if plan is None:
+        free = decision.free
+        gpu_mem = max(0, free.gpu - knobs.GPU_MARGIN) if free.gpu is not None else None
+        plan = plan_with_routing(header, profile, gpu_mem=gpu_mem, ram=max(0, free.ram - knobs.RAM_MARGIN),
+                                 settings=PlanSettings(n_ctx=decision.n_ctx))
+    mode = f"fits ({plan.mode})" if decision.plan is None else plan.mode
+    return mode, decision.n_ctx, plan.prediction.decode_tok_s
+
+
+@click.command("list")
+@click.option("--plan", "with_plan", is_flag=True,
+              help="Also what Hypura would do with each model on this machine now: mode, context, predicted tok/s.")
+@click.option("--models-dir", type=click.Path(file_okay=False), envvar=MODELS_DIR_ENV,
+              help=f"A folder of GGUF files searched too (or ${MODELS_DIR_ENV}).")
+def list_models(with_plan, models_dir) -> None:
+    """List the models Hypura finds by name: Ollama's store ($OLLAMA_MODELS or ~/.ollama/models), LM Studio's
+    (~/.lmstudio/models) and --models-dir. Any of these names works with hypura-cli -m, inspect and serve."""
+    from hypura.modelfile import read_header
+    from hypura.serve.model_info import quantization_level
+
+    catalog = Catalog.scan(models_dir)
+    profile = None
+    if with_plan:
+        from hypura.profile.store import machine_profile
+
+        profile = machine_profile(None)
+    rows = [("NAME", "SIZE", "QUANT", *(("MODE", "CONTEXT", "TOK/S") if with_plan else ()), "WHERE")]
+    problems = [f"{p.name}: {p.line}" for p in catalog.problems]
+    for m in catalog:
+        try:
+            header = read_header(m.path)
+            planned = plan_now(header, profile) if with_plan else ()
+        except HypuraError as e:  # a broken file (ModelFileError) or a plan that cannot be made
+            problems.append(f"{m.name}: {e}")
+            continue
+        if planned:
+            planned = (planned[0], str(planned[1]), f"{planned[2]:.1f}")
+        rows.append((m.name, fmt_size(m.size), quantization_level(header.metadata) or "?", *planned, m.where))
+    if len(rows) == 1:
+        where = ", ".join(str(root) for _, root in catalog.searched)
+        click.echo(f"no models found (searched {where})")
+    else:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for line in problems:
+        click.echo(f"hypura list: cannot use {line}", err=True)

@@ -1,0 +1,105 @@
+"""Room for a model loaded on demand, beside those that stay: which idle models to unload, and the free
+memory the new one is planned within (hypura.Llama's default path, given that memory as `Fit.free`).
+
+A model that would run as llama.cpp places it (every layer on the GPU, or in RAM without one) in what
+the loaded models leave is loaded beside them; otherwise idle models are unloaded, least recently used
+first, until it would, or none is idle; then the planner places it within what is left (disk for the
+rest). --max-loaded bounds the count first. Free memory is measured, with the models loaded here added
+back for those unloaded; under $HYPURA_FREE_MEMORY (a fixed figure) the models that stay are taken off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hypura.modelfile import read_header
+from hypura.plan.auto import Fit, Request, resident_need, summary
+from hypura.plan.cost import GPU, RAM
+from hypura.profile.free import FreeMemory, free_memory
+from hypura.serve.errors import ApiError
+from hypura.sizes import fmt_size
+
+
+@dataclass(frozen=True)
+class Room:
+    free: FreeMemory  # what the new model may take (before the fit margins)
+    staying: tuple[str, ...]
+    unloaded: tuple  # ModelEntry: taken out of the registry, to close before loading
+    need: tuple[int, int]  # (GPU, RAM) bytes at full speed, as llama.cpp would hold it
+
+    def settings_for(self, settings, say):
+        """The server's settings with this room as the default path's free memory, its line to `say`."""
+        fit = settings.llama_kwargs.get("fit")
+        fit = fit if isinstance(fit, Fit) else Fit(enabled=fit is not False)
+        kwargs = {**settings.llama_kwargs, "fit": dataclasses.replace(fit, free=self.free, say=say)}
+        return dataclasses.replace(settings, llama_kwargs=kwargs)
+
+    def describe(self) -> str:
+        beside = f"beside {', '.join(self.staying)}" if self.staying else "alone"
+        gone = f"; unloaded {', '.join(e.name for e in self.unloaded)} for it" if self.unloaded else ""
+        return (f"{beside}{gone}; {self.free.describe()} for it, {fmt_size(sum(self.need))} needed at full "
+                "speed")
+
+    def footprint(self, entry) -> tuple[int, int]:
+        """(GPU, RAM) bytes the loaded model holds: its plan's, or as llama.cpp holds it where it fitted."""
+        plan = getattr(entry.llm, "plan", None)
+        return (plan.used(GPU), plan.used(RAM)) if plan is not None else self.need
+
+    def chosen(self, entry, said: list[str]) -> str:
+        """What the planner chose, in one line (/api/ps): the default path's line, else the plan's summary."""
+        if said:
+            return said[-1].removeprefix("hypura: ")
+        plan = getattr(entry.llm, "plan", None)
+        return f"plan: {summary(plan)}" if plan is not None else f"llama.cpp's placement; {self.describe()}"
+
+
+def _fit(settings) -> Fit:
+    fit = settings.llama_kwargs.get("fit")
+    return fit if isinstance(fit, Fit) else Fit()
+
+
+def _room(measured: FreeMemory, loaded: list, staying: list, source: str) -> FreeMemory:
+    if measured.source == "measured":  # the measurement already excludes every model loaded here
+        delta = [(e.footprint[0], e.footprint[1]) for e in loaded if e not in staying]
+        sign = 1
+    else:
+        delta = [(e.footprint[0], e.footprint[1]) for e in staying]
+        sign = -1
+    gpu = None if measured.gpu is None else max(0, measured.gpu + sign * sum(d[0] for d in delta))
+    ram = max(0, measured.ram + sign * sum(d[1] for d in delta))
+    return FreeMemory(gpu, ram, measured.gpu_total, measured.ram_total, source)
+
+
+def make_room(registry, offer) -> Room:
+    """Choose what to unload for `offer` and take it out of the registry (under the registry's `_mem`)."""
+    settings = registry.settings
+    fit = _fit(settings)
+    measured = free_memory()
+    request = Request(n_ctx=settings.parallel * settings.n_ctx, parallel=settings.parallel)
+    need = resident_need(read_header(offer.path), request, on_gpu=measured.gpu is not None)
+    with registry._lock:
+        loaded = list(registry.entries.values())
+        candidates = registry.idle()
+    chosen = []
+    while True:
+        staying = [e for e in loaded if e not in chosen]
+        free = _room(measured, loaded, staying, measured.source)
+        fits = (need[0] <= max(0, (free.gpu or 0) - fit.gpu_margin) if need[0] else True) and \
+            need[1] <= max(0, free.ram - fit.ram_margin)
+        if (fits and len(staying) < settings.max_loaded) or not candidates:
+            break
+        chosen.append(candidates.pop(0))
+    with registry._lock:  # a request may have leased one meanwhile: it stays
+        gone = [e for e in chosen if registry.entries.get(e.name) is e and e in registry.idle()]
+        for e in gone:
+            del registry.entries[e.name]
+    staying = [e for e in loaded if e not in gone]
+    if len(staying) >= settings.max_loaded:
+        raise ApiError(503, f"{len(staying)} models are loaded and busy (--max-loaded {settings.max_loaded}): "
+                            f"'{offer.name}' loads when one is idle", None, {"Retry-After": "5"})
+    if measured.source == "measured":
+        source = f"measured, with {len(gone)} unloaded for it" if gone else "measured"
+    else:
+        source = f"{measured.source}, less {len(staying)} loaded here" if staying else measured.source
+    return Room(_room(measured, loaded, staying, source), tuple(e.name for e in staying), tuple(gone), need)
