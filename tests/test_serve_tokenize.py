@@ -188,3 +188,18 @@ def test_a_client_leaving_during_tokenization_ends_its_request(smollm2_path):
     finally:
         engine.release.set()
         server.stop()
+
+
+def test_pieces_give_llama_cpps_tokens_on_gemma(gemma_path):
+    """Gemma: another tokenizer (SentencePiece-like, a space prefix per text) and 6,000+ special tokens."""
+    model = hypura.Llama(str(gemma_path), n_ctx=256, n_threads=1, verbose=False)
+    try:
+        vocab = prompt_tokens.read_vocab(model)
+        assert {"<start_of_turn>", "<end_of_turn>"} <= vocab.cutters
+        turn = "<start_of_turn>user\n  na\u00efve caf\u00e9 {i}  spaces\t<end_of_turn>\n<start_of_turn>model\n<end_of_turn> x"
+        for text in ("".join(turn.format(i=i) for i in range(300)), "<end_of_turn>x" * 3000,
+                     "<start_of_turn><end_of_turn>" * 500 + "tail"):
+            for add_special in (True, False):
+                assert _pieces(model, vocab, text, add_special) == _whole(model, text, add_special, True)
+    finally:
+        model.close()
