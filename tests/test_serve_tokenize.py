@@ -196,7 +196,8 @@ def test_pieces_give_llama_cpps_tokens_on_gemma(gemma_path):
     try:
         vocab = prompt_tokens.read_vocab(model)
         assert {"<start_of_turn>", "<end_of_turn>"} <= vocab.cutters
-        turn = "<start_of_turn>user\n  na\u00efve caf\u00e9 {i}  spaces\t<end_of_turn>\n<start_of_turn>model\n<end_of_turn> x"
+        turn = ("<start_of_turn>user\n  na\u00efve caf\u00e9 {i}  spaces\t<end_of_turn>\n"
+                "<start_of_turn>model\n<end_of_turn> x")
         for text in ("".join(turn.format(i=i) for i in range(300)), "<end_of_turn>x" * 3000,
                      "<start_of_turn><end_of_turn>" * 500 + "tail"):
             for add_special in (True, False):

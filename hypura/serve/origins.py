@@ -3,8 +3,8 @@ CVE-2024-28224.
 
 - Host: a DNS-rebinding page reaches 127.0.0.1 under a name of its own (`Host: rebind.evil.example`), so a
   request is served only when its Host is a loopback address or `localhost` (`*.localhost`), this
-  machine's own name, the `--host` value, or a name of `--allowed-hosts` (`*` allows any). A server listening on every address (`0.0.0.0`,
-  `::`) also answers any IP address: rebinding needs a name.
+  machine's own name, the `--host` value, or a name of `--allowed-hosts` (`*` allows any). A server
+  listening on every address (`0.0.0.0`, `::`) also answers any IP address: rebinding needs a name.
 - Origin: browsers send it on every cross-origin request, and a `text/plain` POST needs no preflight, so a
   request whose Origin is not allowed is refused before any work. Allowed: loopback origins of any port and
   the desktop-app schemes Ollama allows (`app://`, `file://`, `tauri://`, `vscode-webview://`), and each
