@@ -109,7 +109,7 @@ def test_64_concurrent_clients_some_leaving(server):
 def _raw(port: int, path: str, body: dict) -> socket.socket:
     data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     return s
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -37,6 +39,14 @@ from hypura.store.catalog import MODELS_DIR_ENV
 @click.option("--ram", metavar="SIZE", help="RAM budget, e.g. 16GiB: placement is planned from it.")
 @click.option("--api-key", envvar="HYPURA_API_KEY", metavar="KEY",
               help="Require 'Authorization: Bearer KEY' on every route but /health (or $HYPURA_API_KEY).")
+@click.option("--allowed-hosts", metavar="NAME", multiple=True,
+              help="Answer requests whose Host is NAME too (repeatable; '*' answers any). Loopback names and "
+                   "addresses and --host are always answered: DNS-rebinding pages are not.")
+@click.option("--cors-origin", "cors_origins", metavar="ORIGIN", multiple=True,
+              help="Let web pages of ORIGIN (e.g. https://app.example, http://192.168.1.5:*) call the server "
+                   "(repeatable; '*' lets any). Pages on localhost may by default; other origins are refused.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=86400), default=60, show_default=True,
+              help="Seconds a request's headers, then its body, may take to arrive.")
 @click.option("--max-queue", type=click.IntRange(1), default=64, show_default=True,
               help="Requests that may wait for a sequence; beyond them the server answers 429.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
@@ -45,8 +55,8 @@ from hypura.store.catalog import MODELS_DIR_ENV
               help="CPU threads (default: hypura.Llama's, physical cores).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key, max_queue,
-          prefix_cache, threads, log_level) -> None:
+def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key,
+          allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, threads, log_level) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
     Without -m, every model in Ollama's store ($OLLAMA_MODELS or ~/.ollama/models), LM Studio's and
@@ -78,7 +88,8 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
                              max_loaded=max_loaded or DEFAULT_MAX_LOADED,
                              host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
-                             max_queue=max_queue, prefix_cache=prefix_cache,
+                             max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
+                             cors_origins=cors_origins, timeout_s=timeout_s,
                              llama_kwargs={**({"n_threads": threads} if threads else {}),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr
@@ -86,3 +97,7 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
     server = Server(settings, log_level=log_level)
     click.echo(f"hypura serve: listening on {server.url} (Ollama API at /api, OpenAI API at /v1)", err=True)
     server.run()
+    if server.left_open:  # a tokenization still runs in llama.cpp: exit now rather than free the model under it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -4,18 +4,22 @@
     server.py         bind, uvicorn, -m models loaded on a thread meanwhile (/health 503 -> 200), or the
                       stores' models offered; shutdown
     app.py            the Starlette app: routes, /health, /metrics, errors in each API's shape
-    guard.py          ASGI layer: API key, body size bound, 503 while loading, request counts
+    guard.py          ASGI layer: Host, Origin and CORS (origins.py), API key, body bound and deadline,
+                      503 while loading, request counts
+    lifecycle.py      shutdown ending streams, prompt work on threads of its own, the header deadline
     gate.py           ASGI layer: a request's model loaded (on demand) and leased while its answer runs
     ollama_routes.py  /, /api/version, /api/tags, /api/ps, /api/show, /api/generate, /api/chat
     ollama_options.py Ollama's `options` -> SamplingParams
     openai_routes.py  /v1/models, /v1/chat/completions, /v1/completions
     generation.py     prompt tokens, context check, submission (engine errors -> HTTP), whole results
+    prompt_tokens.py  tokenizing in bounded time: refused before it when it cannot fit, in pieces, stoppable
     bridge.py         the asyncio <-> engine-thread protocol (EngineStream)
     streaming.py      NDJSON / SSE responses and waits that cancel the request when the client leaves
     registry.py       the models on offer and those loaded (at start, or on demand: its protocol), their names
     room.py           which idle models a load unloads, and the free memory it is planned within
     keep_alive.py     Ollama's keep_alive durations; model_info.py what is said about a model
     chat_template.py  the GGUF's Jinja chat template, rendered in a bounded sandbox
+    template_sandbox.py  its operations sized before they run (powers, formats, tojson, repetition)
     metrics.py        Prometheus text of engine.metrics()
     fields.py, errors.py  request fields with types and ranges; error bodies
 

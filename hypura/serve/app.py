@@ -2,18 +2,20 @@
 
 Every failure a request can cause becomes an answer in its API's error shape (errors.py), and the
 server goes on serving: ApiError as itself, an unknown route or method as 404/405, a client that left
-as nothing, and anything unexpected as a 500 with one line (the traceback goes to the server's log).
+as nothing (one log line when it left mid-body), and anything unexpected as a 500 with one line (the
+traceback goes to the server's log: a bug of the server, never a client's mistake).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -24,6 +26,9 @@ from hypura.serve.guard import Guard
 from hypura.serve.registry import Registry
 from hypura.serve.settings import ServeSettings
 from hypura.serve.streaming import ClientGone
+
+log = logging.getLogger("hypura.serve")
+
 
 @dataclass
 class ServerState:
@@ -79,6 +84,13 @@ async def _client_gone(request: Request, exc: ClientGone) -> Response:
     return Response(status_code=499)  # never delivered: the connection is closed
 
 
+async def _left_mid_body(request: Request, exc: ClientDisconnect) -> Response:
+    client = request.client
+    log.info("%s%s %s: the client left before sending its whole body", f"{client.host}:{client.port} " if client
+             else "", request.method, request.url.path)
+    return Response(status_code=499)  # never delivered: the connection is closed
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # Starlette raises the exception again after this answer: uvicorn logs its traceback
     error = ApiError(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}")
@@ -92,7 +104,8 @@ def create_app(state: ServerState):
               *(Route(path, not_supported, methods=["GET", "POST", "DELETE"]) for path in NOT_SUPPORTED)]
     state.http = metrics.HttpCounts(r.path for r in routes)
     app = Starlette(routes=routes, exception_handlers={
-        ApiError: _api_error, HTTPException: _http_error, ClientGone: _client_gone, Exception: _unexpected})
+        ApiError: _api_error, HTTPException: _http_error, ClientGone: _client_gone,
+        ClientDisconnect: _left_mid_body, Exception: _unexpected})
     app.state.server = state
     app.state.registry = state.registry
     return Guard(ModelGate(app, state.registry), state)  # the gate loads a request's model on demand

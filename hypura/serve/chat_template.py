@@ -12,14 +12,13 @@ capped; the output capped. A template that breaks any of this, or fails to parse
 TemplateError with one printable line; `raise_exception(...)` in the template raises TemplateRejected
 (the conversation, not the server, is at fault).
 
-What is not bounded: memory that plain string concatenation (`~`) in a template's straight-line code
-allocates before the output cap sees it (a chain of `{% set s = s ~ s %}` written out 30 times).
+Sizes are estimated before the operation that would build them (template_sandbox.py): a power, a format
+width, a repetition, a concatenation over its bound is refused before it allocates or computes anything.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import re
 import threading
 import time
@@ -33,6 +32,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from hypura.errors import HypuraError
+from hypura.serve.template_sandbox import SizeChecks, bounded_filters, bounded_tojson
 
 METADATA_KEY = "tokenizer.chat_template"
 
@@ -102,10 +102,16 @@ def _check_format(bounds: _Bounds, fmt: str, pattern: re.Pattern) -> None:
                 bounds.number(int(field))
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The sandbox with every hook a render passes through bounded."""
+class _Sandbox(SizeChecks, ImmutableSandboxedEnvironment):
+    """The sandbox with every hook a render passes through bounded (sizes before they are built: SizeChecks)."""
 
     intercepted_binops = frozenset(["*", "**", "%", "+"])
+
+    def _limits(self) -> TemplateLimits:
+        return _bounds().limits
+
+    def _refuse(self, message: str):
+        raise TemplateError(message)
 
     def call_binop(self, context, operator, left, right):
         bounds = _bounds()
@@ -180,12 +186,6 @@ class _IgnoreGeneration(jinja2.ext.Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators=None,
-            sort_keys: bool = False) -> str:
-    # transformers' (and llama-cpp-python's) tojson: no HTML escaping, unlike jinja's own
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
@@ -197,8 +197,8 @@ def _raise_exception(message: str):
 def _environment() -> _Sandbox:
     env = _Sandbox(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
                    extensions=[_IgnoreGeneration, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.filters = {name: _bounded_filter(fn) for name, fn in env.filters.items()}
+    env.filters["tojson"] = bounded_tojson(env)  # transformers' (and llama-cpp-python's): no HTML escaping
+    env.filters = {name: _bounded_filter(fn) for name, fn in bounded_filters(env, env.filters).items()}
     env.globals.pop("lipsum", None)  # lipsum(n) makes n paragraphs: no chat template needs it
     env.globals["range"] = _bounded_range
     return env

@@ -6,8 +6,10 @@ APIs' clients send unset fields as null. Unknown fields are ignored, as Ollama a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import re
 from typing import Any, Optional
 
 from starlette.requests import Request
@@ -17,18 +19,53 @@ from hypura.serve.errors import bad_request
 _MISSING = object()
 
 
+MAX_DEPTH = 64  # nesting of a request body; tools' JSON schemas stay far below
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \ud800-\udfff: only escapes make lone surrogates
+
+
 async def json_body(request: Request) -> dict:
-    """The body as a JSON object (the body-size bound is enforced below, by the middleware)."""
+    """The body as a JSON object (the body-size bound is enforced below, by the middleware), of text that
+    is valid Unicode and nested at most MAX_DEPTH deep."""
     raw = await request.body()
     if not raw.strip():
         raise bad_request("the request body is empty: want a JSON object")
+    return await asyncio.to_thread(_parsed, raw)  # up to 8 MiB of JSON: a second of work, off the loop
+
+
+def _parsed(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request(f"the request body is nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise bad_request(f"the request body has a number out of range: {str(e)[:100]}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body is a JSON {type(body).__name__}: want an object")
+    _check_values(body, strings=_SURROGATE_ESCAPE.search(raw) is not None)
     return body
+
+
+def _check_values(body: dict, strings: bool) -> None:
+    """Refuse what JSON allows but nothing downstream can use: nesting deeper than MAX_DEPTH and (`strings`:
+    the body escapes a surrogate) lone surrogates ("\\ud800", which UTF-8 cannot encode). Iterative."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise bad_request(f"the request body is nested too deeply (at most {MAX_DEPTH} levels)")
+        if isinstance(value, dict):
+            stack += [(v, depth + 1) for v in value.values() if strings or isinstance(v, (dict, list))]
+            stack += [(k, depth) for k in value] if strings else []
+        elif isinstance(value, list):
+            stack += [(v, depth + 1) for v in value if strings or isinstance(v, (dict, list))]
+        elif isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad_request("the request body has a lone surrogate (\\ud800-\\udfff without its pair): "
+                                  "text must be valid Unicode") from None
 
 
 def _get(body: dict, key: str, default: Any) -> Any:

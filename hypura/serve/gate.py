@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,6 +18,7 @@ from hypura.serve import ollama_routes
 from hypura.serve.errors import ApiError, bad_request, error_response, is_openai_path
 from hypura.serve.keep_alive import KeepAliveError, parse_keep_alive
 
+log = logging.getLogger("hypura.serve")
 MODEL_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/v1/chat/completions",
                           "/v1/completions", "/v1/embeddings"})
 
@@ -32,9 +34,10 @@ class ModelGate:
             return
         try:
             body = await _read_body(receive)
-            if body is None:
-                return  # the client left
-            data = _json(body)
+            if body is None:  # the client left mid-body: one line, as the routes log it
+                log.info("%s %s: the client left before sending its whole body", scope["method"], path)
+                return
+            data = await asyncio.to_thread(_json, body)  # up to 8 MiB of JSON: off the loop
             model = data.get("model")
             if not isinstance(model, str) or not model:
                 await self.app(scope, _replay(body, receive), send)  # the route says what is wrong
@@ -81,7 +84,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 def _json(body: bytes) -> dict:
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return {}  # the route answers the 400
     return data if isinstance(data, dict) else {}
 

@@ -1,38 +1,44 @@
 """What both APIs do to run a request: prompt tokens (a rendered chat template, text or token ids),
 the context check, submission to the engine with its errors mapped to HTTP, and a whole result.
 
-Rendering and tokenizing run on a worker thread: a long conversation, or a hostile template running
-into its deadline, never stalls the loop that streams every other request.
+Rendering and tokenizing run on a thread of their own (lifecycle.off_loop), bounded (prompt_tokens.py) and
+stopped when the request goes: a long conversation, or a hostile template running into its bounds, never
+stalls the loop that streams every other request, nor the server's shutdown.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 from hypura.engine import EngineClosed, PromptTooLong, QueueFull, Result, SamplingParams
 from hypura.errors import HypuraError
+from hypura.serve import lifecycle, prompt_tokens
 from hypura.serve.bridge import EngineStream
 from hypura.serve.chat_template import TemplateError, TemplateRejected
 from hypura.serve.errors import ApiError
 from hypura.serve.registry import ModelEntry
 
 RETRY_AFTER_S = "1"  # a queue slot frees when any running request ends: ask for a quick retry
+PROMPT_DEADLINE_S = 30.0  # rendering and tokenizing one prompt, bounded as they are, end well before this
 
 
 async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) -> list[int]:
     """The conversation through the model's chat template, tokenized as llama-cpp-python does after a
     Jinja template: special tokens parsed, no BOS added (the template writes its own)."""
     template = entry.chat_template()
+    if len(messages) >= entry.n_ctx:  # every template writes a token or more per message
+        raise prompt_tokens.too_long(entry.n_ctx, f"a conversation of {len(messages)} messages")
+    prompt_tokens.check_chars(entry.vocab, entry.n_ctx, sum(len(m.get("content") or "") for m in messages
+                                                            if isinstance(m.get("content"), str)))
 
-    def run() -> list[int]:
+    def run(cancelled) -> list[int]:
         text = template.render(messages, add_generation_prompt=True, **template_vars)
-        return entry.engine.tokenize(text, add_special=False, parse_special=True)
+        return _tokenize(entry, text, False, cancelled)
 
     try:
-        return await asyncio.to_thread(run)
+        return await lifecycle.off_loop(run, PROMPT_DEADLINE_S)
     except TemplateRejected as e:
         raise ApiError(400, str(e)) from None
     except TemplateError as e:
@@ -41,7 +47,12 @@ async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) 
 
 async def text_tokens(entry: ModelEntry, text: str) -> list[int]:
     """A raw prompt, as llama-cpp-python's create_completion tokenizes it (BOS as the model wants)."""
-    return await asyncio.to_thread(entry.engine.tokenize, text, True, True)
+    prompt_tokens.check_chars(entry.vocab, entry.n_ctx, len(text))
+    return await lifecycle.off_loop(lambda cancelled: _tokenize(entry, text, True, cancelled), PROMPT_DEADLINE_S)
+
+
+def _tokenize(entry: ModelEntry, text: str, add_special: bool, cancelled) -> list[int]:
+    return prompt_tokens.tokenize(entry.engine.tokenize, entry.vocab, text, add_special, True, entry.n_ctx, cancelled)
 
 
 def checked_token_ids(entry: ModelEntry, tokens, field: str) -> list[int]:

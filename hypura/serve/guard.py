@@ -1,4 +1,5 @@
-"""The ASGI layer in front of every route: API key, request body bound, 503 while loading, request counts.
+"""The ASGI layer in front of every route: Host and Origin (origins.py), CORS, API key, request body bound
+and deadline, 503 while loading, request counts.
 
 A plain ASGI wrapper (not Starlette's BaseHTTPMiddleware, which would buffer streamed responses and
 hide the client's disconnect from the routes). Its refusals answer in the shape of the API called.
@@ -6,21 +7,33 @@ hide the client's disconnect from the routes). Its refusals answer in the shape 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import time
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hypura.serve import lifecycle
 from hypura.serve.errors import ApiError, error_response, is_openai_path
+from hypura.serve.origins import Origins, cors_headers, preflight_headers
 
 OPEN_PATHS = frozenset({"/health"})  # reachable without the API key (load balancers, probes)
 OPEN_WHILE_LOADING = frozenset({"/", "/health", "/metrics", "/api/version"})
 
 
+def _preflight(origin: str, asked: str) -> Response:
+    response = Response(status_code=204)
+    response.raw_headers.extend(preflight_headers(origin, asked))
+    return response
+
+
 class Guard:
     def __init__(self, app: ASGIApp, state):
         self.app, self.state = app, state
-        key = state.settings.api_key
-        self.expected = f"Bearer {key}".encode() if key else None
+        settings = state.settings
+        self.key = settings.api_key.encode() if settings.api_key else None
+        self.origins = Origins(settings.host, settings.allowed_hosts, settings.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -28,26 +41,52 @@ class Guard:
             return
         path = scope["path"]
         status = []
+        headers = dict(scope["headers"])
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        cors = cors_headers(origin) if origin and self.origins.origin_allowed(origin) else []
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
             await send(message)
 
         try:
-            refusal = self._refusal(scope, path)
+            refusal = self._where_from(headers, origin)
+            if refusal is None and cors and scope["method"] == "OPTIONS" and \
+                    b"access-control-request-method" in headers:
+                asked = headers.get(b"access-control-request-headers", b"").decode("latin-1")
+                await _preflight(origin, asked)(scope, receive, send)
+                status.append(204)
+                return
+            refusal = refusal or self._refusal(headers, path)
             if refusal is not None:
                 await error_response(refusal, is_openai_path(path))(scope, receive, counting_send)
                 return
-            await self.app(scope, self._bounded(scope, receive), counting_send)
+            bounded = self._bounded(scope, receive)
+            lifecycle.watch_client(bounded)  # prompt work stops when the client goes
+            await self.app(scope, bounded, counting_send)
         finally:
             self.state.http.count(path, status[0] if status else 499)  # 499: the client left before an answer
 
-    def _refusal(self, scope: Scope, path: str):
-        headers = dict(scope["headers"])
-        if self.expected is not None and path not in OPEN_PATHS:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+    def _where_from(self, headers: dict, origin: str):
+        """403 for a Host this server does not answer to or a web page's Origin not allowed (no work done)."""
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not self.origins.host_allowed(host):
+            return ApiError(403, f"Host '{host[:100]}' is not allowed: start the server with --allowed-hosts "
+                                 "NAME to answer to it")
+        if origin and not self.origins.origin_allowed(origin):
+            return ApiError(403, f"Origin '{origin[:100]}' is not allowed: start the server with --cors-origin "
+                                 "ORIGIN to let its pages call it")
+        return None
+
+    def _key_given(self, headers: dict) -> bool:
+        scheme, _, token = headers.get(b"authorization", b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+    def _refusal(self, headers: dict, path: str):
+        if self.key is not None and path not in OPEN_PATHS:
+            if not self._key_given(headers):
                 return ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key",
                                 {"WWW-Authenticate": "Bearer"})
         if not self.state.ready and path not in OPEN_WHILE_LOADING:
@@ -61,11 +100,20 @@ class Guard:
         return None
 
     def _bounded(self, scope: Scope, receive: Receive) -> Receive:
-        """`receive` that fails once a chunked body passes the limit (Content-Length was checked already)."""
-        limit, seen = self.state.settings.max_body_bytes, [0]
+        """`receive` that fails once a chunked body passes the limit (Content-Length was checked already),
+        or when the body is not complete `--timeout` seconds after the request came (a slow client)."""
+        limit, seen, done = self.state.settings.max_body_bytes, [0], [False]
+        timeout = self.state.settings.timeout_s
+        deadline = time.monotonic() + timeout
 
         async def bounded_receive() -> Message:
-            message = await receive()
+            if done[0]:  # the body is read: what comes now is the disconnect, awaited as long as it takes
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise ApiError(408, f"the request body did not arrive within {timeout:g} s (--timeout)") from None
+            done[0] = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 seen[0] += len(message.get("body", b""))
                 if seen[0] > limit:

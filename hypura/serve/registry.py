@@ -40,6 +40,7 @@ from hypura.errors import HypuraError
 from hypura.serve.chat_template import ChatTemplate, TemplateError
 from hypura.serve.errors import ApiError
 from hypura.serve.model_info import ModelInfo, model_info
+from hypura.serve.prompt_tokens import Vocab, read_vocab
 from hypura.serve.settings import ServeSettings
 from hypura.store import names
 
@@ -82,6 +83,7 @@ class ModelEntry:
     footprint: tuple[int, int] = (0, 0)  # (GPU, RAM) bytes it holds, as planned
     leases: int = 0  # requests using it now
     expires: float = math.inf  # time.monotonic() when it is unloaded, idle
+    vocab: Vocab = Vocab(max_token_bytes=64)  # what bounds tokenizing a prompt (prompt_tokens.py)
 
     @property
     def name(self) -> str:
@@ -356,7 +358,8 @@ def open_model(path: Path, settings: ServeSettings, start_engine: Callable, name
             template_error = str(e)
     return ModelEntry(info=model_info(path, llm.header, name), path=path, engine=engine, llm=llm, template=template,
                       template_error=template_error, n_ctx=int(engine.n_ctx_per_seq), n_vocab=int(llm.n_vocab()),
-                      loaded_at=datetime.now(timezone.utc), load_s=load_s, size_vram=_device_bytes(llm))
+                      loaded_at=datetime.now(timezone.utc), load_s=load_s, size_vram=_device_bytes(llm),
+                      **({"vocab": read_vocab(llm)} if hasattr(llm, "_model") else {}))  # stand-ins have none
 
 
 def offer_of(stored, header) -> Offer:

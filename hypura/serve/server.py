@@ -5,14 +5,16 @@ serves while a thread loads each `-m` model through `hypura.Llama` and starts it
 503 until every model is loaded, 200 after. A model that fails to load stops the server with its
 error. Without -m, every model the stores hold (hypura.store) is offered at once and loaded on its first
 request (registry.py; an unusable one is a line in the log and in its requests' answers). On shutdown
-(Ctrl-C, SIGTERM, `stop()`) open streams get a few seconds, are then cancelled
-(which cancels their engine requests), and the engines and models are closed.
+(Ctrl-C, SIGTERM, `stop()`) each open stream ends at once with a final error chunk (lifecycle.py), its
+engine request cancelled; prompt work still running gets a few seconds to stop, then the engines and
+models are closed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import signal
 import socket
@@ -24,6 +26,7 @@ import uvicorn
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
+from hypura.serve import lifecycle
 from hypura.serve.app import ServerState, create_app
 from hypura.serve.model_info import model_info
 from hypura.serve.registry import Offer, Registry, offer_of
@@ -31,6 +34,7 @@ from hypura.serve.settings import ServeSettings
 
 log = logging.getLogger("hypura.serve")
 
+_LEFT_OPEN: list = []  # registries whose models a stuck tokenization still reads at shutdown
 GRACEFUL_SHUTDOWN_S = 5  # streams still open at shutdown get this long before they are cancelled
 # uvicorn's default keeps idle connections 5 s; clients that pool connections reconnect when closed
 KEEP_ALIVE_S = 5
@@ -91,6 +95,12 @@ def _offer_stores(registry: Registry, models_dir) -> None:
             registry.offer(_kept_offer(default_model_path()))
 
 
+class _Uvicorn(uvicorn.Server):
+    async def shutdown(self, sockets=None) -> None:
+        lifecycle.begin_shutdown()  # open streams end with an error chunk instead of waiting to be cancelled
+        await super().shutdown(sockets)
+
+
 class _Stopped(BaseException):
     """The signal that stopped the server, raised again by uvicorn once it has shut down."""
 
@@ -128,10 +138,12 @@ class Server:
         self.sock = bind(settings.host, settings.port)
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(create_app(self.state), log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S)
-        self.uvicorn = uvicorn.Server(config)
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S,
+                                http=functools.partial(lifecycle.HeaderDeadline, timeout_s=settings.timeout_s))
+        self.uvicorn = _Uvicorn(config)
         self._loader = threading.Thread(target=self._load, name="hypura-serve-load", daemon=True)
         self._thread: Optional[threading.Thread] = None
+        self.left_open = False  # shut down with prompt work still running: the process must exit, not unload
 
     @property
     def url(self) -> str:
@@ -188,5 +200,12 @@ class Server:
         if self._loader.is_alive():
             log.warning("stopping while a model still loads")  # the registry closes it when its load ends
         self.state.ready = False
+        if not lifecycle.drain(GRACEFUL_SHUTDOWN_S):  # llama.cpp would free a vocabulary still being read
+            log.warning("prompt work still runs after %d s: the models are left to the process's exit",
+                        GRACEFUL_SHUTDOWN_S)
+            _LEFT_OPEN.append(self.state.registry)  # never collected: no __del__ frees them under the thread
+            self.left_open = True
+            self.sock.close()
+            return
         self.state.registry.close(GRACEFUL_SHUTDOWN_S)
         self.sock.close()

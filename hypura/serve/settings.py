@@ -35,6 +35,10 @@ class ServeSettings:
     prefix_cache: bool = True
     # a 128k-token conversation is about 0.5 MB of JSON; nothing larger (no images) is accepted
     max_body_bytes: int = 8 << 20
+    # seconds a request's headers, then its body, may take to arrive (a slow or stalled client is dropped)
+    timeout_s: float = 60.0
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback and --host (origins.py)
+    cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the server, besides loopback pages
     llama_kwargs: dict = field(default_factory=dict)  # further hypura.Llama keyword arguments (n_threads, ...)
 
     def __post_init__(self):
@@ -49,6 +53,8 @@ class ServeSettings:
             bad.append(f"-c {self.n_ctx} (want >= 16 tokens per sequence)")
         if self.max_queue < 1 or self.max_body_bytes < 1024:
             bad.append(f"--max-queue {self.max_queue} / max_body_bytes {self.max_body_bytes} (want >= 1 / >= 1024)")
+        if not 0 < self.timeout_s <= 86400:
+            bad.append(f"--timeout {self.timeout_s:g} (want 0 < seconds <= 86400)")
         if self.api_key is not None and not self.api_key.strip():
             bad.append("--api-key is empty")
         if bad:

@@ -1,0 +1,94 @@
+"""Untrusted chat templates are bounded in time, memory and place (issue 33): each template below froze
+the server (a big-integer power ran 31 s on the event loop, /health unanswered) or took ~190 MB per
+request before its bound was checked. Now each is refused before it builds anything, in well under its
+time bound, with RSS flat, while the server answers other requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+import pytest
+
+from hypura.serve.chat_template import ChatTemplate, TemplateError
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+
+from serve_fakes import MODEL, start_fake  # noqa: E402
+
+DEEP = "[" * 40 + "1" + "]" * 40
+# the issue's templates (n from messages|length), then more that multiply a size in one operation
+HOSTILE = {
+    "power": "{% set n = messages|length %}{% set x = ((6 + n) ** 65536) ** 256 %}{{ x }}",
+    "format-filter": "{% set n = messages|length %}{{ '%0200000000d' | format(n) }}",
+    "percent-star": "{% set n = messages|length %}{{ '%*d' % (200000000, n) }}",
+    "str-format-nested": "{% set n = messages|length %}{{ '{:>{}}'.format(n, '200000000') }}",
+    "tojson-indent": "{{ %s | tojson(indent=65536) }}" % DEEP,
+    "percent-many": "{{ ('%65536d' * 64) % ((1,) * 64) }}",
+    "concat": "{% set s = 'x' * 4000000 %}{% set s = s ~ s ~ s %}{{ s }}",
+    "replace": "{% set s = 'x' * 40000 %}{{ s.replace('x', s) }}",
+    "indent": "{{ ('\\n' * 60000) | indent(65536) }}",
+    "join": "{{ range(1000) | map('string') | join('y' * 60000) }}",
+    "expandtabs": "{{ ('\\t' * 1000000).expandtabs(65536) }}",
+    "multiply": "{% set x = 7 ** 20000 %}{{ x * x * x * x }}",
+}
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_refused_before_it_builds_anything(name):
+    rss = psutil.Process().memory_info().rss
+    started = time.perf_counter()
+    with pytest.raises(TemplateError) as e:
+        ChatTemplate(HOSTILE[name]).render(MESSAGES)
+    assert time.perf_counter() - started < 1.0
+    assert "\n" not in str(e.value) and len(str(e.value)) < 300
+    assert psutil.Process().memory_info().rss - rss < 64 << 20
+
+
+def test_real_template_features_still_render():
+    t = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "{{ '%5d|%-3s|%.2f' % (7, 'a', 1.5) }}{{ '{:>4}|{:02d}'.format(1, 3) }}{{ '%03d' | format(4) }}"
+                     "{{ messages | tojson(indent=2) | length }}{{ ('a' ~ 'b') * 3 }}{{ 'a-b'.replace('-', '+') }}"
+                     "{{ ['x', 'y'] | join(', ') }}{{ 'l1\nl2' | indent(2) }}{{ 2 ** 10 }}")
+    out = t.render(MESSAGES)
+    assert out.startswith("<|im_start|>user\nhi<|im_end|>\n    7|a  |1.50   1|03004")
+    assert out.endswith("ababab" + "a+b" + "x, y" + "l1\n  l2" + "1024")
+
+
+@pytest.mark.parametrize("name", ["power", "format-filter", "percent-star", "str-format-nested", "tojson-indent"])
+def test_the_server_refuses_them_in_time_flat_and_serves_meanwhile(smollm2_path, name):
+    server = start_fake(smollm2_path, template=HOSTILE[name])
+    health, stop = [], threading.Event()
+
+    def probe():
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            while not stop.is_set():
+                started = time.monotonic()
+                assert c.get("/health").status_code == 200
+                health.append(time.monotonic() - started)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            chat = {"model": MODEL, "messages": MESSAGES, "stream": False}
+            c.post("/api/chat", json=chat)  # warm up: imports, first allocations
+            rss = psutil.Process().memory_info().rss
+            for _ in range(9):
+                started = time.monotonic()
+                r = c.post("/api/chat", json=chat)
+                assert r.status_code == 500 and "chat template" in r.json()["error"], r.text
+                assert time.monotonic() - started < 2.5  # the template's 2 s, on a busy machine
+            grown = psutil.Process().memory_info().rss - rss
+            raw = c.post("/api/generate", json={"model": MODEL, "prompt": "x", "raw": True, "stream": False})
+            assert raw.status_code == 200  # the same model, served meanwhile
+    finally:
+        stop.set()
+        prober.join()
+        server.stop()
+    assert grown < 64 << 20, f"RSS grew {grown >> 20} MB over 9 requests"
+    assert len(health) > 5 and max(health) < 1.0, max(health)
