@@ -1,0 +1,48 @@
+"""Speculation inside a generation loop that hands out one token at a time (hypura-cli's).
+
+The loop decodes what it has, then samples one token. With a SpecDecoder, decoding the last sampled
+token is a verification pass instead (the draft rides along); the pass's tokens wait in `pending`
+and the loop's next samples take them in order, without decoding: all but the last are already in
+the KV cache, and the last one leads the next pass. `history` mirrors the KV cache, for drafters.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class SpecDecoder:
+    def __init__(self, verifier, decode: Callable[[list[int]], bool]):
+        self.verifier, self._decode = verifier, decode
+        self.history: list[int] = []  # the tokens in the target's KV cache, in order
+        self.pending: list[int] = []  # the last pass's tokens the loop has not taken yet
+
+    def decode(self, embd: list[int], n_past: int, generating: bool, limit: int, sample: Callable[[int], int]) -> int:
+        """Decode `embd` at n_past (a pass when it is one generated token); the tokens the KV cache
+        gained, or -1 when llama_decode failed."""
+        if self.pending:  # embd is a token the last pass kept
+            return 0
+        if generating and len(embd) == 1 and limit > 1:
+            out = self.verifier.step(self.history + embd, n_past, sample, limit)
+            if out is None:
+                return -1
+            self.history += embd + out[:-1]
+            self.pending = out
+            return len(out)
+        if not self._decode(embd):
+            return -1
+        self.history += embd
+        return len(embd)
+
+    def take(self) -> int:
+        return self.pending.pop(0)
+
+    def forget(self, start: int, n: int) -> None:
+        """The context shift removed n cells from `start` on."""
+        del self.history[start: start + n]
+
+    def describe(self) -> list[str]:
+        return self.verifier.stats.describe()
+
+    def close(self) -> None:
+        self.verifier.close()
