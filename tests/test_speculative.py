@@ -49,7 +49,7 @@ def test_draft_length_follows_acceptance_and_cost():
 def _llama(path, n_threads, **kw):
     from hypura import Llama
 
-    return Llama(str(path), n_ctx=1024, n_threads=n_threads, verbose=False, **kw)
+    return Llama(str(path), n_ctx=1024, n_threads=n_threads, n_threads_batch=n_threads, verbose=False, **kw)
 
 
 def _greedy(llm, prompt=PROMPT, n=64) -> str:

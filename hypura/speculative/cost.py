@@ -4,9 +4,8 @@ Online, per generation: each verification pass is timed by the tokens it carries
 token plus the draft), each drafted token's acceptance is counted, and drafting is timed. With a
 per-token acceptance a, a draft of k yields E(k) = 1 + a + ... + a^k tokens a pass, and costs
 pass(k + 1) + k * draft_s; the next draft length is the k in [n_min, n_max] maximising the ratio.
-A pass's cost for a token count never seen is a line through the ones seen; with one seen it is
-flat (a pass over streamed weights costs the same whatever it carries): optimistic, so longer
-drafts get tried and timed.
+The first two passes carry the longest and the shortest draft; after that a pass's cost for a
+token count never timed is the least-squares line through the counts timed.
 """
 
 from __future__ import annotations
@@ -72,6 +71,9 @@ class DraftLength:
         """The draft length to ask for next, at most `limit` (tokens left, context left)."""
         hi = max(0, min(self.n_max, limit))
         lo = min(max(self.n_min, 1), hi)  # at least one drafted token, so acceptance stays measured
+        seen = self.times.by_tokens
+        if len(seen) < 2 and hi > 0:  # two pass sizes timed first: the cost line needs two points
+            return lo if hi + 1 in seen else hi
         return max(range(lo, hi + 1), key=self.rate, default=0)
 
     def record(self, n_drafted: int, n_accepted: int, pass_s: float, draft_s: float) -> None:

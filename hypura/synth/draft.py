@@ -4,7 +4,7 @@ Random-weight models agree only by chance, so a synthetic target needs a draft b
 draft is the target itself cut to its first few blocks: the same vocabulary and metadata, the
 target's token embeddings and output head byte for byte, and blocks whose output projections
 (attn_output, ffn_down*) are scaled down, so that the draft's last hidden state is its token's
-embedding. A target whose blocks are scaled down too (`hypura synth --block-out-scale 0.05`) also
+embedding. A target whose blocks are scaled down too (`hypura synth --block-out-scale 0.001`) also
 follows its embeddings, and then both predict from the current token through the same head.
 
 Agreement is then set by one knob: noise on the draft's output norm, g' = g * (1 + eps * N(0, 1))
@@ -33,7 +33,7 @@ _SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8
                  "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 _OUT_PROJ = re.compile(r"blk\.\d+\.(attn_output|ffn_down(_exps|_shexp|_chexps)?)\.weight$")
 _BLOCK = re.compile(r"blk\.(\d+)\.")
-SAMPLE_TOKENS = 512
+SAMPLE_TOKENS = 256
 
 
 @dataclass(frozen=True)
