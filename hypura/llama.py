@@ -229,9 +229,11 @@ class Llama(llama_cpp.Llama):
         each tier, stall ms per token, achieved GB/s per link, the plan's prediction, and memory
         (RSS now and at peak, GPU memory taken since load began) beside the plan's budgets."""
         out = self._runtime.summary(reset)
-        spec = getattr(self.__dict__.get("draft_model"), "stats", None)
-        if spec is not None:
-            out["speculative"] = spec.summary()
+        draft = self.__dict__.get("draft_model")
+        if getattr(draft, "stats", None) is not None:
+            out["speculative"] = draft.stats.summary()
+            if reset:
+                draft.reset_stats()
         return out
 
     def probe_disk(self, seconds: float = 1.0) -> Optional[dict]:

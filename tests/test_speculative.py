@@ -120,8 +120,8 @@ def test_sampled_distribution_kept(plain, smollm2_path, n_threads):
         n = 300
         a = _pairs(plain, ids, range(n))
         b = _pairs(llm, ids, range(10_000, 10_000 + n))
-        spec = llm.stats()["speculative"]
-        assert 0.05 < spec["acceptance"] < 0.95, spec  # both sides of the rule were taken
+        accepted = np.mean([second == greedy[1] for second, _ in b])
+        assert 0.05 < accepted < 0.95, accepted  # both sides of the rule were taken
     finally:
         llm.close()
     assert len(set(a)) >= 3, a

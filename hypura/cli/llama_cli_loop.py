@@ -407,7 +407,8 @@ class Completion:
         token's decode is a verification pass (hypura.speculative.loop)."""
         if self.spec is None:
             return len(embd) if _decode(self.llm, embd) else -1
-        limit = min(n_remain if n_remain > 0 else self.n_ctx, self.n_ctx - n_past - 1)
+        # a pass never fills the context: the loop's context-full check sees n_past ahead of the tokens handed out
+        limit = min(n_remain if n_remain > 0 else self.n_ctx, self.n_ctx - n_past - 2)
 
         def sample(i: int) -> int:
             tok = self.sampler.sample(self.llm.ctx, i)

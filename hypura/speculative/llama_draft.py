@@ -55,6 +55,9 @@ class SpecDraft(LlamaDraftModel):
         self._last = (n, len(draft), time.perf_counter() - t0)
         return draft
 
+    def reset_stats(self) -> None:
+        self.stats = SpecStats()
+
     def close(self) -> None:
         close = getattr(self.drafter, "close", None)
         if close is not None:
