@@ -3,7 +3,7 @@ and beside vanilla llama.cpp's `llama-speculative-simple` with the same pair.
 
     python3 bench/spec.py TARGET.gguf [--draft DRAFT.gguf | --spec-type ngram-simple|prompt-lookup]
         [--tokens 128] [--n-max 16] [--prompt TEXT] [--threads N] [--gpu-mem 8GiB --ram 64GiB]
-        [--vanilla-dir DIR] [--json FILE]
+        [--vanilla-dir DIR] [--vanilla-spec-args '-ngl 14 -ngld 99'] [--vanilla-bench-args '-ngl 14'] [--json FILE]
     python3 bench/spec.py --copy-prompts MODEL.gguf [...]   # n-gram drafting on copy-heavy prompts
 
 Hypura's runs load the target through hypura.Llama (a plan when --gpu-mem/--ram are given), the
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,7 @@ def vanilla_runs(args, prompt: str) -> dict:
     if spec_tool.is_file() and args.draft:
         cmd = [str(spec_tool), "-m", str(args.target), "-md", str(args.draft), "-p", prompt, "-n", str(args.tokens),
                "--temp", "0", "--spec-draft-n-max", str(args.n_max), "-c", str(args.ctx), "-t", str(args.threads),
-               *args.vanilla_args]
+               *shlex.split(args.vanilla_spec_args)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", p.stderr)
         a = re.search(r"accept\s+=\s+([\d.]+)%", p.stderr)
@@ -94,7 +95,7 @@ def vanilla_runs(args, prompt: str) -> dict:
     bench_tool = d / "llama-bench"
     if bench_tool.is_file():
         cmd = [str(bench_tool), "-m", str(args.target), "-p", "0", "-n", str(args.tokens), "-t", str(args.threads),
-               "-o", "json", *args.vanilla_args]
+               "-o", "json", *shlex.split(args.vanilla_bench_args)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         try:
             out["vanilla_plain"] = {"cmd": " ".join(cmd), "tok_s": json.loads(p.stdout)[0]["avg_ts"]}
@@ -134,8 +135,8 @@ def main() -> int:
     ap.add_argument("--no-plain", action="store_true")
     ap.add_argument("--copy-prompts", action="store_true")
     ap.add_argument("--vanilla-dir")
-    ap.add_argument("--vanilla-args", nargs=argparse.REMAINDER, default=[],
-                    help="extra flags for the vanilla tools (e.g. -ngl 14 -ngld 99 -lm none); last on the line")
+    ap.add_argument("--vanilla-spec-args", default="", help="extra flags for llama-speculative-simple (e.g. '-ngl 14 -ngld 99')")
+    ap.add_argument("--vanilla-bench-args", default="", help="extra flags for llama-bench (e.g. '-ngl 14 -lm none')")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.threads is None:

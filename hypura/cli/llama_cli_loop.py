@@ -145,7 +145,7 @@ class Completion:
         if self.interactive_first:
             self.interactive = True
         if s.speculative is not None:
-            self.spec = speculation(s.speculative, self.llm, self.vocab, self.interactive, con)
+            self.spec = speculation(s.speculative, self.llm, self.vocab, self.sampler, self.interactive, con)
 
         if s.verbose_prompt:
             con.inf(f"{FN}: prompt: '{s.prompt.decode('utf-8', 'replace')}'\n")
@@ -280,7 +280,11 @@ class Completion:
                     n_past -= n_discard
                     if self.spec is not None:
                         self.spec.forget(self.n_keep, n_discard)
-                n_done = self._decode(embd, n_past, len(embd_inp) <= n_consumed and not self.is_interacting, n_remain)
+                if self.spec is not None:  # a generated token's decode is a verification pass
+                    n_done = self.spec.decode(embd, n_past, len(embd_inp) <= n_consumed and not self.is_interacting,
+                                              n_remain)
+                else:
+                    n_done = len(embd) if _decode(self.llm, embd) else -1
                 if n_done < 0:
                     con.err("failed to eval\n")
                     return 1
@@ -401,21 +405,6 @@ class Completion:
         con.write(b"\n\n")
         self.print_perf()
         return 0
-
-    def _decode(self, embd: list[int], n_past: int, generating: bool, n_remain: int) -> int:
-        """The tokens the KV cache gained (-1: llama_decode failed); with speculation, a generated
-        token's decode is a verification pass (hypura.speculative.loop)."""
-        if self.spec is None:
-            return len(embd) if _decode(self.llm, embd) else -1
-        # a pass never fills the context: the loop's context-full check sees n_past ahead of the tokens handed out
-        limit = min(n_remain if n_remain > 0 else self.n_ctx, self.n_ctx - n_past - 2)
-
-        def sample(i: int) -> int:
-            tok = self.sampler.sample(self.llm.ctx, i)
-            llama_cpp.llama_sampler_accept(self.sampler.chain, tok)
-            return tok
-
-        return self.spec.decode(embd, n_past, generating, limit, sample)
 
     def print_perf(self) -> None:
         if self.llm is not None and self.sampler is not None:

@@ -62,8 +62,10 @@ def spec_settings(kw: dict) -> Optional[SpecSettings]:
         raise value_error("--spec-type" if kind else "-md", str(e)) from None
 
 
-def speculation(s: SpecSettings, llm, vocab, interactive: bool, con):
+def speculation(s: SpecSettings, llm, vocab, sampler, interactive: bool, con):
     """The SpecDecoder hypura-cli's loop runs, or None in interactive mode (a turn may end mid-pass)."""
+    import llama_cpp
+
     from hypura.speculative.loop import SpecDecoder
     from hypura.speculative.settings import make_verifier
 
@@ -73,4 +75,10 @@ def speculation(s: SpecSettings, llm, vocab, interactive: bool, con):
     verifier = make_verifier(s, llm, vocab.is_eog)
     con.inf(f"speculative: {s.type}" + (f" with {s.draft_model}" if s.draft_model else "")
             + f", up to {s.n_max} drafted tokens a pass\n")
-    return SpecDecoder(verifier, llm.decode_tokens)
+
+    def sample(i: int) -> int:  # into the chain now, into the loop's history when the loop takes it
+        tok = sampler.sample(llm.ctx, i)
+        llama_cpp.llama_sampler_accept(sampler.chain, tok)
+        return tok
+
+    return SpecDecoder(verifier, llm.decode_tokens, sample, llama_cpp.llama_n_ctx(llm.ctx))

@@ -12,18 +12,22 @@ from typing import Callable
 
 
 class SpecDecoder:
-    def __init__(self, verifier, decode: Callable[[list[int]], bool]):
-        self.verifier, self._decode = verifier, decode
+    def __init__(self, verifier, decode: Callable[[list[int]], bool], sample: Callable[[int], int], n_ctx: int):
+        """decode(tokens): a plain llama_decode; sample(i): the target's token at the batch's output i,
+        accepted into the sampler chain."""
+        self.verifier, self._decode, self._sample, self.n_ctx = verifier, decode, sample, n_ctx
         self.history: list[int] = []  # the tokens in the target's KV cache, in order
         self.pending: list[int] = []  # the last pass's tokens the loop has not taken yet
 
-    def decode(self, embd: list[int], n_past: int, generating: bool, limit: int, sample: Callable[[int], int]) -> int:
-        """Decode `embd` at n_past (a pass when it is one generated token); the tokens the KV cache
-        gained, or -1 when llama_decode failed."""
+    def decode(self, embd: list[int], n_past: int, generating: bool, n_remain: int) -> int:
+        """Decode `embd` at n_past (a pass when it is one generated token, with n_remain tokens still to
+        generate, < 0: no end); the tokens the KV cache gained, or -1 when llama_decode failed."""
         if self.pending:  # embd is a token the last pass kept
             return 0
+        # a pass never fills the context: the loop's context-full check sees n_past ahead of the tokens handed out
+        limit = min(n_remain if n_remain > 0 else self.n_ctx, self.n_ctx - n_past - 2)
         if generating and len(embd) == 1 and limit > 1:
-            out = self.verifier.step(self.history + embd, n_past, sample, limit)
+            out = self.verifier.step(self.history + embd, n_past, self._sample, limit)
             if out is None:
                 return -1
             self.history += embd + out[:-1]

@@ -20,7 +20,7 @@ SHAPE is one of: {", ".join(SHAPES)}. The tiny-* shapes are for tests.
 With --draft-for TARGET.gguf, the one argument is OUT.gguf: a draft model for TARGET (its
 vocabulary, embeddings and output head, its first --layers blocks with their outputs scaled down)
 whose greedy tokens agree with a target that follows its embeddings (one made with
---block-out-scale 0.001) about --agreement of the time.
+--block-out-scale 0.000001) about --agreement of the time.
 """
 
 

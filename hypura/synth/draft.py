@@ -4,7 +4,7 @@ Random-weight models agree only by chance, so a synthetic target needs a draft b
 draft is the target itself cut to its first few blocks: the same vocabulary and metadata, the
 target's token embeddings and output head byte for byte, and blocks whose output projections
 (attn_output, ffn_down*) are scaled down, so that the draft's last hidden state is its token's
-embedding. A target whose blocks are scaled down too (`hypura synth --block-out-scale 0.001`) also
+embedding. A target whose blocks are scaled down too (`hypura synth --block-out-scale 0.000001`) also
 follows its embeddings, and then both predict from the current token through the same head.
 
 Agreement is then set by one knob: noise on the draft's output norm, g' = g * (1 + eps * N(0, 1))
