@@ -18,19 +18,19 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from hypura.speculative.cost import DraftLength
+from hypura.speculative.settings import SpecSettings
 from hypura.speculative.verify import SpecStats
-
-N_MAX = 16  # the longest draft for drafters that set none (a path, NgramSimple, DraftModel)
 
 
 class SpecDraft(LlamaDraftModel):
-    def __init__(self, drafter, target, n_max: int | None = None):
+    def __init__(self, drafter, target):
         if isinstance(drafter, (str, Path)):
             from hypura.speculative.draft_model import DraftModel
 
             drafter = DraftModel.load(drafter, target)
         self.drafter, self.target = drafter, target
-        n_max = n_max or getattr(drafter, "num_pred_tokens", None) or N_MAX
+        # the longest draft: the drafter's own (LlamaPromptLookupDecoding's num_pred_tokens), else --spec-draft-n-max's
+        n_max = getattr(drafter, "num_pred_tokens", None) or SpecSettings.n_max
         self.length = DraftLength(n_max)
         self.stats = SpecStats()
         self._last: tuple[int, int, float] | None = None  # (history length, draft length, drafting s)

@@ -8,7 +8,8 @@ from typing import Optional
 
 from hypura.errors import HypuraError
 
-# the --spec-type names Hypura implements, as llama.cpp spells them (common/speculative.cpp)
+# the --spec-type names Hypura implements: llama.cpp's (common/speculative.cpp), and llama-cpp-python's
+# prompt lookup decoding
 SPEC_TYPES = ("draft-simple", "ngram-simple", "prompt-lookup")
 
 
@@ -21,7 +22,6 @@ class SpecSettings:
     p_min: float = 0.0  # a draft model stops drafting below this probability
     ngram_size_n: int = 12  # ngram-simple's lookup length (llama.cpp's default)
     ngram_size_m: int = 48  # ngram-simple's longest draft
-    adaptive: bool = True  # False: always ask for n_max tokens
 
     def __post_init__(self):
         if self.type not in SPEC_TYPES:
@@ -50,5 +50,4 @@ def make_verifier(s: SpecSettings, target, is_eog, **draft_kwargs):
     from hypura.speculative.cost import DraftLength
     from hypura.speculative.verify import Verifier
 
-    n_min = s.n_min if s.adaptive else s.n_max
-    return Verifier(target, make_drafter(s, target, **draft_kwargs), DraftLength(s.n_max, n_min), is_eog)
+    return Verifier(target, make_drafter(s, target, **draft_kwargs), DraftLength(s.n_max, s.n_min), is_eog)

@@ -32,7 +32,7 @@ whose greedy tokens agree with a target that follows its embeddings (one made wi
 @click.option("--agreement", type=float, default=0.8, show_default=True, metavar="P",
               help="--draft-for: how often the draft's greedy token is the target's.")
 @click.option("--layers", type=int, default=None, metavar="N",
-              help="Keep only the first N blocks (same per-layer shapes, smaller file).")
+              help="Keep only the first N blocks (same per-layer shapes, smaller file); --draft-for: 2.")
 @click.option("--ftype", default="q4_k_m", show_default=True, metavar="|".join(FTYPES),
               help="File type: tensor types as llama.cpp's quantizer picks them for it.")
 @click.option("--sparse", is_flag=True,
