@@ -7,6 +7,7 @@ every tensor's placement goes through `hypura.runtime.placement.LoaderHooks`.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable, Optional, Union
 
 from hypura.bindings.ffi import ffi, lib
@@ -92,6 +93,11 @@ class Llama(llama_cpp.Llama):
             it, disk for the rest. n_gpu_layers=-1 plans over GPU, RAM and disk; 0 (the default: the CPU)
             over RAM and disk, streamed with O_DIRECT, never paged through mmap. n_ctx=0 lets it choose the
             context (>= fit.min_ctx). False: llama.cpp's placement as given. A Fit sets margins and minimum.
+        draft_model: speculative decoding, verified in one pass by llama-cpp-python's generate loop: a
+            llama_cpp.llama_speculative.LlamaDraftModel (e.g. LlamaPromptLookupDecoding(num_pred_tokens=10)),
+            a Hypura drafter (hypura.speculative: NgramSimple, PromptLookup, DraftModel) or a draft GGUF's
+            path (its vocabulary must be this model's); the draft length follows the passes' measured cost
+            (hypura.speculative.llama_draft), and stats()["speculative"] reports them.
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.moe.expert_streaming).
@@ -126,6 +132,10 @@ class Llama(llama_cpp.Llama):
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
         runtime.attach(self._c_model())
         self._wrap_decode()
+        if self.draft_model is not None:  # after the load: a draft model's vocabulary is checked against ours
+            from hypura.speculative.llama_draft import SpecDraft
+
+            self.draft_model = SpecDraft(self.draft_model, self)
 
     def resolve_plan(self, plan, placement_policy, override_tensor, kwargs):
         """The plan this Llama runs (given, read, or made from gpu_mem/ram budgets), or None: then the
@@ -162,7 +172,9 @@ class Llama(llama_cpp.Llama):
         decode = ctx.decode
 
         def timed_decode(batch):
+            t0 = time.perf_counter()
             self._runtime.decode(lambda: decode(batch), batch.n_tokens())
+            self.last_decode_seconds = time.perf_counter() - t0  # a verification pass's cost, for drafting
 
         ctx.decode = timed_decode
 
@@ -219,7 +231,13 @@ class Llama(llama_cpp.Llama):
         """Since load (or the last reset): prefill and decode tok/s, streamed bytes per token from
         each tier, stall ms per token, achieved GB/s per link, the plan's prediction, and memory
         (RSS now and at peak, GPU memory taken since load began) beside the plan's budgets."""
-        return self._runtime.summary(reset)
+        out = self._runtime.summary(reset)
+        draft = self.__dict__.get("draft_model")
+        if getattr(draft, "stats", None) is not None:
+            out["speculative"] = draft.stats.summary()
+            if reset:
+                draft.reset_stats()
+        return out
 
     def probe_disk(self, seconds: float = 1.0) -> Optional[dict]:
         """GB/s that the disk gives this plan's expert reads now, read as a decode reads them (bursts of one
@@ -228,6 +246,9 @@ class Llama(llama_cpp.Llama):
 
     def close(self) -> None:
         """Hypura's threads and reads stop, then llama.cpp's context and model go, then the pools; twice is safe."""
+        close_draft = getattr(self.__dict__.get("draft_model"), "close", None)
+        if close_draft is not None:
+            close_draft()
         runtime = self.__dict__.get("_runtime")
         if runtime is not None:
             runtime.close()  # llama_cpp.Llama.close runs inside, in its place

@@ -16,6 +16,7 @@ import click
 
 from hypura.cli.llama_cli_flags import ArgvError, check_argv, option_arity
 from hypura.cli.llama_cli_options import build_settings
+from hypura.cli.spec_options import SPEC_OPTIONS
 from hypura.errors import HypuraError
 
 _EPILOG = """\b
@@ -232,7 +233,7 @@ OPTIONS = [
      dict(metavar="N", help="Hypura: MoE expert cache of N slots a layer in GPU memory, experts pinned in RAM")),
     (("--stats", "stats"),
      dict(is_flag=True, default=False, help="Hypura: print placement and speed after the run")),
-]
+] + SPEC_OPTIONS
 
 
 def _build_command() -> click.Command:

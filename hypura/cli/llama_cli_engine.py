@@ -232,10 +232,10 @@ class Sampler:
             samplers.append(llama_cpp.llama_sampler_init_dist(seed))
         return samplers
 
-    def sample(self, ctx) -> int:
-        """common_sampler_sample(idx = -1): the chain applied to the last logits."""
+    def sample(self, ctx, idx: int = -1) -> int:
+        """common_sampler_sample: the chain applied to the logits of the batch's output `idx`."""
         llama_cpp.llama_synchronize(ctx)
-        logits = llama_cpp.llama_get_logits_ith(ctx, -1)
+        logits = llama_cpp.llama_get_logits_ith(ctx, idx)
         self._cur["logit"] = np.ctypeslib.as_array(logits, shape=(self.vocab.n_tokens,))
         self._cur["id"] = np.arange(self.vocab.n_tokens, dtype=np.int32)
         self._cur["p"] = 0.0
@@ -249,6 +249,10 @@ class Sampler:
 
     def accept(self, token: int) -> None:
         llama_cpp.llama_sampler_accept(self.chain, token)
+        self.remember(token)
+
+    def remember(self, token: int) -> None:
+        """Into the history only: a verification pass accepted it into the chain already."""
         self.prev = (self.prev + [token])[-64:]
 
     def reset(self) -> None:

@@ -20,6 +20,7 @@ from hypura.cli.llama_cli_engine import ChatTemplate, Sampler, Vocab, load_model
 from hypura.cli.llama_cli_flags import process_escapes
 from hypura.cli.llama_cli_report import print_perf
 from hypura.cli.llama_cli_settings import Settings
+from hypura.cli.spec_options import speculation
 from hypura.errors import HypuraError
 
 import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)
@@ -43,7 +44,7 @@ class Completion:
         self.is_interacting = False
         self.need_insert_eot = False
         self.interactive = s.interactive
-        self.llm = self.sampler = None
+        self.llm = self.sampler = self.spec = None
         self.model_path = model_path
 
     # --- setup (llama_completion() up to the main loop) ------------------------------------------
@@ -143,6 +144,8 @@ class Completion:
                 self.interactive_first = True
         if self.interactive_first:
             self.interactive = True
+        if s.speculative is not None:
+            self.spec = speculation(s.speculative, self.llm, self.vocab, self.sampler, self.interactive, con)
 
         if s.verbose_prompt:
             con.inf(f"{FN}: prompt: '{s.prompt.decode('utf-8', 'replace')}'\n")
@@ -275,15 +278,26 @@ class Completion:
                     llama_cpp.llama_memory_seq_rm(mem, 0, self.n_keep, self.n_keep + n_discard)
                     llama_cpp.llama_memory_seq_add(mem, 0, self.n_keep + n_discard, n_past, -n_discard)
                     n_past -= n_discard
-                if not _decode(self.llm, embd):
+                    if self.spec is not None:
+                        self.spec.forget(self.n_keep, n_discard)
+                if self.spec is not None:  # a generated token's decode is a verification pass
+                    n_done = self.spec.decode(embd, n_past, len(embd_inp) <= n_consumed and not self.is_interacting,
+                                              n_remain)
+                else:
+                    n_done = len(embd) if _decode(self.llm, embd) else -1
+                if n_done < 0:
                     con.err("failed to eval\n")
                     return 1
-                n_past += len(embd)
+                n_past += n_done
             embd = []
 
             if len(embd_inp) <= n_consumed and not self.is_interacting:
-                tok = smpl.sample(ctx)
-                smpl.accept(tok)
+                if self.spec is not None and self.spec.pending:
+                    tok = self.spec.take()  # sampled and accepted by the verification pass
+                    smpl.remember(tok)
+                else:
+                    tok = smpl.sample(ctx)
+                    smpl.accept(tok)
                 embd.append(tok)
                 if self.conversation and not self.waiting_for_first_input and not vocab.is_eog(tok):
                     assistant_ss += vocab.piece(tok, False)
@@ -395,8 +409,13 @@ class Completion:
     def print_perf(self) -> None:
         if self.llm is not None and self.sampler is not None:
             print_perf(self.con, self.llm, self.sampler.chain, self.s, self.model_path)
+        if self.spec is not None and self.s.stats:
+            self.con.stderr.write("\n".join("hypura: " + line for line in self.spec.describe()) + "\n")
+            self.con.stderr.flush()
 
     def close(self) -> None:
+        if self.spec is not None:
+            self.spec.close()
         if self.sampler is not None:
             self.sampler.close()
         if self.llm is not None:

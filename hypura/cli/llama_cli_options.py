@@ -24,6 +24,7 @@ from hypura.cli.llama_cli_settings import (
     Settings,
     sampler_type,
 )
+from hypura.cli.spec_options import spec_settings
 
 
 def _b(text: str) -> bytes:
@@ -232,6 +233,7 @@ def build_settings(kw: dict) -> Settings:
     if kw["logit_bias"]:
         sp["logit_bias"] = tuple(_convert("-l", v, _logit_bias) for v in kw["logit_bias"])
 
+    s["speculative"] = spec_settings(kw)
     settings = Settings(**s, sampling=SamplingSettings(**sp, user_set=frozenset(user_set)))
     if settings.escape:  # common_params_parse_ex: escapes in the prompt, prefix/suffix, reverse prompts
         settings = replace(

@@ -145,6 +145,7 @@ class Settings:
     plan: Optional[Path] = None
     expert_slots: Optional[int] = None
     stats: bool = False
+    speculative: Optional["SpecSettings"] = None  # noqa: F821  (hypura.speculative; None: plain decoding)
     # llama.cpp's --fit, -fitt (MiB left free on the GPU), -fitc (smallest context it may choose)
     fit: bool = True
     fit_target_mib: int = 1024

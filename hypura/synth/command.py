@@ -16,14 +16,23 @@ from hypura.synth.writer import write_synth
 HELP = f"""Write a random-weight GGUF with a real model's shapes and quant mix.
 
 SHAPE is one of: {", ".join(SHAPES)}. The tiny-* shapes are for tests.
+
+With --draft-for TARGET.gguf, the one argument is OUT.gguf: a draft model for TARGET (its
+vocabulary, embeddings and output head, its first --layers blocks with their outputs scaled down)
+whose greedy tokens agree with a target that follows its embeddings (one made with
+--block-out-scale 0.000001) about --agreement of the time.
 """
 
 
 @click.command("synth", help=HELP)
 @click.argument("shape", metavar="SHAPE")
-@click.argument("out", metavar="OUT.gguf", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", metavar="OUT.gguf", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--draft-for", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              metavar="TARGET.gguf", help="Write a draft model for TARGET instead (see above).")
+@click.option("--agreement", type=float, default=0.8, show_default=True, metavar="P",
+              help="--draft-for: how often the draft's greedy token is the target's.")
 @click.option("--layers", type=int, default=None, metavar="N",
-              help="Keep only the first N blocks (same per-layer shapes, smaller file).")
+              help="Keep only the first N blocks (same per-layer shapes, smaller file); --draft-for: 2.")
 @click.option("--ftype", default="q4_k_m", show_default=True, metavar="|".join(FTYPES),
               help="File type: tensor types as llama.cpp's quantizer picks them for it.")
 @click.option("--sparse", is_flag=True,
@@ -44,7 +53,12 @@ SHAPE is one of: {", ".join(SHAPES)}. The tiny-* shapes are for tests.
                    "embedding, so routers act on token-specific states: the router knobs then hold at "
                    "every layer, and skew 0 is uniformly random routing.")
 def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, seed: int,
-          tokenizer_from: Path | None, router_skew: float, router_layer_corr: float, block_out_scale: float) -> None:
+          tokenizer_from: Path | None, router_skew: float, router_layer_corr: float, block_out_scale: float,
+          draft_for: Path | None, agreement: float) -> None:
+    if draft_for is not None:
+        return _draft(draft_for, Path(shape) if out is None else out, agreement, layers or 2, seed)
+    if out is None:
+        raise click.UsageError("missing argument OUT.gguf")
     show = sys.stderr.isatty() and not sparse
     progress = _Progress() if show else None
     r = write_synth(shape, out, layers=layers, ftype=ftype, sparse=sparse, seed=seed,
@@ -59,6 +73,14 @@ def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, s
         click.echo(f"wrote {r.path}: {what}, {size} (sparse: header only, not runnable)")
     else:
         click.echo(f"wrote {r.path}: {what}, {size} in {r.seconds:.1f} s ({r.mb_per_s:.0f} MB/s)")
+
+
+def _draft(target: Path, out: Path, agreement: float, layers: int, seed: int) -> None:
+    from hypura.synth.draft import write_draft
+
+    r = write_draft(target, out, agreement, layers=layers, seed=seed)
+    click.echo(f"wrote {r.path}: draft for {target.name}, {r.layers} layers, output-norm noise {r.eps:.4g} "
+               f"(agreement {r.predicted_agreement:.2f} on sampled tokens when the target follows its embeddings)")
 
 
 def _size(n: int) -> str:

@@ -1,0 +1,84 @@
+"""`hypura-cli`'s speculative decoding flags, spelled as the vendored llama.cpp spells them
+(common/arg.cpp): -md/--spec-draft-model, --spec-type, --spec-draft-n-max/-n-min/-p-min and the
+ngram-simple sizes. No -md and no --spec-type: no speculation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from hypura.cli.llama_cli_flags import stof, stoi, value_error
+from hypura.errors import HypuraError
+from hypura.speculative.settings import SPEC_TYPES, SpecSettings
+
+SPEC_OPTIONS = [
+    (("-md", "--spec-draft-model", "--model-draft", "spec_draft_model"),
+     dict(metavar="FNAME", help="draft model for speculative decoding (same vocabulary as -m)",
+          envvar="LLAMA_ARG_SPEC_DRAFT_MODEL")),
+    (("--spec-type", "spec_type"),
+     dict(metavar="|".join(SPEC_TYPES),
+          help="speculative decoding type (default: draft-simple with -md, else none)")),
+    (("--spec-draft-n-max", "spec_draft_n_max"),
+     dict(metavar="N", help="most tokens to draft a pass; Hypura picks the length up to N from pass costs "
+                            f"(default: {SpecSettings.n_max})")),
+    (("--spec-draft-n-min", "spec_draft_n_min"), dict(metavar="N", help="fewest tokens to draft (default: 0)")),
+    (("--spec-draft-p-min", "--draft-p-min", "spec_draft_p_min"),
+     dict(metavar="P", help="draft model: stop drafting below this probability (default: 0.00)")),
+    (("--spec-ngram-simple-size-n", "spec_ngram_n"),
+     dict(metavar="N", help=f"ngram-simple: length of the looked-up n-gram (default: {SpecSettings.ngram_size_n})")),
+    (("--spec-ngram-simple-size-m", "spec_ngram_m"),
+     dict(metavar="N", help=f"ngram-simple: longest draft m-gram (default: {SpecSettings.ngram_size_m})")),
+]
+
+_INTS = (("spec_draft_n_max", "n_max", "--spec-draft-n-max"), ("spec_draft_n_min", "n_min", "--spec-draft-n-min"),
+         ("spec_ngram_n", "ngram_size_n", "--spec-ngram-simple-size-n"),
+         ("spec_ngram_m", "ngram_size_m", "--spec-ngram-simple-size-m"))
+
+
+def spec_settings(kw: dict) -> Optional[SpecSettings]:
+    """The --spec-* flags (popped from kw) as SpecSettings; None without -md or --spec-type."""
+    model, kind = kw.pop("spec_draft_model"), kw.pop("spec_type")
+    fields: dict = {}
+    for key, field, flag in _INTS:
+        value = kw.pop(key)
+        if value is not None:
+            try:
+                fields[field] = stoi(value)
+            except ValueError as e:
+                raise value_error(flag, str(e)) from None
+    p_min = kw.pop("spec_draft_p_min")
+    if p_min is not None:
+        try:
+            fields["p_min"] = stof(p_min)
+        except ValueError as e:
+            raise value_error("--spec-draft-p-min", str(e)) from None
+    if model is None and kind is None:
+        return None
+    if model is not None and not Path(model).is_file():
+        raise value_error("-md", f"error: failed to open file '{model}'")
+    try:
+        return SpecSettings(type=kind or "draft-simple", draft_model=Path(model) if model else None, **fields)
+    except HypuraError as e:
+        raise value_error("--spec-type" if kind else "-md", str(e)) from None
+
+
+def speculation(s: SpecSettings, llm, vocab, sampler, interactive: bool, con):
+    """The SpecDecoder hypura-cli's loop runs, or None in interactive mode (a turn may end mid-pass)."""
+    import llama_cpp
+
+    from hypura.speculative.loop import SpecDecoder
+    from hypura.speculative.settings import make_verifier
+
+    if interactive:
+        con.wrn("speculative decoding is off in interactive mode: one-shot runs (-no-cnv, or -st with -p) use it\n")
+        return None
+    verifier = make_verifier(s, llm, vocab.is_eog)
+    con.inf(f"speculative: {s.type}" + (f" with {s.draft_model}" if s.draft_model else "")
+            + f", up to {s.n_max} drafted tokens a pass\n")
+
+    def sample(i: int) -> int:  # into the chain now, into the loop's history when the loop takes it
+        tok = sampler.sample(llm.ctx, i)
+        llama_cpp.llama_sampler_accept(sampler.chain, tok)
+        return tok
+
+    return SpecDecoder(verifier, llm.decode_tokens, sample, llama_cpp.llama_n_ctx(llm.ctx))

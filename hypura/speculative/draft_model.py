@@ -1,0 +1,90 @@
+"""A draft model: a small GGUF with the target's vocabulary, resident beside the target.
+
+It keeps its own KV cache of the history it has seen; each call keeps the prefix the history still
+shares with it (rejected drafts are removed), decodes the rest, then drafts greedily one token at a
+time, stopping early where its top token's probability falls below p_min (llama.cpp's draft-simple).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from hypura.speculative.vocab import check_compatible
+
+
+class DraftModel:
+    name = "draft"
+
+    def __init__(self, llm, p_min: float = 0.0):
+        """llm: the draft model, loaded (a hypura.Llama). Its KV cache is this drafter's alone."""
+        self.llm, self.p_min = llm, p_min
+        self.cached: list[int] = []  # the tokens in the draft's KV cache, in order
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llm._model.vocab)
+        self.n_batch = llama_cpp.llama_n_batch(llm.ctx)
+
+    @classmethod
+    def load(cls, path, target, p_min: float = 0.0, **kwargs) -> "DraftModel":
+        """Load `path` resident (all layers where llama.cpp places them: the GPU when there is one),
+        with the target's context size; refuse a vocabulary that is not the target's."""
+        from hypura.llama import Llama
+
+        kwargs.setdefault("n_ctx", llama_cpp.llama_n_ctx(target.ctx))
+        kwargs.setdefault("n_gpu_layers", -1)
+        kwargs.setdefault("verbose", False)
+        llm = Llama(str(path), **kwargs)
+        try:
+            check_compatible(target._model.vocab, llm._model.vocab, Path(path).name)
+        except Exception:
+            llm.close()
+            raise
+        return cls(llm, p_min)
+
+    def _sync(self, history: Sequence[int]) -> None:
+        """The draft's cache holds `history`, its last token's logits ready."""
+        keep = 0
+        for a, b in zip(self.cached, history):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(history) - 1)  # decode at least the last token: its logits are needed
+        mem = llama_cpp.llama_get_memory(self.llm.ctx)
+        llama_cpp.llama_memory_seq_rm(mem, 0, keep, -1)
+        self.cached = list(history[:keep])
+        rest = list(history[keep:])
+        for i in range(0, len(rest), self.n_batch):
+            chunk = rest[i: i + self.n_batch]
+            if not self.llm.decode_tokens(chunk):
+                raise RuntimeError("the draft model's llama_decode failed")
+            self.cached += chunk
+
+    def _top(self) -> tuple[int, float]:
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
+        tok = int(np.argmax(logits))
+        if self.p_min <= 0.0:
+            return tok, 1.0
+        z = logits - logits[tok]
+        return tok, float(1.0 / np.exp(z).sum())
+
+    def draft(self, history: Sequence[int], n_max: int) -> list[int]:
+        if n_max <= 0 or not history:
+            return []
+        self._sync(history)
+        out: list[int] = []
+        while True:
+            tok, p = self._top()
+            if p < self.p_min:
+                break
+            out.append(tok)
+            if len(out) >= n_max:
+                break
+            if not self.llm.decode_tokens([tok]):
+                break
+            self.cached.append(tok)
+        return out
+
+    def close(self) -> None:
+        self.llm.close()

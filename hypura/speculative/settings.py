@@ -1,0 +1,53 @@
+"""Speculative decoding's settings (llama.cpp's --spec-* flags) and the one place a drafter is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from hypura.errors import HypuraError
+
+# the --spec-type names Hypura implements: llama.cpp's (common/speculative.cpp), and llama-cpp-python's
+# prompt lookup decoding
+SPEC_TYPES = ("draft-simple", "ngram-simple", "prompt-lookup")
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    type: str = "draft-simple"  # draft-simple needs draft_model
+    draft_model: Optional[Path] = None
+    n_max: int = 16  # llama.cpp's default is 3; the cost model picks the length up to this
+    n_min: int = 0
+    p_min: float = 0.0  # a draft model stops drafting below this probability
+    ngram_size_n: int = 12  # ngram-simple's lookup length (llama.cpp's default)
+    ngram_size_m: int = 48  # ngram-simple's longest draft
+
+    def __post_init__(self):
+        if self.type not in SPEC_TYPES:
+            raise HypuraError(f"unknown speculative decoding type {self.type!r} (one of {', '.join(SPEC_TYPES)})")
+        if self.type == "draft-simple" and self.draft_model is None:
+            raise HypuraError("--spec-type draft-simple needs a draft model (-md FNAME)")
+        if self.n_max < 1 or self.n_min < 0 or self.n_min > self.n_max:
+            raise HypuraError(f"draft lengths must satisfy 0 <= n_min <= n_max, n_max >= 1 "
+                              f"(n_min {self.n_min}, n_max {self.n_max})")
+
+
+def make_drafter(s: SpecSettings, target, **draft_kwargs):
+    """The drafter `s` names, for `target` (a loaded hypura.Llama)."""
+    if s.type == "draft-simple":
+        from hypura.speculative.draft_model import DraftModel
+
+        return DraftModel.load(s.draft_model, target, p_min=s.p_min, **draft_kwargs)
+    from hypura.speculative.ngram import NgramSimple, PromptLookup
+
+    if s.type == "ngram-simple":
+        return NgramSimple(s.ngram_size_n, s.ngram_size_m)
+    return PromptLookup(num_pred_tokens=s.n_max)
+
+
+def make_verifier(s: SpecSettings, target, is_eog, **draft_kwargs):
+    from hypura.speculative.cost import DraftLength
+    from hypura.speculative.verify import Verifier
+
+    return Verifier(target, make_drafter(s, target, **draft_kwargs), DraftLength(s.n_max, s.n_min), is_eog)

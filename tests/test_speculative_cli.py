@@ -1,0 +1,44 @@
+"""`hypura-cli --spec-type ... / -md ...`: greedy stdout byte for byte the vendored llama-completion's
+without speculation; --stats reports the passes; a draft with another vocabulary is refused in one
+line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from test_cli import HYPURA_CLI, TIMEOUT, _pair, llama_completion  # noqa: F401  (fixture)
+
+COPY = ("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
+        "Pack my box with five dozen liquor jugs. Pack my box with five dozen liquor jugs. The quick")
+BASE = ["-n", "48", "--temp", "0", "-no-cnv", "-t", "1", "-c", "512", "-p", COPY]
+
+
+@pytest.mark.parametrize("spec", [["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2"],
+                                  ["--spec-type", "prompt-lookup", "--spec-draft-n-max", "8"],
+                                  ["-md", "SELF"]])
+def test_greedy_stdout_is_llama_completions(spec, llama_completion, smollm2_path):  # noqa: F811
+    spec = [str(smollm2_path) if a == "SELF" else a for a in spec]
+    ref, hyp = _pair([str(llama_completion), "-m", str(smollm2_path), *BASE],
+                     HYPURA_CLI + ["-m", str(smollm2_path), *BASE, *spec, "--stats"])
+    assert ref[0] == 0 and hyp[0] == 0, hyp[2][-2000:]
+    assert hyp[1] == ref[1]
+    line = next(x for x in hyp[2].splitlines() if x.startswith("hypura: speculative:") and "tokens per pass" in x)
+    tokens_per_pass = float(line.split(" tokens per pass")[0].split()[-1])
+    assert tokens_per_pass > 1.0, line
+
+
+def test_foreign_vocabulary_draft_refused(smollm2_path, gemma_path):
+    p = subprocess.run(HYPURA_CLI + ["-m", str(smollm2_path), "-md", str(gemma_path), "-n", "4", "-no-cnv",
+                                     "-p", "hi", "-t", "1"], capture_output=True, timeout=TIMEOUT)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: draft model") and "vocabulary" in err
+
+
+def test_spec_flags_checked():
+    p = subprocess.run([sys.executable, "-m", "hypura.cli.llama_cli", "--spec-type", "draft-simple", "-p", "x"],
+                       capture_output=True, timeout=TIMEOUT)
+    assert p.returncode == 1
+    assert p.stderr.decode().strip().splitlines() == [
+        'error while handling argument "--spec-type": --spec-type draft-simple needs a draft model (-md FNAME)']
