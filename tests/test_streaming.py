@@ -1,5 +1,6 @@
 """Layer streaming on the CPU: disk-tier layers go through host-pool slots, read by the loader thread
-each time they are needed, and the logits stay bitwise those of llama.cpp's own placement."""
+each time they are needed, and the logits stay bitwise those of llama.cpp's own placement with repacking off:
+the same as its default for SmolLM2-135M (Q4_1, Q8_0: nothing repacked), not for K-quants on CPUs that repack."""
 
 import contextlib
 import dataclasses
@@ -206,4 +207,21 @@ def test_repacked_cpu_tensors_stream_whole(gemma_path, n_threads, monkeypatch, p
         repacked = [n for n, p in llm.placement.items() if p.pool_slot >= 0 and llm.tensor_buffer(n) == "CPU_REPACK"]
         if not repacked:
             pytest.skip("llama.cpp repacks none of these weights on this CPU")
+        assert np.array_equal(prompt_logits(llm), want)
+
+
+def test_streamed_logits_equal_resident_without_repacking(tiny_llama, n_threads, prompt_logits):
+    """Streaming through host-pool slots turns llama.cpp's weight repacking off (slots hold ggml's plain
+    layout): the logits are bitwise those of resident llama.cpp with repacking off (`--no-repack`). Where
+    llama.cpp repacks (Q4_K on x86 with AVX2 or AVX-512, ARM), its default resident load computes with
+    other kernels, and its logits differ from these in the last bits (README, docs/design.md)."""
+    plain = hypura.Llama(str(tiny_llama), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False,
+                         fit=False, param_overrides={"model_params": {"use_extra_bufts": False}})
+    try:
+        want = prompt_logits(plain)
+    finally:
+        plain.close()
+    plan = plan_model(tiny_llama, machine_profile(), ram="4GiB", settings=PlanSettings(n_ctx=256))
+    with opened(tiny_llama, streamed(plan, range(plan.n_layer), slots=2), n_threads) as llm:
+        assert all(llm.tensor_buffer(t.name) != "CPU_REPACK" for t in plan.tensors)
         assert np.array_equal(prompt_logits(llm), want)
