@@ -191,25 +191,6 @@ def test_the_model_file_is_not_mapped(smollm2_path, ram_plan, n_threads, prompt_
     assert mapped == []  # the page cache is not a hidden tier: no weight is read through a mapping
 
 
-def test_repacked_cpu_tensors_stream_whole(gemma_path, n_threads, monkeypatch, prompt_logits):
-    """llama.cpp repacks some CPU weights (CPU_REPACK), which takes a whole tensor per write: host-pool
-    loads set each tensor in one call, even when its reads come in many small requests."""
-    import hypura.runtime.transfers as transfers
-
-    ref = llama_cpp.Llama(str(gemma_path), n_ctx=256, logits_all=True, n_threads=n_threads, verbose=False)
-    try:
-        want = prompt_logits(ref)
-    finally:
-        ref.close()
-    monkeypatch.setattr(transfers, "STREAM_REQUEST_BYTES", 64 << 10)  # several reads per tensor
-    plan = plan_model(gemma_path, machine_profile(), ram="4GiB", settings=PlanSettings(n_ctx=256))
-    with opened(gemma_path, streamed(plan, range(plan.n_layer), slots=2), n_threads) as llm:
-        repacked = [n for n, p in llm.placement.items() if p.pool_slot >= 0 and llm.tensor_buffer(n) == "CPU_REPACK"]
-        if not repacked:
-            pytest.skip("llama.cpp repacks none of these weights on this CPU")
-        assert np.array_equal(prompt_logits(llm), want)
-
-
 def test_streamed_logits_equal_resident_without_repacking(tiny_llama, n_threads, prompt_logits):
     """Streaming through host-pool slots turns llama.cpp's weight repacking off (slots hold ggml's plain
     layout): the logits are bitwise those of resident llama.cpp with repacking off (`--no-repack`). Where
