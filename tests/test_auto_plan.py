@@ -119,6 +119,7 @@ def _greedy(llm, n=12):
     return [t for _, t in zip(range(n), llm.generate(llm.tokenize(b"The capital of France is"), temp=0.0))]
 
 
+@pytest.mark.slow
 def test_llama_plans_on_the_default_path_and_keeps_explicit_placement(smollm2_path, n_threads):
     from hypura import Llama
 
@@ -164,6 +165,7 @@ def _cli(args, env):
     return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_cli_default_path_plans_and_explicit_flags_keep_llama_cpps_placement(smollm2_path, cli_env):
     base = ["-m", str(smollm2_path), "-no-cnv", "-p", "The capital of France is", "-n", "12", "--temp", "0",
             "-t", "1"]

@@ -56,6 +56,7 @@ def llama_cpp_user_script(Llama, model_path, n_threads):
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
 def test_user_script_runs_unchanged(model, request, n_threads):
     path = request.getfixturevalue(f"{model}_path")

@@ -57,6 +57,7 @@ def opened(path, plan, n_threads):
         llm.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers,slots,depth", [(ALL, 1, 0), (ALL, 2, 1), (ALL, 3, 2), (ALL, 40, 2),
                                                 (range(0, N_LAYER, 3), 2, 1)],
                          ids=["1-slot-no-prefetch", "2-slots-depth-1", "3-slots-depth-2", "a-slot-per-layer",
@@ -105,6 +106,7 @@ def short_every_other_call():
     return pread
 
 
+@pytest.mark.slow
 def test_a_slot_is_used_only_once_its_load_completed(smollm2_path, ram_plan, reference, n_threads, monkeypatch,
                                                      prompt_logits):
     monkeypatch.setattr(Transfers, "pread", staticmethod(slow))  # loads lag behind compute
@@ -119,6 +121,7 @@ def test_a_slot_is_used_only_once_its_load_completed(smollm2_path, ram_plan, ref
     assert stats["stall_s"] >= DELAY_S * sum(t.layer == 0 for t in plan.tensors)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pread", [
     pytest.param(short_every_other_call(), id="short-then-full"),
     pytest.param(trickle, id="always-20KiB"),
@@ -140,6 +143,7 @@ def eio_keeping_no_buffer(fd, bufs, offset):
     raise OSError(errno.EIO, "Input/output error")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pread", [
     eio,
     eio_keeping_no_buffer,
@@ -169,6 +173,7 @@ llm.close()
 """
 
 
+@pytest.mark.slow
 def test_streaming_stays_within_its_ram_budget(smollm2_path, ram_plan, n_threads, tmp_path):
     plan = streamed(ram_plan, ALL, slots=2)
     resident = sum(t.nbytes for t in plan.tensors if t.tier != "disk")
@@ -181,6 +186,7 @@ def test_streaming_stays_within_its_ram_budget(smollm2_path, ram_plan, n_threads
     assert int(run.stdout.split()[-1]) < budget
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_the_model_file_is_not_mapped(smollm2_path, ram_plan, n_threads, prompt_logits):
     model = os.path.realpath(smollm2_path)
