@@ -1,13 +1,25 @@
-"""Shared fixtures: the real small models (from PyPI packages) and the llama.cpp build."""
+"""Shared fixtures: the real small models (from PyPI packages) and the llama.cpp build; every test
+hermetic: the machine it plans for is pinned, never measured (see `_the_machine_is_pinned`)."""
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-import hypura  # noqa: F401  first: loads our library before any test module imports numpy
+# Before hypura is imported (it reads these once, at import) and inherited by every subprocess: a fixed
+# free memory (both parts named: nothing is measured), a fixed machine profile, and a cache of its own,
+# so that no outcome follows this machine's load or its ~/.cache/hypura.
+PINNED_FREE_MEMORY = "gpu=0,ram=16GiB"
+PINNED_PROFILE = Path(__file__).parent / "machine_profile.json"
+_CACHE = tempfile.mkdtemp(prefix="hypura-tests-cache-")
+os.environ.update(HYPURA_FREE_MEMORY=PINNED_FREE_MEMORY, HYPURA_PROFILE=str(PINNED_PROFILE), XDG_CACHE_HOME=_CACHE)
+
+import hypura  # noqa: E402,F401  first: loads our library before any test module imports numpy
 import numpy as np  # noqa: E402
+from hypura.profile import free, measure, store  # noqa: E402
 
 
 def _cuda_available() -> bool:
@@ -21,6 +33,10 @@ def _cuda_available() -> bool:
         return False
 
 
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_CACHE, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if _cuda_available():
         return
@@ -28,6 +44,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _the_machine_is_pinned(request, monkeypatch):
+    """The live probes fail a test loudly unless it opts in with @pytest.mark.live_machine (GPU tests
+    do: they need the GPU they run on); those that do see the machine as it is."""
+    if request.node.get_closest_marker("live_machine") or request.node.get_closest_marker("gpu"):
+        monkeypatch.setattr(free, "OVERRIDE", None)
+        monkeypatch.setattr(store, "PINNED", None)
+        yield
+        return
+    probes = request.node.live_probes = []  # the guard's own test empties it
+
+    def probe(what):
+        def refused(*args, **kwargs):
+            probes.append(what)  # also seen when a thread or an `except Exception` swallows the failure
+            pytest.fail(f"{what} in a hermetic test: pin it, or mark the test @pytest.mark.live_machine")
+        return refused
+
+    monkeypatch.setattr(free, "measure", probe("the live free-memory probe"))
+    monkeypatch.setattr(measure, "measure_profile", probe("a live machine-profile measurement"))
+    yield
+    assert not probes, probes
+    # a subprocess inherits the pins; had one measured a profile anyway, it would have cached it here
+    assert not list(Path(_CACHE).glob("hypura/profile-*.json")), "a subprocess measured the machine's profile"
 
 
 @pytest.fixture(autouse=True)

@@ -119,6 +119,7 @@ def _greedy(llm, n=12):
     return [t for _, t in zip(range(n), llm.generate(llm.tokenize(b"The capital of France is"), temp=0.0))]
 
 
+@pytest.mark.slow
 def test_llama_plans_on_the_default_path_and_keeps_explicit_placement(smollm2_path, n_threads):
     from hypura import Llama
 
@@ -154,15 +155,9 @@ def test_llama_budgets_larger_than_the_machine_are_refused(smollm2_path):
 # --- hypura-cli -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cli_env(tmp_path_factory):
-    """A cached quick profile (no first-use measurement in tests) and the free RAM limited to TIGHT."""
-    from hypura.profile.store import quick_profile
-
-    cache = tmp_path_factory.mktemp("xdg")
-    profile = quick_profile()
-    (cache / "hypura").mkdir()
-    profile.save(cache / "hypura" / f"profile-{profile.key}.json")
-    return dict(os.environ, XDG_CACHE_HOME=str(cache), HYPURA_FREE_MEMORY=f"ram={TIGHT}B")
+def cli_env():
+    """The free RAM limited to TIGHT (the profile is the tests' pinned one: tests/conftest.py)."""
+    return dict(os.environ, HYPURA_FREE_MEMORY=f"gpu=0,ram={TIGHT}B")
 
 
 def _cli(args, env):
@@ -170,6 +165,7 @@ def _cli(args, env):
     return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_cli_default_path_plans_and_explicit_flags_keep_llama_cpps_placement(smollm2_path, cli_env):
     base = ["-m", str(smollm2_path), "-no-cnv", "-p", "The capital of France is", "-n", "12", "--temp", "0",
             "-t", "1"]
@@ -195,7 +191,7 @@ def test_cli_default_path_plans_and_explicit_flags_keep_llama_cpps_placement(smo
     (["--fit", "maybe"], TIGHT, "unknown value for --fit"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_1(smollm2_path, cli_env, args, env_ram, message):
-    env = dict(cli_env, HYPURA_FREE_MEMORY=f"ram={env_ram}B")
+    env = dict(cli_env, HYPURA_FREE_MEMORY=f"gpu=0,ram={env_ram}B")
     rc, out, err = _cli(["-m", str(smollm2_path), "-no-cnv", "-p", "hi", "-n", "2"] + args, env)
     lines = [line for line in err.splitlines() if line.startswith("error")]
     assert rc == 1 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, err

@@ -12,6 +12,7 @@ def _bench(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
     out = tmp_path / "bench.json"
     # -c: an unset context would get 4096 cells, as hypura-cli's, and their KV cache does not fit 250 MiB
@@ -30,12 +31,14 @@ def test_bench_streams_and_reports_beside_the_bound(smollm2_path, tmp_path):
     assert "decode" in r.stdout and "bound" in r.stdout and "RSS peak" in r.stdout
 
 
+@pytest.mark.slow
 def test_bench_of_a_prompt_only_reports_without_a_decode_ratio(smollm2_path):
     r = _bench(str(smollm2_path), "--ram", "250MiB", "-c", "256", "-p", "16", "-n", "0", "-r", "1", "-t", "1")
     assert r.returncode == 0, r.stderr
     assert "prefill" in r.stdout and "bound" in r.stdout and "measured/bound" not in r.stdout
 
 
+@pytest.mark.slow
 def test_bench_errors_are_one_line(smollm2_path):
     r = _bench(str(smollm2_path), "--plan", "p.json", "--ram", "1GiB")
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "not both" in r.stderr
@@ -43,6 +46,7 @@ def test_bench_errors_are_one_line(smollm2_path):
     assert r.returncode == 1 and "no such file" in r.stderr
 
 
+@pytest.mark.slow
 def test_bench_runs_expert_caches_and_bounds_them(tiny_qwen3moe, tmp_path):
     out = tmp_path / "bench.json"
     r = _bench(str(tiny_qwen3moe), "--expert-slots", "6", "-p", "8", "-n", "8", "-r", "2", "-t", "1", "--json", str(out))
@@ -127,6 +131,7 @@ def test_bench_without_budgets_runs_the_default_path_and_prints_its_bound(smollm
     assert "bound" in r.stdout and "measured/bound" in r.stdout
 
 
+@pytest.mark.slow
 def test_bench_peak_rss_stays_within_a_tight_ram_budget(smollm2_path, tmp_path):
     """The RAM budget holds the whole process, not only the plan's tensors: the plan reserves the
     process's own memory (knobs.PROCESS_RAM) and the streaming readers' buffers, and disk reads land in the

@@ -114,6 +114,7 @@ def _cmds(llama_completion, model, both, hyp_only, ref_only):
     return ref, hyp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_stdout_matches_llama_completion(case, llama_completion, request, prompt_file):
     _, model, both, hyp_only, ref_only, stdin = case
@@ -134,6 +135,7 @@ def _system_info(run) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 def test_default_threads_are_llama_cpps(llama_completion, smollm2_path):
     # one after the other: two tools on every core at once run many times slower
     both = ["-no-cnv", "-p", "Hello", "-n", "1", "--temp", "0"]
@@ -142,6 +144,7 @@ def test_default_threads_are_llama_cpps(llama_completion, smollm2_path):
     assert _system_info(hyp) == _system_info(ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", INTERACTIVE, ids=[c[0] for c in INTERACTIVE])
 def test_interactive_stdin_matches_llama_completion(case, llama_completion, request):
     _, model, both, stdin = case

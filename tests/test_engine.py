@@ -83,6 +83,7 @@ def test_sequences_join_and_leave_between_steps(llm):
     assert m["decode"]["steps"] + m["prefill"]["steps"] == m["steps"] < 20  # steps were shared
 
 
+@pytest.mark.slow
 def test_a_long_prompt_is_chunked_and_the_running_sequence_keeps_decoding(llm):
     long_prompt = SYSTEM + "Q: What is the capital of France? A:"
     with running(llm, parallel=2, step_tokens=16) as engine:
@@ -174,6 +175,7 @@ def test_a_cancelled_request_leaves_the_queue_and_a_cancelled_sequence_holds_no_
         assert kv_positions(engine, 0) == (-1, -1)
 
 
+@pytest.mark.slow
 def test_a_shared_prefix_is_reused_and_changes_nothing(llm):
     q1, q2 = SYSTEM + "Q: What is 2 + 2? A:", SYSTEM + "Q: Name a color. A:"
     greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)  # 16 tokens, whatever they are
@@ -210,6 +212,7 @@ def test_stop_strings_end_before_them_and_are_never_sent(llm):
     assert all(stop not in e.text for e in events) and events[-1].finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_max_tokens_eos_and_the_context_end_a_request(llm):
     chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
     with running(llm) as engine:
@@ -227,6 +230,7 @@ def test_max_tokens_eos_and_the_context_end_a_request(llm):
         assert r.finish_reason == "length" and r.completion_tokens == 3
 
 
+@pytest.mark.slow
 def test_a_prompt_that_leaves_no_room_is_refused(llm):
     with running(llm) as engine:
         tokens = list(engine.tokenize(LONG))
@@ -447,6 +451,7 @@ def test_the_batched_argmax_picks_what_llama_cpps_greedy_sampler_picks(llm):
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
 
 
+@pytest.mark.slow
 def test_greedy_and_sampled_sequences_in_one_step_each_give_what_they_give_alone(llm):
     """A step's plain greedy rows go through one argmax, the others through their llama.cpp chains."""
     tokens = llm.tokenize(PROMPT.encode())

@@ -39,6 +39,7 @@ def _check(cases: dict, moe: bool) -> None:
         assert (cases[name]["paged_reads"] if moe else cases[name]["streamed_bytes"]) > 0
 
 
+@pytest.mark.slow
 def test_tiny_llama(tiny_llama):
     _check(_run(tiny_llama, "dense"), moe=False)
 

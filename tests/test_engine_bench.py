@@ -31,6 +31,7 @@ def test_each_size_runs_one_prefill_step_then_ntg_decode_steps(tiny_llama):
     assert three == pytest.approx(3 * one)  # a step reads the weights once for every sequence
 
 
+@pytest.mark.slow
 def test_the_cli_streams_and_writes_json(smollm2_path, tmp_path):
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "hypura.cli.main", "bench", str(smollm2_path), "--ram", "220MiB",

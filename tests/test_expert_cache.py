@@ -1,5 +1,6 @@
 """Expert caches, their counters and the co-activation predictor: against hand-computed routing traces,
-persisted statistics, and a real routing trace of a synthetic MoE model."""
+persisted statistics, and a real routing trace of a synthetic MoE model. The caches are the runtime's own
+accounting (ExpertSlots, which expert_streaming.py's layers are), driven without a model."""
 
 import math
 
@@ -10,57 +11,67 @@ import hypura
 from hypura.modelfile import read_header
 from hypura.runtime.moe.coactivation import CoactivationPredictor, model_key
 from hypura.plan.experts import expected_hit_rate
-from hypura.runtime.moe.expert_cache import LayerCache
+from hypura.errors import HypuraError
+from hypura.runtime.mechanism import TierStats
+from hypura.runtime.moe.expert_cache import ExpertSlots, LayerCache
 from routing_trace import RoutingTrace
-from tiered_expert_cache import TieredExpertCache
 from hypura.synth.routing import Routing
 from hypura.synth.writer import write_synth
 
 
+def _serve(cache: ExpertSlots, stats: TierStats, experts) -> list[str]:
+    """One token's selected experts through the runtime's accounting, its loads then complete (as
+    expert_streaming.py waits for them); where each was served from."""
+    served = ["gpu" if e in cache.slot_of else "ram" for e in experts]
+    cache.access([list(experts)], stats, "gpu")
+    cache.ready()
+    return served
+
+
 def test_lru_counts_match_a_hand_computed_trace():
-    # one layer, 2 GPU slots over a 3-expert RAM cache, k = 1 per token
-    cache = TieredExpertCache(1, {"gpu": 2, "ram": 3}, policy="lru")
-    served = [cache.access(0, [e])[e] for e in (0, 1, 0, 2, 1, 3, 0)]
-    # 0,1 miss; 0 gpu; 2 miss (gpu evicts 1, the least recent); 1 ram; 3 miss (gpu evicts 2, ram
-    # evicts 0, the least recent of {0, 1, 2} in RAM); 0 disk again
-    assert served == ["disk", "disk", "gpu", "disk", "ram", "disk", "disk"]
-    s = cache.stats
-    assert s.accesses == 7 and s.hits == {"disk": 5, "gpu": 1, "ram": 1}
-    assert s.hit_rate("gpu") == pytest.approx(1 / 7)
+    # one layer, 2 slots over the experts in RAM, k = 1 per token
+    cache, stats = ExpertSlots(0, 2, "lru"), TierStats()
+    served = [_serve(cache, stats, [e])[0] for e in (0, 1, 0, 2, 1, 3, 0)]
+    # 0,1 miss; 0 hit; 2 misses (evicts 1, the least recent); 1 misses (evicts 0); 3 evicts 2; 0 evicts 1
+    assert served == ["ram", "ram", "gpu", "ram", "ram", "ram", "ram"]
+    assert stats.accesses == 7 and stats.hits == {"ram": 6, "gpu": 1}
+    assert stats.hit_rate("gpu") == pytest.approx(1 / 7) and sorted(cache.slot_of) == [0, 3]
 
 
 def test_lfu_keeps_the_popular_expert_where_lru_drops_it():
     trace = [0, 0, 0, 1, 2, 0]  # 1 and 2 pass through once; 0 is popular
-    lru, lfu = (TieredExpertCache(1, {"gpu": 1}, policy=p) for p in ("lru", "lfu"))
-    for e in trace:
-        lru.access(0, [e])
-        lfu.access(0, [e])
-    assert lru.stats.hits["gpu"] == 2  # the 2nd and 3rd 0
-    assert lfu.stats.hits["gpu"] == 2  # LFU with 1 slot still evicts on every miss...
-    lfu2 = TieredExpertCache(1, {"gpu": 2}, policy="lfu")
-    lru2 = TieredExpertCache(1, {"gpu": 2}, policy="lru")
-    for e in trace:
-        lfu2.access(0, [e])
-        lru2.access(0, [e])
-    # ...with 2 slots LFU keeps 0 through the 1, 2 scan; LRU evicts it for 2, then misses the last 0
-    assert lfu2.stats.hits["gpu"] == 3 and lru2.stats.hits["gpu"] == 2
+
+    def hits(policy, slots):
+        cache, stats = ExpertSlots(0, slots, policy), TierStats()
+        for e in trace:
+            _serve(cache, stats, [e])
+        return stats.hits["gpu"]
+
+    assert hits("lru", 1) == hits("lfu", 1) == 2  # the 2nd and 3rd 0: with 1 slot every miss evicts
+    # with 2 slots LFU keeps 0 through the 1, 2 scan; LRU evicts it for 2, then misses the last 0
+    assert hits("lfu", 2) == 3 and hits("lru", 2) == 2
 
 
 def test_experts_a_token_needs_are_never_evicted_for_each_other():
-    cache = TieredExpertCache(1, {"gpu": 2}, policy="lru")
-    served = cache.access(0, [0, 1, 2])  # 3 needed, 2 slots: the third is served from below, not thrashed
-    assert sorted(served.values()) == ["disk", "disk", "disk"] and len(cache.layers[0]["gpu"].resident) == 2
+    cache, stats = ExpertSlots(0, 3, "lru"), TierStats()
+    _serve(cache, stats, [0, 1, 2])
+    slot_of_2 = cache.slot_of[2]
+    # 0 is the least recent, but this token needs it: 3 takes the slot of 2, the only one it does not need
+    assert _serve(cache, stats, [3, 0, 1]) == ["ram", "gpu", "gpu"]
+    assert cache.slot_of[3] == slot_of_2 and sorted(cache.slot_of) == [0, 1, 3]
+    with pytest.raises(HypuraError, match="layer 0: no slot left for expert 2 .3 needed at once"):
+        ExpertSlots(0, 2, "lru").access([[0, 1, 2]], TierStats(), "gpu")
 
 
 def test_prefetch_precision_and_recall():
-    cache = TieredExpertCache(2, {"gpu": 4}, policy="lru")
-    cache.access(0, [0, 1])
-    assert cache.prefetch(1, [2, 3], "gpu") == 2
-    cache.access(1, [2, 5])  # 2 was prefetched and used, 3 was not; 5 was not predicted
-    s = cache.stats
-    assert s.prefetched == 2 and s.prefetch_used == 1
-    assert s.precision == 0.5 and s.recall == pytest.approx(1 / 4)  # 1 of 4 accesses came from a prefetch
-    assert s.hits["gpu"] == 1
+    layers, stats = [ExpertSlots(layer, 4, "lru") for layer in (0, 1)], TierStats()
+    _serve(layers[0], stats, [0, 1])
+    assert layers[1].prefetch([2, 3], stats) == [(2, 0), (3, 1)]  # (expert, slot) loads to make
+    layers[1].ready()
+    _serve(layers[1], stats, [2, 5])  # 2 was prefetched and used, 3 was not; 5 was not predicted
+    assert stats.prefetched == 2 and stats.prefetch_used == 1
+    assert stats.precision == 0.5 and stats.recall == pytest.approx(1 / 4)  # 1 of 4 accesses came from a prefetch
+    assert stats.hits["gpu"] == 1
 
 
 def test_predictor_learns_and_persists(tmp_path, monkeypatch):
@@ -111,11 +122,12 @@ def test_policies_on_a_real_routing_trace(skewed):
     h, trace = skewed
     rates = {}
     for policy in ("lru", "lfu", "decay"):
-        cache = TieredExpertCache(2, {"gpu": 6}, policy=policy)
+        stats = TierStats()
         for layer in (0, 1):
-            for token in trace.selections(layer):
-                cache.access(layer, token)
-        rates[policy] = cache.stats.hit_rate("gpu")
+            cache = ExpertSlots(layer, 6, policy)
+            for token in trace.selections(layer).tolist():
+                _serve(cache, stats, token)
+        rates[policy] = stats.hit_rate("gpu")
     # the static best (6 most popular of 16 per layer) bounds what a cache of 6 can serve
     static = np.mean([expected_hit_rate(trace.frequencies(layer), 6) for layer in (0, 1)])
     assert 0.375 < max(rates.values()) <= static + 0.05  # 6/16 = 0.375: what uniform routing would give

@@ -8,6 +8,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from fuzz.mutators_meta import MUTATIONS
 from fuzz.run import SEED_WEIGHTS
 
@@ -16,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]  # `python -m tests.fuzz.run` runs fr
 TIMEOUT = 1800
 
 
+@pytest.mark.slow
 def test_fuzz_campaign_finds_no_crash(tmp_path):
     out = tmp_path / "outcomes.jsonl"
     run = subprocess.run([sys.executable, "-m", "tests.fuzz.run", "--cases", str(CASES), "--seed", str(SEED),

@@ -115,6 +115,7 @@ def test_errors_are_one_line(models, monkeypatch, capsys):
 
 def test_default_profile_without_measurement(models, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached profile here
+    monkeypatch.setattr("hypura.profile.store.PINNED", None)  # nor the tests' pinned one
     monkeypatch.setattr("hypura.profile.store.gpu_devices", lambda: ([], "test"))
     r = run(models["mixtral-8x7b"])
     assert r.exit_code == 0, r.output

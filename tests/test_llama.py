@@ -68,6 +68,7 @@ def test_same_library_for_both():
     assert llama_cpp.llama_cpp._lib._name == str(lib_path())
 
 
+@pytest.mark.slow
 def test_hooks_see_every_tensor_and_logits_are_bitwise_equal(model_path, reference, n_threads):
     seen = []
 
@@ -91,6 +92,7 @@ def test_hooks_see_every_tensor_and_logits_are_bitwise_equal(model_path, referen
         llm.close()
 
 
+@pytest.mark.slow
 def test_deferred_tensors_filled_by_python_give_the_same_logits(model_path, reference, n_threads):
     """Half the tensors skip llama.cpp's reader and come through the Python fill hook."""
     deferred = []
@@ -137,6 +139,7 @@ def _defer_all(info):
     return Placement(defer=True)
 
 
+@pytest.mark.slow
 def test_deferred_tensors_survive_short_reads(smollm2_path, reference_smollm2, n_threads, monkeypatch):
     """Every weight comes through the disk-tier reader, whose reads come back a few KiB at a time."""
     from hypura.tiers import file_readers

@@ -20,6 +20,7 @@ def reference(smollm2_path, n_threads, prompt_logits):
     llm.close()
 
 
+@pytest.mark.slow
 def test_ram_plan_gives_the_same_logits(smollm2_path, reference, n_threads, tmp_path, prompt_logits):
     plan = plan_model(smollm2_path, machine_profile(), ram="4GiB", settings=PlanSettings(n_ctx=256))
     assert {t.tier for t in plan.tensors} == {"ram"} and plan.mode == "full-resident"
@@ -34,6 +35,7 @@ def test_ram_plan_gives_the_same_logits(smollm2_path, reference, n_threads, tmp_
         llm.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ram,streams", [("2GiB", False), ("250MiB", True)])
 def test_budgets_plan_automatically(smollm2_path, reference, n_threads, prompt_logits, ram, streams):
     llm = hypura.Llama(str(smollm2_path), ram=ram, n_ctx=256, logits_all=True, n_threads=n_threads,

@@ -148,6 +148,7 @@ def fast_measure(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.mark.live_machine  # measures on purpose: small real disk reads, the rest faked
 def test_profile_is_cached_and_goes_stale(fast_measure, monkeypatch):
     models = fast_measure / "models"
     models.mkdir()
@@ -169,6 +170,7 @@ def test_profile_is_cached_and_goes_stale(fast_measure, monkeypatch):
     assert measured and changed.key != first.key
 
 
+@pytest.mark.live_machine
 def test_tmpfs_disk_is_flagged(fast_measure):
     if disk.fs_type(Path("/dev/shm")) != "tmpfs":
         pytest.skip("no tmpfs at /dev/shm")

@@ -32,6 +32,7 @@ def _serve(*args: str) -> subprocess.Popen:
                             env={**os.environ, "HYPURA_API_KEY": ""})
 
 
+@pytest.mark.slow
 def test_serve_runs_answers_and_stops_on_ctrl_c():
     port = _free_port()
     proc = _serve("--port", str(port), "-np", "2", "-c", "256", "-t", "1", "--api-key", "k3y", "--log-level", "warning")

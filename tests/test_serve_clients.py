@@ -50,6 +50,7 @@ def test_ollama_client_listing(server):
     assert running[0].model == MODEL and running[0].context_length == 512
 
 
+@pytest.mark.slow
 def test_ollama_client_generate_and_chat(server):
     client = ollama.Client(host=server.url)
     whole = client.generate(model=MODEL, prompt="Name one planet.", options=GREEDY)
@@ -96,6 +97,7 @@ def test_llama_cpp_server_style_fields(oai):
     assert r.choices[0].text == greedy.choices[0].text  # top_k 1 is greedy at any temperature
 
 
+@pytest.mark.slow
 def test_greedy_output_equals_llama_cpp_python(oai, reference):
     chat = oai.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=12)
     ref = reference.create_chat_completion(messages=MESSAGES, temperature=0, max_tokens=12, repeat_penalty=1.0)
@@ -105,6 +107,7 @@ def test_greedy_output_equals_llama_cpp_python(oai, reference):
     assert text.choices[0].text == ref["choices"][0]["text"]
 
 
+@pytest.mark.slow
 def test_langchain_chat_ollama_and_chat_openai(server):
     langchain_ollama = pytest.importorskip("langchain_ollama")
     langchain_openai = pytest.importorskip("langchain_openai")
@@ -120,6 +123,7 @@ def test_langchain_chat_ollama_and_chat_openai(server):
     assert "".join(c.content for c in chat.stream("Name one planet.")) == answer2.content
 
 
+@pytest.mark.slow
 def test_langchain_llamacpp_with_hypura_placement(smollm2_path):
     pytest.importorskip("langchain_community")
     from langchain_community.llms import LlamaCpp

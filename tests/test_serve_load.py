@@ -78,6 +78,7 @@ async def _client(url: str, i: int, leaves: bool, started: float) -> dict:
                 "end": time.monotonic() - started}
 
 
+@pytest.mark.slow
 def test_64_concurrent_clients_some_leaving(server):
     engine = engine_of(server)
     before = wait_idle(engine)

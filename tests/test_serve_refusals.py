@@ -144,6 +144,7 @@ def test_routes_not_offered_say_why(client):
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
+@pytest.mark.slow
 def test_template_failures(smollm2_path):
     for template, status, word in (("{% if %}", 500, "does not parse"),
                                    ("{{ raise_exception('roles must alternate') }}", 400, "roles must alternate"),

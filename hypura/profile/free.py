@@ -6,8 +6,8 @@ memory.max - memory.current + reclaimable file pages of every enclosing cgroup; 
 usage_in_bytes), since a container's limit binds long before the host's RAM does.
 
 $HYPURA_FREE_MEMORY replaces the measurement, e.g. "gpu=8GiB,ram=6GiB" (a part left out is measured;
-gpu=0 plans as if there were no free GPU memory): read once, at import, for tests and for planning
-as if other programs held memory.
+gpu=0 plans as if there were no free GPU memory; naming both measures nothing, only the totals are
+read): read once, at import, for tests and for planning as if other programs held memory.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def _first_gpu() -> tuple[int, int] | None:
 
 
 def measure() -> FreeMemory:
+    """The live probe: what other programs leave free now."""
     vm = psutil.virtual_memory()
     ram, total = vm.available, vm.total
     cg = cgroup_limit()
@@ -114,13 +115,26 @@ def measure() -> FreeMemory:
     return FreeMemory(gpu[0] if gpu else None, ram, gpu[1] if gpu else None, total)
 
 
-def parse_override(text: str, measured: FreeMemory) -> FreeMemory:
+def totals() -> FreeMemory:
+    """The machine's sizes without the live probe (ram and gpu hold the totals): facts, not load."""
+    cg = cgroup_limit()
+    total = min(psutil.virtual_memory().total, cg[0]) if cg else psutil.virtual_memory().total
+    gpu = _first_gpu()
+    return FreeMemory(gpu[1] if gpu else None, total, gpu[1] if gpu else None, total, source="totals")
+
+
+def _override_parts(text: str) -> dict[str, int]:
     parts = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key not in ("gpu", "ram"):
             raise HypuraError(f"${ENV}={text!r}: expected e.g. gpu=8GiB,ram=6GiB")
         parts[key] = parse_size(value)
+    return parts
+
+
+def parse_override(text: str, measured: FreeMemory) -> FreeMemory:
+    parts = _override_parts(text)
     gpu = parts.get("gpu", measured.gpu)
     if gpu is not None and measured.gpu is None and gpu > 0:
         raise HypuraError(f"${ENV} gives GPU memory, but this llama.cpp build has no GPU")
@@ -131,5 +145,6 @@ def parse_override(text: str, measured: FreeMemory) -> FreeMemory:
 
 def free_memory() -> FreeMemory:
     """What this machine has free now ($HYPURA_FREE_MEMORY in place of the measurement)."""
-    measured = measure()
-    return parse_override(OVERRIDE, measured) if OVERRIDE else measured
+    if not OVERRIDE:
+        return measure()
+    return parse_override(OVERRIDE, totals() if len(_override_parts(OVERRIDE)) == 2 else measure())

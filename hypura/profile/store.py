@@ -3,7 +3,9 @@ unmeasured profile for planning before `hypura profile` ever ran.
 
 The cache file is `${XDG_CACHE_HOME:-~/.cache}/hypura/profile-<hostname>-<hash>.json`, the hash over
 the hardware facts (CPU, RAM size, GPUs and their memory). A cached profile whose facts differ from
-the machine's now is stale and is measured again.
+the machine's now is stale and is measured again. $HYPURA_PROFILE (a profile file, or a bundled
+example's name) stands in for the cached profile, read once, at import: to plan as another machine
+would, and for tests, whose plans must not follow the machine they run on.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from hypura.profile.host import cores, cpu_name, host_facts
 from hypura.profile.model import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
+PROFILE_ENV = "HYPURA_PROFILE"
+PINNED = os.environ.get(PROFILE_ENV)  # read once
 
 
 def cache_dir() -> Path:
@@ -60,7 +64,9 @@ def cache_path(key: str) -> Path:
 
 
 def load_cached(facts: tuple[tuple[str, str], ...] | None = None) -> MachineProfile | None:
-    """This machine's cached profile, or None when there is none or it is stale."""
+    """This machine's cached profile ($HYPURA_PROFILE in its place), or None when there is none or it is stale."""
+    if PINNED:
+        return resolve_profile(PINNED)
     facts = facts if facts is not None else hardware_facts()
     path = cache_path(profile_key(facts))
     if not path.is_file():

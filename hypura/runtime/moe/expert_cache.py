@@ -13,7 +13,13 @@ Policies score resident experts; the lowest score is evicted:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
+
+from hypura.errors import HypuraError
+from hypura.runtime.mechanism import TierStats
+from hypura.tiers.names import RAM
 
 POLICIES = ("lru", "lfu", "decay")
 # the best hit rate on routing traces of tiny-qwen3moe, 6 of 16 experts cached (tests/test_expert_cache.py):
@@ -66,3 +72,89 @@ class LayerCache:
             self.prefetched.discard(victim)
         self.resident[expert] = 0.0 if self.policy != "lru" else float(self.clock)
         return True
+
+
+class ExpertSlots:
+    """One MoE layer's expert cache as the runtime keeps it (expert_streaming.py): the slot each cached
+    expert's bytes are in or loading into (`slot_of`), the policy's scores (`cache`), the loads not yet
+    published to the C side; and the counting of a batch's accesses into the runtime's TierStats
+    (`tier`: where hits are served). No C here: `evicted` is where the C side learns of a victim."""
+
+    def __init__(self, layer: int, n_slots: int, policy: str):
+        self.layer = layer
+        self.cache = LayerCache(n_slots, policy)
+        self.slot_of: dict[int, int] = {}
+        self.unpublished: list[tuple[int, int]] = []  # (expert, slot) loaded or loading, not published yet
+        self.free = list(range(n_slots - 1, -1, -1))
+
+    def evicted(self, expert: int) -> None:
+        """`expert` lost its slot, whose bytes are about to be overwritten."""
+
+    def take_slot(self, expert: int, pinned: set) -> Optional[int]:
+        """A slot for `expert` (evicting the policy's victim outside `pinned`), None if none can be had."""
+        before = set(self.cache.resident)
+        if not self.cache.insert(expert, pinned):
+            return None
+        gone = before - set(self.cache.resident)
+        if gone:
+            victim = gone.pop()
+            self.evicted(victim)
+            slot = self.slot_of.pop(victim)
+        else:
+            slot = self.free.pop()
+        self.slot_of[expert] = slot
+        self.unpublished.append((expert, slot))
+        return slot
+
+    def account(self, rows: list, stats: TierStats, tier: str) -> Counter:
+        """Count a batch's accesses (one per token and selected expert): hits or loads from RAM."""
+        uses = Counter(e for row in rows for e in row)
+        stats.accesses += sum(map(len, rows))
+        for e, count in uses.items():
+            if e in self.slot_of:
+                stats.hits[tier] += count
+                if e in self.cache.prefetched:
+                    self.cache.prefetched.discard(e)
+                    stats.prefetch_used += 1
+            else:
+                stats.hits[RAM] += count
+        return uses
+
+    def access(self, rows: list, stats: TierStats, tier: str) -> list[tuple[int, int]]:
+        """A batch's selected experts ([n_tokens][k]): counted, the misses given slots (never one this
+        batch needs), all touched; returns the (expert, slot) loads to make now."""
+        uses = self.account(rows, stats, tier)
+        demand = []
+        for e in uses:
+            if e not in self.slot_of:
+                slot = self.take_slot(e, set(uses))
+                if slot is None:
+                    raise HypuraError(f"layer {self.layer}: no slot left for expert {e} ({len(uses)} needed at once)")
+                demand.append((e, slot))
+            self.cache.touch(e)
+        return demand
+
+    def replay(self, rows: list, stats: TierStats, tier: str) -> None:
+        """A batch the C side answered from ready slots: all hits, counted and touched as access() does."""
+        for e in self.account(rows, stats, tier):
+            self.cache.touch(e)
+
+    def prefetch(self, guess: list[int], stats: TierStats) -> list[tuple[int, int]]:
+        """Slots for the predicted experts not cached yet, marked prefetched; returns the loads to make."""
+        todo = []
+        for e in guess:
+            if e in self.slot_of:
+                continue
+            slot = self.take_slot(e, set(guess))
+            if slot is None:
+                break
+            self.cache.prefetched.add(e)
+            stats.prefetched += 1
+            todo.append((e, slot))
+        return todo
+
+    def ready(self) -> list[tuple[int, int]]:
+        """Loads waited for: the (expert, slot) pairs the C side may now serve (those not evicted since)."""
+        done = [(e, slot) for e, slot in self.unpublished if self.slot_of.get(e) == slot]
+        self.unpublished.clear()
+        return done

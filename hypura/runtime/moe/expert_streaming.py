@@ -25,7 +25,6 @@ Protocol (include/hypura.h "Expert caches" and the router hook; all on the threa
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -36,7 +35,7 @@ from hypura.errors import HypuraError
 from hypura.tiers.names import RAM
 from hypura.runtime.moe.coactivation import CoactivationRecorder
 from hypura.runtime.mechanism import Mechanism, TierStats
-from hypura.runtime.moe.expert_cache import DEFAULT_POLICY, POLICIES, LayerCache
+from hypura.runtime.moe.expert_cache import DEFAULT_POLICY, POLICIES, ExpertSlots
 from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Piece, Transfers
 
@@ -59,13 +58,12 @@ class ExpertCacheSettings:
             raise HypuraError("expert cache settings: max_tokens must be >= 1")
 
 
-class _Layer:
-    def __init__(self, c_cache, n_slots: int, policy: str):
+class _Layer(ExpertSlots):
+    """A layer's slots (the accounting in ExpertSlots) and the C cache whose slot tensors hold them."""
+
+    def __init__(self, layer: int, c_cache, n_slots: int, policy: str):
+        super().__init__(layer, n_slots, policy)
         self.c = c_cache
-        self.cache = LayerCache(n_slots, policy)
-        self.slot_of: dict[int, int] = {}
-        self.unpublished: list[tuple[int, int]] = []  # (expert, slot) loaded or loading, not in c.slot_of yet
-        self.free = list(range(n_slots - 1, -1, -1))
         self.ticket = None  # the latest load submitted (the copy stream is FIFO: it covers the earlier ones)
         self.event = ffi.NULL
         # per stacked tensor: (slot tensor, address of expert 0, bytes of one expert)
@@ -73,28 +71,13 @@ class _Layer:
                        lib().ggml_nbytes(c_cache.slots[i]) // n_slots)
                       for i in range(3) if c_cache.experts[i] != ffi.NULL]
 
-    def take_slot(self, expert: int, pinned: set) -> Optional[int]:
-        """A slot for `expert` (evicting the policy's victim outside `pinned`), None if none can be had."""
-        before = set(self.cache.resident)
-        if not self.cache.insert(expert, pinned):
-            return None
-        gone = before - set(self.cache.resident)
-        if gone:
-            victim = gone.pop()
-            self.c.slot_of[victim] = -1  # before its slot is overwritten
-            slot = self.slot_of.pop(victim)
-        else:
-            slot = self.free.pop()
-        self.slot_of[expert] = slot
-        self.unpublished.append((expert, slot))
-        return slot
+    def evicted(self, expert: int) -> None:
+        self.c.slot_of[expert] = -1  # before its slot is overwritten
 
     def publish(self) -> None:
         """Loads waited for: the C side may serve these experts."""
-        for e, slot in self.unpublished:
-            if self.slot_of.get(e) == slot:
-                self.c.slot_of[e] = slot
-        self.unpublished.clear()
+        for e, slot in self.ready():
+            self.c.slot_of[e] = slot
 
 
 class ExpertStreamer(Mechanism):
@@ -121,7 +104,7 @@ class ExpertStreamer(Mechanism):
             if c == ffi.NULL:
                 raise HypuraError(f"cannot make an expert cache of {s.slots} slots for layer {layer} "
                                   "(not enough memory, or experts llama.cpp keeps merged or biased)")
-            self.layers[layer] = _Layer(c, s.slots, s.policy)
+            self.layers[layer] = _Layer(layer, c, s.slots, s.policy)
             if transfers is not None:
                 self.layers[layer].event = transfers.new_event()
         self.stats = TierStats()
@@ -145,15 +128,7 @@ class ExpertStreamer(Mechanism):
         ly = self.layers[layer]
         self._wait(ly)
         rows = selected.tolist()  # plain ints: this runs once per MoE layer and token
-        uses = self._account(ly, rows)
-        demand = []
-        for e in uses:
-            if e not in ly.slot_of:
-                slot = ly.take_slot(e, set(uses))
-                if slot is None:
-                    raise HypuraError(f"layer {layer}: no slot left for expert {e} ({len(uses)} needed at once)")
-                demand.append((e, slot))
-            ly.cache.touch(e)
+        demand = ly.access(rows, self.stats, self.tier_name)
         if demand:
             self._load(ly, demand, "demand")
             self._wait(ly)
@@ -173,24 +148,8 @@ class ExpertStreamer(Mechanism):
                 layer, n_tokens, k = log[at:at + 3]
                 rows = [log[at + 3 + t * k: at + 3 + (t + 1) * k] for t in range(n_tokens)]
                 at += 3 + n_tokens * k
-                ly = self.layers[layer]
-                for e in self._account(ly, rows):  # all hits, counted and touched as serve() does
-                    ly.cache.touch(e)
+                self.layers[layer].replay(rows, self.stats, self.tier_name)
                 self._observe(layer, rows)
-
-    def _account(self, ly: _Layer, rows: list) -> Counter:
-        """Count a batch's accesses (one per token and selected expert): hits or loads from RAM."""
-        uses = Counter(e for row in rows for e in row)
-        self.stats.accesses += sum(map(len, rows))
-        for e, count in uses.items():
-            if e in ly.slot_of:
-                self.stats.hits[self.tier_name] += count
-                if e in ly.cache.prefetched:
-                    ly.cache.prefetched.discard(e)
-                    self.stats.prefetch_used += 1
-            else:
-                self.stats.hits[RAM] += count
-        return uses
 
     def _observe(self, layer: int, rows: list) -> None:
         """Note co-activations: each token's experts at the previous MoE layer, then at this one. The
@@ -204,16 +163,8 @@ class ExpertStreamer(Mechanism):
         if nxt is None or m == 0:
             return
         guess = self.recorder.predictor.predict(self.recorder.index[layer], sorted({e for row in rows for e in row}), m)
-        ly, todo = self.layers[nxt], []
-        for e in guess:
-            if e in ly.slot_of:
-                continue
-            slot = ly.take_slot(e, set(guess))
-            if slot is None:
-                break
-            ly.cache.prefetched.add(e)
-            self.stats.prefetched += 1
-            todo.append((e, slot))
+        ly = self.layers[nxt]
+        todo = ly.prefetch(guess, self.stats)
         if todo:
             self._load(ly, todo, "prefetch")
 
