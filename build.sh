@@ -18,6 +18,7 @@
 #   HYPURA_VENV_SYSTEM_SITE=1  let the venv see the system's packages (offline machines)
 #   HYPURA_JOBS        parallel build jobs (default: all cores)
 #   HYPURA_BUILD_TARGETS  CMake targets (default: "llama llama-completion")
+#   HYPURA_CMAKE_ARGS  extra CMake flags (e.g. -DLLAMA_BUILD_EXAMPLES=ON for llama-speculative-simple)
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36
@@ -127,7 +128,7 @@ cmake_flags() {
         metal) flags="$flags -DGGML_METAL=ON" ;;
         cpu)   flags="$flags -DGGML_METAL=OFF" ;;
     esac
-    echo $flags
+    echo $flags ${HYPURA_CMAKE_ARGS:-}
 }
 
 # llama.cpp routes CPU matmuls of Q4_K/Q8_0/... weights through its AMX kernels when built with -march=native on

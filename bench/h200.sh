@@ -7,11 +7,12 @@
 # llama-batched-bench from it are vanilla llama.cpp of the same source.
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
-#   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | serve | pack
+#   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | serve | store | spec | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
-export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench llama-completion llama-batched-bench"
+export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench llama-completion llama-batched-bench llama-speculative-simple"
+export HYPURA_CMAKE_ARGS=-DLLAMA_BUILD_EXAMPLES=ON  # llama-speculative-simple is an example
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 export XDG_CACHE_HOME=/tmp/xdg  # a fresh machine: no cached profile, no recorded routing
 # the 70B and the MoE model are read from disk (O_DIRECT); the resident 14B does not fit beside them
@@ -62,7 +63,7 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     { lscpu | grep -iE "model name|^cpu\(s\)"; df -h /tmp /dev/shm; free -g; uname -r; } > "$RES/machine.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
     if [ "${MODELS:-1}" = 1 ] && [ ! -f /tmp/synth.rc ]; then
-        setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK > /tmp/synth70.log 2>&1 &
+        setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK --block-out-scale 0.000001 > /tmp/synth70.log 2>&1 &
             python3 -m hypura.cli.main synth qwen3-30b-a3b $MQ3 --tokenizer-from $TOK > /tmp/synthq3.log 2>&1 &
             python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; wait
             echo done > /tmp/synth.rc" > /dev/null 2>&1 &
@@ -85,7 +86,7 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
         lib=$(./build.sh lib 2> "$RES/build.log") || { tail -40 "$RES/build.log"; exit 1; }
         note "build: $((SECONDS - start)) s, lib: $lib"
         echo "$lib" > /tmp/hypura-lib
-        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench llama-completion llama-batched-bench | xz -T16 -3) \
+        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench llama-completion llama-batched-bench llama-speculative-simple | xz -T16 -3) \
             | split -b 15M -d - "$OUT/lib-$KEY.tar.xz.part"
     fi
     export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)
@@ -182,6 +183,29 @@ serve)  # the same through `hypura serve`: 16 concurrent openai clients beside t
     timeout 400 python3 bench/serve_throughput.py $M70 --clients 16 --parallel 16 --tokens 16 --gpu-mem 8GiB --ram 64GiB \
         > "$RES/serve-l70.txt" 2>&1
     tail -6 "$RES/serve-l70.txt" | tee -a "$RES/summary.txt"
+    ;;
+store)  # models by name: an Ollama store of the 70B and the MoE served with no flags; first requests and switches
+    models_done
+    rm -rf /tmp/ollama-store
+    timeout 280 python3 -m bench.store_switch /tmp/ollama-store --make llama3.3:70b=$M70 --make qwen3:30b-a3b=$MQ3 \
+        --tokens 32 -t 16 --json "$RES/store-switch.json" > "$RES/store-switch.txt" 2>&1
+    tail -15 "$RES/store-switch.txt" | tee -a "$RES/summary.txt"
+    HYPURA_FREE_MEMORY=gpu=48GiB timeout 280 python3 -m bench.store_switch /tmp/ollama-store --tokens 32 -t 16 \
+        --json "$RES/store-switch-48g.json" > "$RES/store-switch-48g.txt" 2>&1
+    tail -15 "$RES/store-switch-48g.txt" | tee -a "$RES/summary.txt"
+    ;;
+spec)  # speculative decoding: the 70B at 8 GiB with a synthetic draft per agreement, beside vanilla's plain and speculative decode
+    models_done
+    for a in ${AGREEMENTS:-0.8 0.6 0.9}; do
+        [ -f /dev/shm/l70-d$a.gguf ] || hy synth --draft-for $M70 /dev/shm/l70-d$a.gguf --agreement $a --layers 2 > "$RES/synth-draft-$a.log" 2>&1
+        vb="-ngl 14"; [ $a = 0.8 ] || vb=""  # vanilla's plain decode once
+        for lm in "" "-lm none"; do
+            timeout 240 python3 bench/spec.py $M70 --draft /dev/shm/l70-d$a.gguf --gpu-mem 8GiB --ram 64GiB --tokens 64 \
+                --n-max 16 --threads 16 --vanilla-spec-args "-ngl 14 -ngld 99 $lm" ${vb:+--vanilla-bench-args "$vb $lm"} \
+                $([ -n "$lm" ] && echo --no-plain) --json "$RES/spec-l70-$a${lm:+-lmnone}.json" > "$RES/spec-l70-$a${lm:+-lmnone}.txt" 2>&1
+            grep -v '^[{} ]' "$RES/spec-l70-$a${lm:+-lmnone}.txt" | tail -4 | sed "s/^/spec $a ${lm}: /" | tee -a "$RES/summary.txt"
+        done
+    done
     ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null
