@@ -97,8 +97,8 @@ def test_the_first_plan_measures_the_cpu_on_the_models_own_blocks(first_use, sha
 
 def test_the_model_cpu_cache_is_per_mix_and_threads(tiny_llama, tiny_qwen3moe):
     dense, moe = read_header(tiny_llama), read_header(tiny_qwen3moe)
-    assert store.model_mix(dense, 2, 4) == store.model_mix(dense, 2, 4)
-    assert len({store.model_mix(dense, 2, 4), store.model_mix(dense, 2, 8), store.model_mix(moe, 2, 4)}) == 3
+    assert store.model_mix(dense, 4) == store.model_mix(dense, 4)
+    assert len({store.model_mix(dense, 4), store.model_mix(dense, 8), store.model_mix(moe, 4)}) == 3
 
 
 def test_first_use_rss_stays_within_the_printed_budget(smollm2_path, tmp_path):

@@ -1,15 +1,17 @@
 """CPU compute rate: llama.cpp decoding a few of the model's own blocks on the CPU, at the thread count
 the runtime uses (llama.cpp's default: the physical cores).
 
-The blocks are copied into files of their own (model_slice.py) and loaded, in a process of its own (so
-the caller's memory and its peak stay the run's), as the runtime holds CPU-computed weights (read into
-plain host memory, repacked where llama.cpp repacks). Decode steps are timed with `top` blocks and with
-`base` (fewer), taking turns: the decode rate is the bytes a token reads of the extra blocks over the
-time they add, so per-token costs (the graph's set-up, the input row) cancel while
-per-block ones (thread barriers, an MoE block's router) stay in the rate, as in the whole model. Bytes
-and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E). The prefill
-rate is 2 FLOP per weight of a prompt the same way. Without llama.cpp or a model, the RAM copy rate
-stands in (a proxy, and the method says so).
+The blocks are copied into files of their own (model_slice.py) and loaded, in a child process (apart.py),
+as the runtime holds CPU-computed weights (read into
+plain host memory, repacked where llama.cpp repacks). Decode steps are timed with `base` blocks and with
+`top` (more), taking turns so that a load on the machine weighs on each alike, and with `base` blocks and
+the output head. From them: the blocks' rate (the extra blocks' bytes over the time they add: per-block
+costs, such as an MoE block's router, included), the head's time and the step's fixed part. The decode
+rate is what a token of the whole model reads over the time those give it (all its blocks at the blocks'
+rate, the head, the fixed part), as a run of the whole model on the CPU would measure it: a small model's
+output head is a large share of its token, and may run at another rate than its blocks. Bytes and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E).
+The prefill rate is 2 FLOP per weight of the extra blocks over a prompt's extra time. Without llama.cpp or
+a model, the RAM copy rate stands in (a proxy, and the method says so).
 """
 
 from __future__ import annotations
@@ -17,15 +19,13 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader, read_header
-from hypura.profile import knobs
+from hypura.profile import apart, knobs
 from hypura.profile.model import CpuCompute
 from hypura.profile.model_slice import slices
 
@@ -61,7 +61,8 @@ def _quiet_stderr():
 
 
 class _Steps:
-    """One loaded slice and its next position: decode steps that ask for no logits."""
+    """One loaded slice and its next position: decode steps, with the last token's logits or none (then the
+    output head is not computed)."""
 
     def __init__(self, path: Path, threads: int):
         import llama_cpp
@@ -77,7 +78,7 @@ class _Steps:
         self.batch = llama_cpp.llama_batch_init(n, 0, 1)
         self.pos, self.name = 0, path.name
 
-    def __call__(self, tokens: list[int]) -> float:
+    def __call__(self, tokens: list[int], logits: bool = False) -> float:
         import llama_cpp
 
         b = self.batch
@@ -85,6 +86,7 @@ class _Steps:
         for i, t in enumerate(tokens):
             b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, self.pos + i, 1, 0
             b.seq_id[i][0] = 0
+        b.logits[len(tokens) - 1] = int(logits)
         t0 = time.perf_counter()
         if llama_cpp.llama_decode(self.llm.ctx, b) != 0:
             raise HypuraError(f"llama_decode failed on {self.name}")
@@ -98,41 +100,29 @@ class _Steps:
         self.llm.close()
 
 
-def time_steps(paths: list[Path], threads: int, n_vocab: int) -> list[tuple[float, float]]:
-    """For each model: (median seconds of a one-token decode step, seconds of a knobs.LLAMA_PROMPT_TOKENS
-    prompt) on the CPU. The models take turns, step by step, so that a load on the machine that comes and
-    goes weighs on each alike."""
+def time_steps(paths: list[str], threads: int, n_vocab: int) -> list[tuple[float, float, float]]:
+    """For each model: median seconds of a one-token decode step without logits and with them, and seconds of
+    a knobs.LLAMA_PROMPT_TOKENS prompt, on the CPU; the models take turns, step by step."""
     tokens = [(7 + 13 * i) % n_vocab for i in range(knobs.LLAMA_PROMPT_TOKENS)]
     runs = []
     try:
         for p in paths:
-            runs.append(_Steps(p, threads))
+            runs.append(_Steps(Path(p), threads))
         for run in runs:
             run(tokens)  # warm-up: caches, buffers, an MoE block's experts (most of them)
         prompt = [min(run(tokens) for _ in range(2)) for run in runs]
-        steps: list[list[float]] = [[] for _ in runs]
+        steps: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
         t0 = time.perf_counter()
         for i in range(knobs.LLAMA_DECODE_TOKENS):
             if i >= 3 and time.perf_counter() - t0 > knobs.LLAMA_DECODE_S:
                 break
-            for run, out in zip(runs, steps):
-                out.append(run([tokens[i % len(tokens)]]))
-        return [(statistics.median(s), p) for s, p in zip(steps, prompt)]
+            for run, (bare, head) in zip(runs, steps):
+                bare.append(run([tokens[i % len(tokens)]]))
+                head.append(run([tokens[i % len(tokens)]], logits=True))
+        return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)]
     finally:
         for run in runs:
             run.close()
-
-
-def time_steps_apart(paths: list[Path], threads: int, n_vocab: int) -> list[tuple[float, float]]:
-    """time_steps in a child process: the loaded blocks never count in the caller's RSS peak (a first plan's
-    run budgets that), and llama.cpp's threads and state go with the child."""
-    args = [sys.executable, "-m", __name__, str(threads), str(n_vocab), *map(str, paths)]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=knobs.LLAMA_TIMEOUT_S)
-    if r.returncode != 0:
-        lines = (r.stderr.strip() or "no output").splitlines()
-        raise HypuraError(f"timing the model's blocks failed: {lines[-1]}")
-    values = list(map(float, r.stdout.split()))
-    return list(zip(values[::2], values[1::2]))
 
 
 def measure_model(model: Path, threads: int, folder: Path,
@@ -149,29 +139,47 @@ def measure_model(model: Path, threads: int, folder: Path,
     progress(f"llama.cpp decodes {' and '.join(map(str, counts))} of {model.name}'s {header.n_layer} blocks "
              f"({size / 1e9:.2f} GB copied) on {threads} thread(s)")
     with slices(header, counts, folder) as paths:
-        times = dict(zip(counts, time_steps_apart([paths[n] for n in counts], threads,
-                                                  ModelDims.from_header(header).n_vocab)))
+        # apart: the blocks loaded never count in the caller's RSS peak
+        times = dict(zip(counts, apart.call(time_steps, [str(paths[n]) for n in counts], threads,
+                                            ModelDims.from_header(header).n_vocab)))
+    cpu = _rates(header, model.name, threads, base, top, times)
+    progress(f"decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights, prefill {cpu.prefill_flops / 1e9:.0f} GFLOP/s")
+    return cpu
+
+
+def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, times: dict) -> CpuCompute:
+    """CpuCompute from the timings (module docstring): times[n] = (decode s, decode s with the head, prompt s)."""
     (top_b, top_w), (base_b, base_w) = token_load(header, top), token_load(header, base)
-    (top_s, top_p), (base_s, base_p) = times[top], times[base]
+    (top_s, _, top_p), (base_s, head_s, base_p) = times[top], times[base]
     prompt = knobs.LLAMA_PROMPT_TOKENS
-    if top > base and top_s > base_s and top_p > base_p:
-        decode_bw, flops = (top_b - base_b) / (top_s - base_s), 2.0 * (top_w - base_w) * prompt / (top_p - base_p)
+    if top > base and top_s > base_s:
+        block_bw = (top_b - base_b) / (top_s - base_s)
         how = f"{top - base} more block(s) added {(top_s - base_s) * 1e3:.2f} ms to a {base_s * 1e3:.2f} ms step"
-    else:  # one block, or noise larger than the blocks' time: the whole step, its fixed costs included
-        decode_bw, flops = top_b / top_s, 2.0 * top_w * prompt / top_p
-        how = f"a step of {top} block(s) took {top_s * 1e3:.2f} ms (fixed costs included: a lower bound)"
-    progress(f"decode reads {decode_bw / 1e9:.1f} GB/s of weights, prefill {flops / 1e9:.0f} GFLOP/s")
-    return CpuCompute(decode_bw=decode_bw, prefill_flops=flops, threads=threads,
-                      method=(f"llama.cpp on {top} of {model.name}'s blocks ({top_b / top / 1e6:.0f} MB a token a "
-                              f"block), {threads} thread(s): {how}; a {prompt}-token prompt {top_p * 1e3:.0f} ms with "
-                              f"{top}, {base_p * 1e3:.0f} ms with {base}"))
+    else:  # one block, or noise larger than the blocks' time: the step's fixed part is not told apart
+        block_bw = top_b / top_s
+        how = f"a step of {top} block(s) took {top_s * 1e3:.2f} ms"
+    fixed_s = max(0.0, base_s - base_b / block_bw)
+    head_s = max(0.0, head_s - base_s)
+    blocks_b, _ = token_load(header, header.n_layer)
+    head_b = sum(t.nbytes for t in header.tensors if t.name == _head_name(header))
+    decode_bw = (blocks_b + head_b) / (fixed_s + blocks_b / block_bw + head_s)
+    if top > base and top_p > base_p:
+        flops = 2.0 * (top_w - base_w) * prompt / (top_p - base_p)
+    else:
+        flops = 2.0 * top_w * prompt / top_p
+    return CpuCompute(decode_bw=decode_bw, prefill_flops=flops, threads=threads, method=(
+        f"llama.cpp on {top} of {name}'s blocks ({top_b / top / 1e6:.0f} MB a token a block), {threads} thread(s): "
+        f"{how} ({block_bw / 1e9:.1f} GB/s), the output head {head_s * 1e3:.2f} ms; a token of all {header.n_layer} "
+        f"blocks and the head at those times; a {prompt}-token prompt {top_p * 1e3:.0f} ms with {top} block(s), {base_p * 1e3:.0f} ms with {base}"))
+
+
+def _head_name(header: ModelHeader) -> str:
+    """The output matrix: output.weight, or the input embeddings where the model ties them."""
+    names = {t.name for t in header.tensors}
+    return "output.weight" if "output.weight" in names else "token_embd.weight"
 
 
 def proxy(ram_copy_bw: float, threads: int, why: str) -> CpuCompute:
     return CpuCompute(decode_bw=ram_copy_bw, prefill_flops=knobs.CPU_FLOPS_DEFAULT, threads=threads,
                       method=f"proxy (no llama.cpp run: {why}): decode = RAM copy rate, prefill = planner default")
 
-
-if __name__ == "__main__":  # time_steps_apart's child: THREADS N_VOCAB PATH... -> "decode_s prompt_s" per path
-    for row in time_steps([Path(p) for p in sys.argv[3:]], int(sys.argv[1]), int(sys.argv[2])):
-        print(*row)

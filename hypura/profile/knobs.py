@@ -40,8 +40,6 @@ LLAMA_PROMPT_TOKENS = 32
 LLAMA_DECODE_TOKENS = 32
 LLAMA_DECODE_S = 8.0
 LLAMA_CTX = 256
-# a timed run loads at most SLICE_BYTES from the page cache and decodes for LLAMA_DECODE_S: far less than this
-LLAMA_TIMEOUT_S = 120
 
 # --- rates derived from the measurements (the planner's fits) --------------------------------
 # GPU decode reads weights at this fraction of a device copy's memory traffic: fit of the

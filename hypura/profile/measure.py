@@ -13,9 +13,10 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
-from hypura.profile import compute, knobs
+from hypura.profile import apart, compute, knobs
 from hypura.profile.disk import measure_disk, measure_file
-from hypura.profile.host import cores, cpu_name, ram_copy_bw
+from hypura.profile import host
+from hypura.profile.host import cores, cpu_name
 from hypura.modelfile import read_header
 from hypura.profile.model import CpuCompute, GpuInfo, HostInfo, MachineProfile
 from hypura.profile.store import (cache_dir, cache_path, gpu_devices, hardware_facts, load_cached, load_model_cpu,
@@ -26,11 +27,16 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def ram_copy_bw() -> float:
+    """host.ram_copy_bw apart (apart.py): its two 256 MiB buffers never count in the caller's RSS peak."""
+    return apart.call(host.ram_copy_bw)
+
+
 def _gpu_info(dev, progress: Callable[[str], None]) -> GpuInfo:
-    from hypura.profile.devices import measure_links
+    from hypura.profile.devices import Links, measure_links
 
     progress(f"  {dev.description}: host->device (pinned, pageable) and device copy, {knobs.LINK_BYTES >> 20} MiB")
-    links = measure_links(dev.index)
+    links = Links(**apart.call(measure_links, dev.index))  # apart: 1 GiB pinned and 1 GiB pageable
     return GpuInfo(
         index=dev.index, name=dev.name, description=dev.description, mem_total=dev.mem_total,
         mem_free=dev.mem_free, unified=dev.unified, h2d_pinned_bw=links.h2d_pinned_bw,
@@ -109,8 +115,7 @@ def model_cpu(key: str, model: Path, threads: int, measure: bool = True,
 
 
 def _mix(model: Path, threads: int) -> str:
-    header = read_header(model)
-    return model_mix(header, compute.block_counts(header)[1], threads)
+    return model_mix(read_header(model), threads)
 
 
 def _measure_cpu(key: str, model: Path, threads: int, progress: Callable[[str], None]) -> CpuCompute:

@@ -76,11 +76,10 @@ def load_cached(facts: tuple[tuple[str, str], ...] | None = None) -> MachineProf
     return profile if profile.hardware == facts else None
 
 
-def model_mix(header, blocks: int, threads: int) -> str:
-    """What a CPU measurement on `header`'s first `blocks` blocks stands for: their tensor types and shapes
-    (the same for every model of that architecture, size and quantization), the experts a token uses, the threads."""
-    tensors = [(re.sub(r"^blk\.\d+\.", "", t.name), int(t.ggml_type), list(t.shape))
-               for t in header.tensors if 0 <= t.layer < blocks]
+def model_mix(header, threads: int) -> str:
+    """What a CPU measurement on `header`'s model stands for: its tensors' types and shapes (the same for every
+    model of that architecture, size and quantization), the experts a token uses, the threads."""
+    tensors = [(t.name, int(t.ggml_type), list(t.shape)) for t in header.tensors]
     facts = [header.arch, int(header.get("expert_used_count", 0) or 0), threads, tensors]
     return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:10]
 
