@@ -2,8 +2,9 @@
 measures is the rate of this model's tensor types and shapes, not a stand-in's.
 
 The copy keeps every tensor outside the blocks and every metadata entry, with the block count (and any
-per-block array) cut down. The input embeddings and the output matrix are holes: the timed steps ask for
-no logits, so the output head is not computed, and a token reads one embedding row.
+per-block array) cut down. The output matrix is a hole (zeros: a matmul takes as long on them), and so are
+the input embeddings of a dense model; an MoE model's are copied, since its routers choose experts from the
+tokens' embeddings (from zeros every token takes the same experts, which then sit in the CPU's caches).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from hypura.errors import HypuraError
 from hypura.modelfile import KV, ModelHeader, read_kv
 from hypura.synth.gguf_kv import TensorInfo, header_bytes
 
-HOLES = ("token_embd.weight", "output.weight")
 COPY_CHUNK = 64 << 20  # bytes a copy request moves where copy_file_range is refused
 
 
@@ -48,11 +48,12 @@ def write_slice(header: ModelHeader, blocks: int, path: Path) -> Path:
         infos.append(TensorInfo(t.name, tuple(reversed(t.shape)), GGMLQuantizationType(int(t.ggml_type)), at))
         at += -(-t.nbytes // alignment) * alignment
     head = header_bytes(_kvs(header, read_kv(header.path), blocks), infos, alignment)
+    holes = {"output.weight"} | (set() if header.get("expert_count") else {"token_embd.weight"})
     with open(header.path, "rb") as src, open(path, "wb") as dst:
         dst.write(head)
         dst.truncate(len(head) + at)  # the holes stay holes
         for t, info in zip(kept, infos):
-            if t.name not in HOLES:
+            if t.name not in holes:
                 _copy(src.fileno(), dst.fileno(), t.offset, len(head) + info.offset, t.nbytes)
     return path
 
