@@ -117,8 +117,9 @@ def time_steps(paths: list[str], threads: int, n_vocab: int) -> list[tuple[float
             if i >= 3 and time.perf_counter() - t0 > knobs.LLAMA_DECODE_S:
                 break
             for run, (bare, head) in zip(runs, steps):
-                bare.append(run([tokens[i % len(tokens)]]))
-                head.append(run([tokens[i % len(tokens)]], logits=True))
+                # another token for the head's step: the same one would find its experts in the CPU's caches
+                bare.append(run([tokens[2 * i % len(tokens)]]))
+                head.append(run([tokens[(2 * i + 1) % len(tokens)]], logits=True))
         return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)]
     finally:
         for run in runs:
