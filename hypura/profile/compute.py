@@ -4,7 +4,7 @@ the runtime uses (llama.cpp's default: the physical cores).
 The blocks are copied into files of their own (model_slice.py) and loaded, in a child process (apart.py),
 as the runtime holds CPU-computed weights (read into
 plain host memory, repacked where llama.cpp repacks). Decode steps are timed with `base` blocks and with
-`top` (more), taking turns so that a load on the machine weighs on each alike, and with `base` blocks and
+`top` (more), taking turns so that a load on the machine weighs on each alike, and with `top` blocks and
 the output head. From them: the blocks' rate (the extra blocks' bytes over the time they add: per-block
 costs, such as an MoE block's router, included), the head's time and the step's fixed part. The decode
 rate is what a token of the whole model reads over the time those give it (all its blocks at the blocks'
@@ -151,7 +151,8 @@ def measure_model(model: Path, threads: int, folder: Path,
 def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, times: dict) -> CpuCompute:
     """CpuCompute from the timings (module docstring): times[n] = (decode s, decode s with the head, prompt s)."""
     (top_b, top_w), (base_b, base_w) = token_load(header, top), token_load(header, base)
-    (top_s, _, top_p), (base_s, head_s, base_p) = times[top], times[base]
+    # the head timed beside `top` blocks: beside fewer, more of its bytes stay in the CPU's caches between tokens
+    (top_s, head_s, top_p), (base_s, _, base_p) = times[top], times[base]
     prompt = knobs.LLAMA_PROMPT_TOKENS
     if top > base and top_s > base_s:
         block_bw = (top_b - base_b) / (top_s - base_s)
@@ -160,7 +161,7 @@ def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, ti
         block_bw = top_b / top_s
         how = f"a step of {top} block(s) took {top_s * 1e3:.2f} ms"
     fixed_s = max(0.0, base_s - base_b / block_bw)
-    head_s = max(0.0, head_s - base_s)
+    head_s = max(0.0, head_s - top_s)
     blocks_b, _ = token_load(header, header.n_layer)
     head_b = sum(t.nbytes for t in header.tensors if t.name == _head_name(header))
     decode_bw = (blocks_b + head_b) / (fixed_s + blocks_b / block_bw + head_s)
