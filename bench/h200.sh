@@ -115,30 +115,34 @@ ab)  # the headline runs on this tree and on .oldtree, same library, same call: 
             | sed "s/^/q3 $side: /" | tee -a "$RES/summary.txt"
     done
     ;;
-profile)  # the full machine profile (the defaults ran on the brief first-use one); predictions of both
-    cp "$(ls /tmp/xdg/hypura/profile*.json 2> /dev/null | head -1)" "$RES/profile-brief.json" 2> /dev/null
-    timeout 300 python3 -m hypura.cli.main profile --force --json --model $M70 > "$RES/profile-full.json" 2> "$RES/profile.err"
-    for p in brief full; do
-        f=$RES/profile-$p.json
-        [ -s "$f" ] || continue
-        hy inspect $M70 --gpu-mem 8GiB --ram 64GiB -c 256 --profile "$f" --json "$RES/plan-l70-g8-$p.json" > /dev/null 2>&1
-        hy inspect $MQ3 --gpu-mem 4GiB --ram 8GiB -c 256 --profile "$f" --json "$RES/plan-q3-g4-r8-$p.json" > /dev/null 2>&1
-        note "predicted ($p profile): l70 g8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-l70-g8-$p.json" | head -1), q3 g4 r8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-q3-g4-r8-$p.json" | head -1)"
+profile)  # the profile `hypura profile --force --model` measures (the same method as the first use's, which the
+    # defaults phase ran), its time, and the predictions it gives at the A/B budgets (the CPU's rate is per model)
+    cp "$(ls /tmp/xdg/hypura/profile*.json 2> /dev/null | head -1)" "$RES/profile-first-use.json" 2> /dev/null
+    cp /tmp/xdg/hypura/cpu-*.json "$RES/" 2> /dev/null
+    for m in $M70 $MQ3; do
+        t0=$SECONDS
+        timeout 300 python3 -m hypura.cli.main profile --force --json --model $m \
+            > "$RES/profile-$(basename $m .gguf).json" 2> "$RES/profile-$(basename $m .gguf).err"
+        note "profile --force --model $(basename $m): $((SECONDS - t0)) s, CPU $(grep -o '"decode_bw": [0-9.e+]*' "$RES/profile-$(basename $m .gguf).json")"
     done
+    hy inspect $M70 --gpu-mem 8GiB --ram 64GiB -c 256 --json "$RES/plan-l70-g8.json" > /dev/null 2>&1
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 8GiB -c 256 --json "$RES/plan-q3-g4-r8.json" > /dev/null 2>&1
+    note "predicted: l70 g8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-l70-g8.json" | head -1), q3 g4 r8 $(grep -o '"tok_s": [0-9.]*' "$RES/plan-q3-g4-r8.json" | head -1)"
     ;;
-defaults)  # no placement flags, the GPU held by another process: vanilla's --fit beside Hypura's plan
+defaults)  # no placement flags, the GPU held by another process: vanilla's --fit beside Hypura's plan; first use
+    # (a fresh $XDG_CACHE_HOME): the profile is measured on each model's own blocks; --stats: RSS peak beside budgets
     models_done
     args='-p "Once upon a time" -n 16 -no-cnv --temp 0'
     hold_gpu 8.5
     eval "\"$(libdir)/llama-completion\" -m $M70 $args" > "$RES/vanilla-l70-default.txt" 2>&1
     note "l70 vanilla default @8.5: $(grep -a 'eval time' "$RES/vanilla-l70-default.txt" | tail -1)"
-    eval "hycli -m $M70 $args" > "$RES/hypura-l70-default.txt" 2>&1
-    note "l70 hypura default @8.5: $(grep -a 'hypura:\|eval time' "$RES/hypura-l70-default.txt" | tail -3 | paste -sd' ')"
+    eval "hycli -m $M70 $args --stats" > "$RES/hypura-l70-default.txt" 2>&1
+    note "l70 hypura default @8.5: $(grep -a 'hypura: plan\|eval time\|RSS peak' "$RES/hypura-l70-default.txt" | tail -3 | paste -sd' ')"
     hold_gpu 4.5
     eval "\"$(libdir)/llama-completion\" -m $MQ3 $args" > "$RES/vanilla-q3-default.txt" 2>&1
     note "q3 vanilla default @4.5: $(grep -a 'eval time' "$RES/vanilla-q3-default.txt" | tail -1)"
-    eval "hycli -m $MQ3 $args" > "$RES/hypura-q3-default.txt" 2>&1
-    note "q3 hypura default @4.5: $(grep -a 'hypura:\|eval time' "$RES/hypura-q3-default.txt" | tail -3 | paste -sd' ')"
+    eval "hycli -m $MQ3 $args --stats" > "$RES/hypura-q3-default.txt" 2>&1
+    note "q3 hypura default @4.5: $(grep -a 'hypura: plan\|eval time\|RSS peak' "$RES/hypura-q3-default.txt" | tail -3 | paste -sd' ')"
     release_gpu
     ;;
 cgroup)  # the 70B larger than RAM too: a 24 GiB memory cgroup (page cache counted), cache dropped, GPU at 8.5 GiB

@@ -118,7 +118,7 @@ def test_device_links_code_path_on_cpu_device():
 
 @needs_lib
 @pytest.mark.slow
-def test_llama_cpp_compute_rate(monkeypatch):
+def test_llama_cpp_compute_rate(monkeypatch, tmp_path):
     from hypura.models import default_model_path
 
     try:
@@ -128,8 +128,9 @@ def test_llama_cpp_compute_rate(monkeypatch):
     monkeypatch.setattr(compute.knobs, "LLAMA_PROMPT_TOKENS", 8)
     monkeypatch.setattr(compute.knobs, "LLAMA_DECODE_TOKENS", 4)
     monkeypatch.setattr(compute.knobs, "LLAMA_DECODE_S", 1.0)
-    c = compute.measure_llama(model, 2)
+    c = compute.measure_model(model, 2, tmp_path)
     assert c.decode_bw > 0 and c.prefill_flops > 0 and "llama.cpp on" in c.method
+    assert list(tmp_path.iterdir()) == []  # the copies of its blocks are gone
 
 
 @pytest.fixture
@@ -141,10 +142,10 @@ def fast_measure(monkeypatch, tmp_path):
         disk.measure_disk, size=16 * MiB, threads=(1,), seconds=0.1))
     monkeypatch.setattr(store, "gpu_devices", lambda: ([], ""))
 
-    def no_llama(model, threads):
+    def no_llama(model, threads, folder, progress):
         raise HypuraError("not in this test")
 
-    monkeypatch.setattr(compute, "measure_llama", no_llama)
+    monkeypatch.setattr(compute, "measure_model", no_llama)
     return tmp_path
 
 

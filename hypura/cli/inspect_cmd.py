@@ -14,6 +14,7 @@ from hypura.plan import SOLVERS, PlanSettings, RateOverrides, plan_model
 from hypura.plan import knobs
 from hypura.plan.auto import Fit, Request, decide, plan_unset_context
 from hypura.plan.report import describe_plan, describe_tensors
+from hypura.profile.measure import planning_profile
 from hypura.profile.store import load_cached, machine_profile
 from hypura.runtime.plan_policy import plan_with_routing
 from hypura.store import resolve_path
@@ -68,8 +69,10 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
             no_gpu, no_disk, prefetch_depth, routing, solver, json_out, plot, tensors) -> None:
     """Show where every tensor of MODEL (a GGUF path, or a name from `hypura list`) would live and the
     predicted speed, reading only its header."""
-    header = read_header(resolve_path(model))  # a path, or a name (`hypura list`)
-    profile = machine_profile(profile_spec)
+    model = str(resolve_path(model))  # a path, or a name (`hypura list`)
+    header = read_header(model)
+    # this machine's: its cached profile with the CPU's rates on this model where they were measured
+    profile = machine_profile(profile_spec) if profile_spec else planning_profile(model, say=None, measure=False)
     if not profile_spec and gpu_mem is None and ram is None and kv_type == "f16":
         # this machine, no budgets: what hypura-cli would do now, and the plan within the same free memory
         decision = decide(header, Request(ctx_size, ubatch_size, parallel, use_gpu=not no_gpu),

@@ -17,8 +17,8 @@ from hypura.profile.measure import get_profile
               help="Measure the filesystem holding this folder (default: --model's, else $HYPURA_MODELS, else "
                    "the current one).")
 @click.option("--model", type=click.Path(dir_okay=False, exists=True),
-              help="The GGUF you will run: its disk is measured (by reading it, read only, when it is 8 GiB or "
-                   "more), and it is the llama.cpp compute run's model (default: SmolLM2-135M).")
+              help="The GGUF you will run: its disk is measured (by reading it, read only, when it is 1 GiB or "
+                   "more), and llama.cpp's CPU rates on its own blocks (default: SmolLM2-135M's).")
 def profile(force, as_json, path, model) -> None:
     """Measure RAM, GPU links, disk (O_DIRECT) and llama.cpp's CPU rate; cached per machine."""
     if path is None and model is not None:

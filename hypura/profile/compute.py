@@ -1,37 +1,50 @@
-"""CPU compute rate: a short llama.cpp run (through llama-cpp-python on our library).
+"""CPU compute rate: llama.cpp decoding a few of the model's own blocks on the CPU, at the thread count
+the runtime uses (llama.cpp's default: the physical cores).
 
-Decode rate = weight bytes a token reads x tokens/s; prefill rate = 2 FLOP per weight x prompt
-tokens/s. With a small model (the default SmolLM2-135M) per-token overhead is a larger share, so the
-decode rate is a lower bound; pass a bigger model (`hypura profile --model`) for a tighter figure.
-Without llama.cpp the RAM copy rate stands in (a proxy, and the method says so).
+The blocks are copied into files of their own (model_slice.py) and loaded, in a child process (apart.py),
+as the runtime holds CPU-computed weights (read into
+plain host memory, repacked where llama.cpp repacks). Decode steps are timed with `base` blocks and with
+`top` (more), taking turns so that a load on the machine weighs on each alike, and with `top` blocks and
+the output head. From them: the blocks' rate (the extra blocks' bytes over the time they add: per-block
+costs, such as an MoE block's router, included), the head's time and the step's fixed part. The decode
+rate is what a token of the whole model reads over the time those give it (all its blocks at the blocks'
+rate, the head, the fixed part), as a run of the whole model on the CPU would measure it: a small model's
+output head is a large share of its token, and may run at another rate than its blocks. Bytes and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E).
+The prefill rate is 2 FLOP per weight of the extra blocks over a prompt's extra time. Without llama.cpp or
+a model, the RAM copy rate stands in (a proxy, and the method says so).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from hypura.modelfile import read_header
-from hypura.profile import knobs
+from hypura.errors import HypuraError
+from hypura.modelfile import ModelHeader, read_header
+from hypura.profile import apart, knobs
 from hypura.profile.model import CpuCompute
+from hypura.profile.model_slice import slices
 
 
-def _decode_weights(path: Path) -> tuple[int, int]:
-    """(bytes, weights) a decode token reads: every tensor but the input embeddings, which only give
-    one row (unless tied: then they are the output matrix too)."""
-    h = read_header(path)
-    tied = not any(t.name == "output.weight" for t in h.tensors)
-    nbytes = elements = 0
-    for t in h.tensors:
-        if t.name == "token_embd.weight" and not tied:
-            continue
-        n = 1
-        for d in t.shape:
-            n *= d
-        nbytes, elements = nbytes + t.nbytes, elements + n
-    return nbytes, elements
+def block_counts(header: ModelHeader) -> tuple[int, int]:
+    """(base, top): one block, and one plus as many as knobs.SLICE_BYTES holds (at least one, at most all)."""
+    n = header.n_layer
+    if n < 2:
+        return 1, 1  # nothing to take a difference with: the step's time is the rate's
+    block = sum(t.nbytes for t in header.tensors if t.layer == 0)
+    return 1, 1 + max(1, min(n - 1, knobs.SLICE_BYTES // max(block, 1)))
+
+
+def token_load(header: ModelHeader, blocks: int) -> tuple[float, float]:
+    """(bytes, weights) a decode token reads of the first `blocks` blocks, as the planner counts them."""
+    from hypura.plan.units import model_units
+
+    units = [u for u in model_units(header).units if 0 <= u.layer < blocks]
+    return sum(u.p * u.nbytes for u in units), sum(u.p * u.elements for u in units)
 
 
 @contextlib.contextmanager
@@ -47,54 +60,128 @@ def _quiet_stderr():
         os.close(saved)
 
 
-def _decode_rate(llm, prompt: list[int]) -> float:
-    """Single-token decode steps until the count or the time limit (at least one)."""
-    t0 = time.perf_counter()
-    n = 0
-    while n < knobs.LLAMA_DECODE_TOKENS and (n < 1 or time.perf_counter() - t0 < knobs.LLAMA_DECODE_S):
-        llm.eval([prompt[n % len(prompt)]])
-        n += 1
-    return n / (time.perf_counter() - t0)
+class _Steps:
+    """One loaded slice and its next position: decode steps, with the last token's logits or none (then the
+    output head is not computed)."""
 
+    def __init__(self, path: Path, threads: int):
+        import llama_cpp
 
-def measure_llama(model: Path, threads: int) -> CpuCompute:
-    """Decode with one thread and with `threads`, keep the faster (ggml's spinning thread pool
-    collapses on a loaded machine: 2 busy cores gave 0.2 tok/s with 2 threads, 21 with 1), then
-    time a prompt with that thread count."""
-    from hypura.bindings.library import point_llama_cpp_at_our_library
+        from hypura.llama import Llama
 
-    point_llama_cpp_at_our_library()
-    import llama_cpp
+        n = knobs.LLAMA_PROMPT_TOKENS
+        with _quiet_stderr():  # on a GPU build too: the CPU alone computes, from plain (not pinned) memory
+            self.llm = Llama(str(path), n_gpu_layers=0, fit=False, n_ctx=knobs.LLAMA_CTX, n_batch=n, n_ubatch=n,
+                             n_threads=threads, n_threads_batch=threads, offload_kqv=False, op_offload=False,
+                             verbose=False, param_overrides={"model_params": {
+                                 "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE, "no_host": True}})
+        self.batch = llama_cpp.llama_batch_init(n, 0, 1)
+        self.pos, self.name = 0, path.name
 
-    nbytes, elements = _decode_weights(model)
-    with _quiet_stderr():  # on a GPU build too: the CPU alone computes
-        llm = llama_cpp.Llama(model_path=str(model), n_ctx=knobs.LLAMA_CTX, n_batch=knobs.LLAMA_PROMPT_TOKENS,
-                              n_threads=1, n_threads_batch=1, n_gpu_layers=0, verbose=False,
-                              offload_kqv=False, op_offload=False)
-    try:
-        prompt = llm.tokenize(b"Hypura measures how fast this machine reads weights. " * 16)
-        prompt = prompt[: knobs.LLAMA_PROMPT_TOKENS]
-        llm.eval(prompt[:4])  # warm-up: first-touch of the weights and buffers
-        rates = {}
-        for n in sorted({1, max(1, threads)}):
-            llama_cpp.llama_set_n_threads(llm.ctx, n, n)
-            rates[n] = _decode_rate(llm, prompt)
-        best = max(rates, key=rates.get)
-        llama_cpp.llama_set_n_threads(llm.ctx, best, best)
-        llm.reset()
+    def __call__(self, tokens: list[int], logits: bool = False) -> float:
+        import llama_cpp
+
+        b = self.batch
+        b.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, self.pos + i, 1, 0
+            b.seq_id[i][0] = 0
+        b.logits[len(tokens) - 1] = int(logits)
         t0 = time.perf_counter()
-        llm.eval(prompt)
-        pp_s = len(prompt) / (time.perf_counter() - t0)
+        if llama_cpp.llama_decode(self.llm.ctx, b) != 0:
+            raise HypuraError(f"llama_decode failed on {self.name}")
+        self.pos += len(tokens)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_batch_free(self.batch)
+        self.llm.close()
+
+
+def time_steps(paths: list[str], threads: int, n_vocab: int) -> list[tuple[float, float, float]]:
+    """For each model: median seconds of a one-token decode step without logits and with them, and seconds of
+    a knobs.LLAMA_PROMPT_TOKENS prompt, on the CPU; the models take turns, step by step."""
+    tokens = [(7 + 13 * i) % n_vocab for i in range(knobs.LLAMA_PROMPT_TOKENS)]
+    runs = []
+    try:
+        for p in paths:
+            runs.append(_Steps(Path(p), threads))
+        for run in runs:
+            run(tokens)  # warm-up: caches, buffers, an MoE block's experts (most of them)
+        prompt = [min(run(tokens) for _ in range(2)) for run in runs]
+        steps: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
+        t0 = time.perf_counter()
+        for i in range(knobs.LLAMA_DECODE_TOKENS):
+            if i >= 3 and time.perf_counter() - t0 > knobs.LLAMA_DECODE_S:
+                break
+            for run, (bare, head) in zip(runs, steps):
+                # another token for the head's step: the same one would find its experts in the CPU's caches
+                bare.append(run([tokens[2 * i % len(tokens)]]))
+                head.append(run([tokens[(2 * i + 1) % len(tokens)]], logits=True))
+        return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)]
     finally:
-        llm.close()
-    tried = ", ".join(f"{n} thread(s) {r:.1f}" for n, r in rates.items())
-    return CpuCompute(
-        decode_bw=nbytes * rates[best], prefill_flops=2.0 * elements * pp_s, threads=best,
-        method=(f"llama.cpp on {model.name} ({nbytes / 1e6:.0f} MB read per token): decode tok/s with {tried}; "
-                f"prefill {pp_s:.1f} tok/s ({len(prompt)}-token prompt, {best} thread(s))"),
-    )
+        for run in runs:
+            run.close()
+
+
+def measure_model(model: Path, threads: int, folder: Path,
+                  progress: Callable[[str], None] = lambda _: None) -> CpuCompute:
+    """The CPU's decode and prefill rates on `model`'s own blocks (module docstring); `folder` holds the
+    copies of them while they are timed."""
+    from hypura.plan.units import ModelDims
+
+    header = read_header(model)
+    base, top = block_counts(header)
+    counts = sorted({base, top})
+    size = sum(t.nbytes for t in header.tensors if 0 <= t.layer < top) + (base < top) * sum(
+        t.nbytes for t in header.tensors if 0 <= t.layer < base)
+    progress(f"llama.cpp decodes {' and '.join(map(str, counts))} of {model.name}'s {header.n_layer} blocks "
+             f"({size / 1e9:.2f} GB copied) on {threads} thread(s)")
+    with slices(header, counts, folder) as paths:
+        # apart: the blocks loaded never count in the caller's RSS peak
+        times = dict(zip(counts, apart.call(time_steps, [str(paths[n]) for n in counts], threads,
+                                            ModelDims.from_header(header).n_vocab)))
+    cpu = _rates(header, model.name, threads, base, top, times)
+    progress(f"decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights, prefill {cpu.prefill_flops / 1e9:.0f} GFLOP/s")
+    return cpu
+
+
+def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, times: dict) -> CpuCompute:
+    """CpuCompute from the timings (module docstring): times[n] = (decode s, decode s with the head, prompt s)."""
+    (top_b, top_w), (base_b, base_w) = token_load(header, top), token_load(header, base)
+    # the head timed beside `top` blocks: beside fewer, more of its bytes stay in the CPU's caches between tokens
+    (top_s, head_s, top_p), (base_s, _, base_p) = times[top], times[base]
+    prompt = knobs.LLAMA_PROMPT_TOKENS
+    if top > base and top_s > base_s:
+        block_bw = (top_b - base_b) / (top_s - base_s)
+        how = f"{top - base} more block(s) added {(top_s - base_s) * 1e3:.2f} ms to a {base_s * 1e3:.2f} ms step"
+    else:  # one block, or noise larger than the blocks' time: the step's fixed part is not told apart
+        block_bw = top_b / top_s
+        how = f"a step of {top} block(s) took {top_s * 1e3:.2f} ms"
+    fixed_s = max(0.0, base_s - base_b / block_bw)
+    head_s = max(0.0, head_s - top_s)
+    blocks_b, _ = token_load(header, header.n_layer)
+    head_b = sum(t.nbytes for t in header.tensors if t.name == _head_name(header))
+    decode_bw = (blocks_b + head_b) / (fixed_s + blocks_b / block_bw + head_s)
+    if top > base and top_p > base_p:
+        flops = 2.0 * (top_w - base_w) * prompt / (top_p - base_p)
+    else:
+        flops = 2.0 * top_w * prompt / top_p
+    return CpuCompute(decode_bw=decode_bw, prefill_flops=flops, threads=threads, method=(
+        f"llama.cpp on {top} of {name}'s blocks ({top_b / top / 1e6:.0f} MB a token a block), {threads} thread(s): "
+        f"{how} ({block_bw / 1e9:.1f} GB/s), the output head {head_s * 1e3:.2f} ms; a token of all {header.n_layer} "
+        f"blocks and the head at those times; a {prompt}-token prompt {top_p * 1e3:.0f} ms with {top} block(s), {base_p * 1e3:.0f} ms with {base}"))
+
+
+def _head_name(header: ModelHeader) -> str:
+    """The output matrix: output.weight, or the input embeddings where the model ties them."""
+    names = {t.name for t in header.tensors}
+    return "output.weight" if "output.weight" in names else "token_embd.weight"
 
 
 def proxy(ram_copy_bw: float, threads: int, why: str) -> CpuCompute:
     return CpuCompute(decode_bw=ram_copy_bw, prefill_flops=knobs.CPU_FLOPS_DEFAULT, threads=threads,
                       method=f"proxy (no llama.cpp run: {why}): decode = RAM copy rate, prefill = planner default")
+

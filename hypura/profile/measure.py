@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
@@ -12,22 +13,30 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
-from hypura.profile import compute, knobs
+from hypura.profile import apart, compute, knobs
 from hypura.profile.disk import measure_disk, measure_file
-from hypura.profile.host import cores, cpu_name, ram_copy_bw
-from hypura.profile.model import GpuInfo, HostInfo, MachineProfile
-from hypura.profile.store import cache_path, gpu_devices, hardware_facts, load_cached, profile_key
+from hypura.profile import host
+from hypura.profile.host import cores, cpu_name
+from hypura.modelfile import read_header
+from hypura.profile.model import CpuCompute, GpuInfo, HostInfo, MachineProfile
+from hypura.profile.store import (cache_dir, cache_path, gpu_devices, hardware_facts, load_cached, load_model_cpu,
+                                  model_mix, profile_key, save_model_cpu)
 
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def ram_copy_bw() -> float:
+    """host.ram_copy_bw apart (apart.py): its two 256 MiB buffers never count in the caller's RSS peak."""
+    return apart.call(host.ram_copy_bw)
+
+
 def _gpu_info(dev, progress: Callable[[str], None]) -> GpuInfo:
-    from hypura.profile.devices import measure_links
+    from hypura.profile.devices import Links, measure_links
 
     progress(f"  {dev.description}: host->device (pinned, pageable) and device copy, {knobs.LINK_BYTES >> 20} MiB")
-    links = measure_links(dev.index)
+    links = Links(**apart.call(measure_links, dev.index))  # apart: 1 GiB pinned and 1 GiB pageable
     return GpuInfo(
         index=dev.index, name=dev.name, description=dev.description, mem_total=dev.mem_total,
         mem_free=dev.mem_free, unified=dev.unified, h2d_pinned_bw=links.h2d_pinned_bw,
@@ -73,20 +82,46 @@ def measure_profile(path: str | os.PathLike | None = None, model: str | os.PathL
         notes.append(f"disk figure is not a storage figure: {disk.method}" if disk.fs_type in ("tmpfs", "ramfs")
                      else f"disk: {disk.method}")
 
-    progress("[4/4] CPU compute: a short llama.cpp run")
+    progress("[4/4] CPU compute: llama.cpp on a few of the model's blocks")
+    key = profile_key(facts)
     try:
-        from hypura.models import default_model_path
-
-        cpu = compute.measure_llama(Path(model) if model else default_model_path(), physical)
+        cpu = _measure_cpu(key, Path(model) if model else _default_model(), physical,
+                           progress=lambda m: progress(f"      {m}"))
     except (HypuraError, ImportError, OSError, ValueError, RuntimeError) as e:
         cpu = compute.proxy(copy_bw, physical, str(e))
         notes.append(f"CPU decode rate is a proxy: {e}")
-    progress(f"      decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights")
+        progress(f"      decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights (a proxy: {e})")
     return MachineProfile(
-        key=profile_key(facts), hardware=facts,
+        key=key, hardware=facts,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         seconds=round(time.perf_counter() - t0, 2), host=host, disk=disk, cpu=cpu, gpus=gpu_infos, notes=tuple(notes),
     )
+
+
+def _default_model() -> Path:
+    from hypura.models import default_model_path
+
+    return default_model_path()
+
+
+def model_cpu(key: str, model: Path, threads: int, measure: bool = True,
+              progress: Callable[[str], None] = lambda _: None) -> CpuCompute | None:
+    """The CPU's rates on `model`'s blocks at `threads` on the machine of profile `key`: cached, else measured
+    now (and cached) when `measure`, else None."""
+    cpu = load_model_cpu(key, _mix(model, threads))
+    if cpu is None and measure:
+        cpu = _measure_cpu(key, model, threads, progress)
+    return cpu
+
+
+def _mix(model: Path, threads: int) -> str:
+    return model_mix(read_header(model), threads)
+
+
+def _measure_cpu(key: str, model: Path, threads: int, progress: Callable[[str], None]) -> CpuCompute:
+    cpu = compute.measure_model(model, threads, cache_dir(), progress)
+    save_model_cpu(key, _mix(model, threads), cpu)
+    return cpu
 
 
 def get_profile(force: bool = False, path: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
@@ -105,21 +140,30 @@ def get_profile(force: bool = False, path: str | os.PathLike | None = None, mode
 
 def planning_profile(model_path: str | os.PathLike | None = None, say: Callable[[str], None] | None = _stderr,
                      measure: bool = True) -> MachineProfile:
-    """The profile a plan is made with: this machine's cached one; without one, measured now on the model's
-    disk (briefly, with progress through `say`, and cached), so that a first plan has this machine's rates
-    rather than defaults (a PCIe 4.0 link for an H200's PCIe 5.0 one); the defaults when that fails or
-    `measure` is False."""
+    """The profile a plan for `model_path` is made with: this machine's cached one, without one measured now on
+    the model's disk (briefly, with progress through `say`, and cached), so that a first plan has this machine's
+    rates rather than defaults (a PCIe 4.0 link for an H200's PCIe 5.0 one); the defaults when that fails or
+    `measure` is False. Its CPU rates are the model's own (model_cpu), measured now if need be."""
     from hypura.profile.store import quick_profile
 
-    cached = load_cached()
-    if cached is not None or not measure:
-        return cached or quick_profile()
-    folder = Path(model_path).resolve().parent if model_path else None
     say = say or (lambda msg: None)
-    say(f"hypura: no machine profile yet: measuring {f'the model disk ({folder}), ' if folder else ''}"
-        "RAM and the CPU (once, ~20 s)")
+    profile = load_cached()
+    if profile is None and measure:
+        folder = Path(model_path).resolve().parent if model_path else None
+        say(f"hypura: no machine profile yet: measuring {f'the model disk ({folder}), ' if folder else ''}"
+            "RAM, GPU links and the CPU on the model's blocks (once, ~20 s)")
+        try:
+            profile = get_profile(path=folder, model=model_path, disk_file=model_path,
+                                  progress=lambda msg: say(f"hypura: profile {msg}"))[0]
+        except HypuraError as e:
+            say(f"hypura: profile not measured ({e}): planning with default rates")
+    profile = profile or quick_profile()
+    if model_path is None:
+        return profile
     try:
-        return get_profile(path=folder, progress=lambda msg: say(f"hypura: profile {msg}"), disk_file=model_path)[0]
-    except HypuraError as e:
-        say(f"hypura: profile not measured ({e}): planning with default rates")
-        return quick_profile()
+        cpu = model_cpu(profile.key, Path(model_path), cores()[0], measure,
+                        progress=lambda msg: say(f"hypura: profile of the CPU on this model: {msg}"))
+    except (HypuraError, OSError, ValueError, RuntimeError) as e:
+        say(f"hypura: the CPU's rate on this model not measured ({e}): planning with the profile's")
+        return profile
+    return dataclasses.replace(profile, cpu=cpu) if cpu is not None else profile

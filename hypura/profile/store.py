@@ -3,13 +3,16 @@ unmeasured profile for planning before `hypura profile` ever ran.
 
 The cache file is `${XDG_CACHE_HOME:-~/.cache}/hypura/profile-<hostname>-<hash>.json`, the hash over
 the hardware facts (CPU, RAM size, GPUs and their memory). A cached profile whose facts differ from
-the machine's now is stale and is measured again. $HYPURA_PROFILE (a profile file, or a bundled
-example's name) stands in for the cached profile, read once, at import: to plan as another machine
-would, and for tests, whose plans must not follow the machine they run on.
+the machine's now is stale and is measured again. The CPU's rates depend on the model too (its tensor
+types and shapes) and on the threads: each model mix measured has its own file beside the profile,
+`cpu-<hostname>-<hash>-<mix hash>.json`. $HYPURA_PROFILE (a profile file, or a bundled example's name)
+stands in for the cached profile, read once, at import: to plan as another machine would, and for
+tests, whose plans must not follow the machine they run on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -20,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
+from hypura.jsonfile import read_json_file, write_atomic
 from hypura.profile import knobs
 from hypura.profile.host import cores, cpu_name, host_facts
 from hypura.profile.model import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
@@ -76,6 +80,30 @@ def load_cached(facts: tuple[tuple[str, str], ...] | None = None) -> MachineProf
     except HypuraError:
         return None  # an old schema or a torn file: measure again
     return profile if profile.hardware == facts else None
+
+
+def model_mix(header, threads: int) -> str:
+    """What a CPU measurement on `header`'s model stands for: its tensors' types and shapes (the same for every
+    model of that architecture, size and quantization), the experts a token uses, the threads."""
+    tensors = [(t.name, int(t.ggml_type), list(t.shape)) for t in header.tensors]
+    facts = [header.arch, int(header.get("expert_used_count", 0) or 0), threads, tensors]
+    return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:10]
+
+
+def cpu_cache_path(key: str, mix: str) -> Path:
+    return cache_dir() / f"cpu-{key}-{mix}.json"
+
+
+def load_model_cpu(key: str, mix: str) -> CpuCompute | None:
+    """The CPU's rates measured on this machine (profile key) for this model mix, None when not measured."""
+    try:
+        return CpuCompute(**read_json_file(cpu_cache_path(key, mix), "CPU profile"))
+    except (HypuraError, TypeError):
+        return None  # none yet, or a torn or older file: measure again
+
+
+def save_model_cpu(key: str, mix: str, cpu: CpuCompute) -> Path:
+    return write_atomic(cpu_cache_path(key, mix), json.dumps(dataclasses.asdict(cpu), indent=2) + "\n")
 
 
 def example_names() -> list[str]:

@@ -100,12 +100,15 @@ class Runtime:
             # these CPU weights are valid only while their layer runs (hooks fill them): op offload would copy
             # them to the GPU for a prompt batch when the graph split starts, before they are filled
             self.params.need("context_params", "host weights filled by hooks", op_offload=False)
-        if any(t.tier == "disk" for t in plan.tensors) or not uses_gpu:
-            # the page cache is not a hidden tier: nothing of the file is mapped or cached. Mapped, a CPU plan's
-            # repacked weights were in RSS twice, the file's pages beside the repacked copy (2.26 GiB RSS for a
-            # 2 GiB plan of the llama3.1-8b shape, 8 layers)
-            self.params.need("model_params", "a disk tier or a CPU plan within a RAM budget",
-                             load_mode=llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
+        # the page cache is not a hidden tier: nothing of the file is mapped or cached. Mapped, every page from the
+        # first CPU weight to the last stayed in RSS, GPU and streamed tensors' too (H100, the 70B at 8.5 GiB free:
+        # RSS peak 70.6 GiB against a 59.9 GiB budget, CPU_Mapped 42 GiB), and a CPU plan's repacked weights were
+        # in RSS twice (2.26 GiB for a 2 GiB plan of the llama3.1-8b shape, 8 layers)
+        self.params.need("model_params", "a plan within a RAM budget", load_mode=llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
+        if uses_gpu and not (plan.expert_slots or self.expert_cache):
+            # read, CPU weights would take the GPU's pinned host buffers, which come before the repacking CPU ones:
+            # plain memory, as the profile measured the CPU's rate (an expert cache's experts stay pinned)
+            self.params.need("model_params", "CPU weights in plain memory", no_host=True)
         if self.layout.layers(HOST_POOL):
             # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the 70B
             # on the CPU VM decoded 26.0 s a token with it, 16.0 without (bench/RESULTS.md, default-70b-cpu)
