@@ -19,7 +19,7 @@ os.environ.update(HYPURA_FREE_MEMORY=PINNED_FREE_MEMORY, HYPURA_PROFILE=str(PINN
 
 import hypura  # noqa: E402,F401  first: loads our library before any test module imports numpy
 import numpy as np  # noqa: E402
-from hypura.profile import free, measure, store  # noqa: E402
+from hypura.profile import compute, free, measure, store  # noqa: E402
 
 
 def _cuda_available() -> bool:
@@ -65,6 +65,7 @@ def _the_machine_is_pinned(request, monkeypatch):
 
     monkeypatch.setattr(free, "measure", probe("the live free-memory probe"))
     monkeypatch.setattr(measure, "measure_profile", probe("a live machine-profile measurement"))
+    monkeypatch.setattr(compute, "measure_model", probe("a live measurement of the CPU on a model"))
     yield
     assert not probes, probes
     # a subprocess inherits the pins; had one measured a profile anyway, it would have cached it here

@@ -72,6 +72,7 @@ def first_use(monkeypatch, tmp_path):
     return tmp_path / "cache" / "hypura"
 
 
+@pytest.mark.live_machine  # a first use on purpose: the profile is measured here, on a tiny model
 @pytest.mark.parametrize("shape", ["tiny_llama", "tiny_qwen3moe"])
 def test_the_first_plan_measures_the_cpu_on_the_models_own_blocks(first_use, shape, request, tmp_path):
     import shutil
@@ -105,11 +106,14 @@ def test_the_model_cpu_cache_is_per_mix_and_threads(tiny_llama, tiny_qwen3moe):
     assert len({store.model_mix(dense, 4), store.model_mix(dense, 8), store.model_mix(moe, 4)}) == 3
 
 
+@pytest.mark.live_machine
+@pytest.mark.slow
 def test_first_use_rss_stays_within_the_printed_budget(smollm2_path, tmp_path):
     """A first run with no profile cached measures the machine and the model's blocks in the same command;
     the blocks load in a child process, so the run's RSS peak stays within the RAM budget it printed."""
     out = tmp_path / "bench.json"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HYPURA_FREE_MEMORY": "ram=8GiB"}
+    env.pop("HYPURA_PROFILE", None)  # no profile: the first use measures one
     r = subprocess.run([sys.executable, "-m", "hypura.cli.main", "bench", str(smollm2_path), "--ram", "250MiB",
                         "-c", "256", "-p", "16", "-n", "4", "-r", "1", "-t", "1", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env=env)

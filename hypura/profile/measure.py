@@ -144,7 +144,7 @@ def planning_profile(model_path: str | os.PathLike | None = None, say: Callable[
     the model's disk (briefly, with progress through `say`, and cached), so that a first plan has this machine's
     rates rather than defaults (a PCIe 4.0 link for an H200's PCIe 5.0 one); the defaults when that fails or
     `measure` is False. Its CPU rates are the model's own (model_cpu), measured now if need be."""
-    from hypura.profile.store import quick_profile
+    from hypura.profile.store import PINNED, quick_profile
 
     say = say or (lambda msg: None)
     profile = load_cached()
@@ -158,8 +158,8 @@ def planning_profile(model_path: str | os.PathLike | None = None, say: Callable[
         except HypuraError as e:
             say(f"hypura: profile not measured ({e}): planning with default rates")
     profile = profile or quick_profile()
-    if model_path is None:
-        return profile
+    if model_path is None or PINNED:
+        return profile  # a pinned profile ($HYPURA_PROFILE) stands for the machine, its CPU rates included
     try:
         cpu = model_cpu(profile.key, Path(model_path), cores()[0], measure,
                         progress=lambda msg: say(f"hypura: profile of the CPU on this model: {msg}"))
