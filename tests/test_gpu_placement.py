@@ -201,9 +201,9 @@ def test_prompts_over_cpu_weights_that_change_within_a_graph(moe_model, dense_mo
         model, pattern = dense_model, r"blk\.\d+\.ffn_(up|gate|down)\."  # 4 layers through 2 slots
     picked = lambda name: re.search(pattern, name) is not None  # noqa: E731
     kwargs = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=4)
-    # the CPU buffer types the disk plan loads with: paged experts plain (written by expert), dense host-pool
-    # layers repacked where llama.cpp repacks (loaded whole); op offload off, as the disk plan sets it
-    buffers = {"use_extra_bufts": False, "no_host": True} if which == "paged experts" else {}
+    # the CPU buffer types the disk plan loads with: plain memory, not repacked (paged experts are written by
+    # expert, host-pool slots are refilled per pass); op offload off, as the disk plan sets it
+    buffers = {"use_extra_bufts": False, "no_host": True}
     same_kernels = {"model_params": buffers, "context_params": {"op_offload": False}}
     resident = hypura.Llama(str(model), plan=_for_the_cpu(model, picked, "ram"), param_overrides=same_kernels, **kwargs)
     tokens = resident.tokenize(b"The quick brown fox jumps over the lazy dog. " * 6)
