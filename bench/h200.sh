@@ -97,7 +97,8 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
         tail -3 "$RES/pytest-gpu.txt"
     fi
     ;;
-ab)  # the headline runs on this tree and on .oldtree, same library, same call: resident, dense streaming, paging
+ab)  # the headline runs on this tree and on .oldtree, same library, same call: resident and dense streaming,
+    # one sequence and the batched engine at 1 and 16 (the MoE paging run with AB_MOE=1)
     models_done
     "$(libdir)/llama-bench" -m $M14 -ngl 99 -p 512 -n 64 -r 3 -o json > "$RES/vanilla-q14-ngl99.json" 2> /dev/null
     note "q14 vanilla llama-bench -ngl 99 (pp512 tg64): $(tps "$RES/vanilla-q14-ngl99.json")"
@@ -108,8 +109,13 @@ ab)  # the headline runs on this tree and on .oldtree, same library, same call: 
         run=hy c14="-c 640" c="-c 256"; [ $side = old ] && run=old c14= c=
         [ $side = old ] && [ ! -d .oldtree ] && continue
         $run bench $M14 -p 512 -n 64 -r 3 $c14 --json "$RES/ab-$side-q14.json" 2>&1 | tail -2 | sed "s/^/q14 $side: /" | tee -a "$RES/summary.txt"
+        $run bench $M14 --parallel 1,16 -p 128 -n 16 -r 2 --json "$RES/ab-$side-q14-par.json" 2>&1 | tail -4 \
+            | sed "s/^/q14 par $side: /" | tee -a "$RES/summary.txt"
         $run bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 8 -r 3 $c --json "$RES/ab-$side-l70.json" 2>&1 | tail -3 \
             | sed "s/^/l70 $side: /" | tee -a "$RES/summary.txt"
+        $run bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,16 -p 128 -n 16 -r 2 --json "$RES/ab-$side-l70-par.json" \
+            2>&1 | tail -4 | sed "s/^/l70 par $side: /" | tee -a "$RES/summary.txt"
+        [ "${AB_MOE:-0}" = 1 ] || continue
         drop_cache
         $run bench $MQ3 --gpu-mem 4GiB --ram 8GiB -p 0 -n 16 -r 3 $c --json "$RES/ab-$side-q3.json" 2>&1 | tail -3 \
             | sed "s/^/q3 $side: /" | tee -a "$RES/summary.txt"
