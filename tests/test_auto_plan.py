@@ -16,7 +16,7 @@ from hypura.plan.auto import Fit, Request, check_budgets, decide
 from hypura.profile.free import FreeMemory, cgroup_limit, parse_override
 
 MiB, GiB = 1 << 20, 1 << 30
-HYPURA_CLI = [sys.executable, "-m", "hypura.cli.llama_cli"]
+HYPURA_CLI = [sys.executable, "-m", "hypura.cli.completion"]
 # SmolLM2-135M (92 MiB of weights): resident at context 4096 it needs ~438 MiB as llama.cpp holds it
 TIGHT = 2450 * MiB  # less the 2 GiB margin: 402 MiB, so weights stream from disk
 TOO_LITTLE = 2100 * MiB  # 52 MiB: not even the compute buffer

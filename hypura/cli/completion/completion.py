@@ -15,11 +15,13 @@ import os
 import signal
 from dataclasses import replace
 
-from hypura.cli.llama_cli_console import PROMPT, RESET, USER_INPUT, Console
-from hypura.cli.llama_cli_engine import ChatTemplate, Sampler, Vocab, load_model, sampling_from_model
-from hypura.cli.llama_cli_flags import process_escapes
-from hypura.cli.llama_cli_report import print_perf
-from hypura.cli.llama_cli_settings import Settings
+from hypura.cli.completion.console import PROMPT, RESET, USER_INPUT, Console
+from hypura.cli.completion.chat import BuiltinChatTemplate
+from hypura.cli.completion.common_init import Vocab, load_model
+from hypura.cli.completion.sampling import Sampler, sampling_from_model
+from hypura.cli.completion.arg_values import process_escapes
+from hypura.cli.completion.perf import print_perf
+from hypura.cli.completion.common_params import Settings
 from hypura.errors import HypuraError
 
 import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)
@@ -68,7 +70,7 @@ class Completion:
             self.ctx_shift = False
         if s.warmup:
             self._warmup(ctx, vocab, mem)
-        self.tmpl = ChatTemplate(model, s.chat_template)
+        self.tmpl = BuiltinChatTemplate(model, s.chat_template)
         llama_cpp.llama_perf_context_reset(ctx)
 
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
