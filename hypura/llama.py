@@ -19,11 +19,11 @@ import llama_cpp  # noqa: E402
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
-from hypura.plan.auto import Fit, default_path  # noqa: E402
+from hypura.plan.auto import Fit  # noqa: E402
+from hypura.plan.decision import Ask, Decision, Routing, decide  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
-from hypura.runtime.plan_policy import resolve_plan  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
 
 
@@ -45,6 +45,12 @@ def _params_with_overrides(name: str) -> property:
     return property(get, set_)
 
 
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
 class Llama(llama_cpp.Llama):
     model_params = _params_with_overrides("model_params")
     context_params = _params_with_overrides("context_params")
@@ -62,6 +68,7 @@ class Llama(llama_cpp.Llama):
         on_route: Optional[Callable[[int, "np.ndarray"], None]] = None,
         expert_cache: Union[ExpertCacheSettings, int, None] = None,
         fit: Union[Fit, bool] = True,
+        profile=None,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does, plus Hypura's keyword arguments:
@@ -90,6 +97,8 @@ class Llama(llama_cpp.Llama):
             it, disk for the rest. n_gpu_layers=-1 plans over GPU, RAM and disk; 0 (the default: the CPU)
             over RAM and disk, streamed with O_DIRECT, never paged through mmap. n_ctx=0 lets it choose the
             context (>= fit.min_ctx). False: llama.cpp's placement as given. A Fit sets margins and minimum.
+        profile: the hypura.profile.MachineProfile plans are made with (default: this machine's cached one,
+            measured now on first use).
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.moe.expert_streaming).
@@ -102,14 +111,21 @@ class Llama(llama_cpp.Llama):
         self.gpu_mem, self.ram = gpu_mem, ram
         if param_overrides is not None and not isinstance(param_overrides, dict):
             raise HypuraError("param_overrides takes a dict: {\"model_params\": {...}, \"context_params\": {...}}")
-        # a copy, never the caller's: the default path writes the context it chose into it
+        # copies, never the caller's: the decision's context goes into them
         param_overrides = {name: dict(fields) for name, fields in (param_overrides or {}).items()}
-        given = any(x is not None for x in (plan, placement_policy, override_tensor, expert_cache))
-        self.fit_decision = default_path(self.header, kwargs, param_overrides, fit, given, (gpu_mem, ram),
-                                         kwargs.get("verbose", True))
-        if self.fit_decision is not None and self.fit_decision.plan is not None:
-            plan = self.fit_decision.plan
-        self.plan = self.resolve_plan(plan, placement_policy, override_tensor, kwargs)
+        fit = fit if isinstance(fit, Fit) else Fit(enabled=bool(fit))
+        if placement_policy is not None and override_tensor is not None:
+            raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
+        self.decision = decision = self._decide(kwargs, param_overrides, plan, placement_policy is not None or
+                                                override_tensor is not None, expert_cache is not None, fit, profile)
+        self.fit_decision = decision if decision.line else None  # what the default path or the budgets chose
+        self.plan = decision.plan
+        context = param_overrides.setdefault("context_params", {})
+        kwargs = dict(kwargs, n_ctx=decision.n_ctx)
+        if "n_ctx" in context:
+            context["n_ctx"] = decision.n_ctx
+        for key, value in decision.context_params.items():
+            context.setdefault(key, value)
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)
         self._runtime = runtime = Runtime(self.header, str(model_path), self.plan,
@@ -124,14 +140,27 @@ class Llama(llama_cpp.Llama):
         runtime.attach(self._c_model())
         self._wrap_decode()
 
-    def resolve_plan(self, plan, placement_policy, override_tensor, kwargs):
-        """The plan this Llama runs (given, read, or made from gpu_mem/ram budgets), or None: then the
-        placement policy or the -ot overrides place each tensor as llama.cpp would."""
-        resolved = resolve_plan(plan, self.header, self.gpu_mem, self.ram,
-                                n_ctx=kwargs.get("n_ctx", 512), n_ubatch=kwargs.get("n_ubatch", 512))
-        if sum(x is not None for x in (resolved, placement_policy, override_tensor)) > 1:
-            raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
-        return resolved
+    def _decide(self, kwargs: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
+                profile) -> Decision:
+        """The one decision (hypura.plan.decision) from these keywords; its line said where verbose."""
+        from hypura.profile.free import free_memory
+        from hypura.profile.measure import planning_profile
+        from hypura.runtime.moe.coactivation import routing_frequencies
+
+        model, context = overrides.get("model_params", {}), overrides.get("context_params", {})
+        say = fit.say or (_stderr if kwargs.get("verbose", True) else None)
+        ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram,
+                  n_ctx=context.get("n_ctx", kwargs.get("n_ctx", 512)) or 0,  # llama-cpp-python's default context
+                  n_ubatch=context.get("n_ubatch", kwargs.get("n_ubatch", 512)),
+                  n_gpu_layers=model.get("n_gpu_layers", kwargs.get("n_gpu_layers", 0)),
+                  placement=placed, expert_cache=expert_cache, fit=fit)
+        decision = decide(self.header, ask, lambda: fit.free or free_memory(),
+                          profile or (lambda: planning_profile(self.header.path, say, measure=fit.measure_profile)),
+                          steps=(max(1, context.get("n_seq_max", 1)),),
+                          routing=lambda: Routing(*routing_frequencies(self.header)))
+        if decision.line and say is not None:
+            say(decision.line)
+        return decision
 
     def _load_llama(self, model_path, args, kwargs) -> None:
         log = LogCapture()  # llama.cpp says why a load failed only in its log

@@ -16,10 +16,8 @@ from hypura.modelfile import read_header
 from hypura.profile.host import cores
 from hypura.profile.measure import planning_profile
 from hypura.profile.store import resolve_profile
-from hypura.plan import Plan
-from hypura.plan.auto import Fit, check_budgets, plan_unset_context
+from hypura.plan.auto import Fit
 from hypura.plan.budget import parse_size, rates_for
-from hypura.profile.free import free_memory
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
 from hypura.runtime.stats import describe
 
@@ -62,9 +60,6 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
     import llama_cpp
 
     from hypura.llama import Llama
-    from hypura.plan import PlanSettings
-    from hypura.runtime.plan_policy import plan_with_routing
-
     header = read_header(model)
     # the profile named, else this machine's (measured now if it has none, as hypura-cli would)
     profile_of = lambda spec: resolve_profile(spec) if spec else planning_profile(model)  # noqa: E731
@@ -92,31 +87,25 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
             expert_slots = slots_for_budget(header, parse_size(gpu_mem))
         rates = rates_for(profile_of(profile_spec))  # for the bound
         cache = ExpertCacheSettings(expert_slots)
-    elif gpu_mem or ram:
-        profile = profile_of(profile_spec)
-        if not profile_spec:
-            check_budgets(gpu_mem, ram, free_memory())
-        n_par = max(batched.parallel) if batched else 1
-        plan_at = lambda c: plan_with_routing(header, profile, gpu_mem=gpu_mem, ram=ram,  # noqa: E731
-                                              settings=PlanSettings(n_ctx=c, parallel=n_par))
-        # the context hypura-cli gives these budgets (an unset -c), so both run the same plan
-        plan = plan_at(ctx_size or n_ctx) if ctx_size or batched else plan_unset_context(plan_at, header, min_ctx)
     elif plan_file:
         plan = plan_file
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    say(f"loading {model} ({'plan' if plan else 'plan or llama.cpp placement by free memory' if cache is None and n_gpu_layers in (0, -1) else f'-ngl {n_gpu_layers}'}) ...")
+    # hypura.Llama plans within the budgets, with the profile named (checked against this machine's memory)
+    budgets = {"gpu_mem": gpu_mem, "ram": ram, "profile": resolve_profile(profile_spec) if profile_spec else None} \
+        if cache is None else {}
+    say(f"loading {model} ({'plan' if plan or gpu_mem or ram else 'plan or llama.cpp placement by free memory' if cache is None and n_gpu_layers in (0, -1) else f'-ngl {n_gpu_layers}'}) ...")
     fa = {"on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
           "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[flash_attn]
     if batched is not None:  # --- --parallel
         from hypura.cli.bench_parallel import bench_parallel
 
-        bench_parallel(model, plan, batched, threads=threads, n_gpu_layers=n_gpu_layers, flash_attn_type=fa,
+        bench_parallel(model, plan, budgets, batched, threads=threads, n_gpu_layers=n_gpu_layers, flash_attn_type=fa,
                        expert_cache=cache, rates=rates or rates_for(profile_of(profile_spec)), say=say,
                        json_out=json_out, extra={"budgets": {"gpu_mem": gpu_mem, "ram": ram}, "flash_attn": flash_attn,
                                                  "expert_cache": dataclasses.asdict(cache) if cache else None})
         return  # --- end --parallel
     # no plan or budgets: the default path, as hypura-cli's (a plan if the model does not fit the free memory)
-    llm = Llama(model, plan=plan, n_ctx=plan.n_ctx if isinstance(plan, Plan) else ctx_size or (n_ctx if plan else 0),
+    llm = Llama(model, plan=plan, **budgets, n_ctx=ctx_size or (n_ctx if plan else 0),
                 n_batch=max(n_prompt, 32), n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, n_gpu_layers=n_gpu_layers, verbose=False,
                 param_overrides={"context_params": {"flash_attn_type": fa}}, expert_cache=cache,

@@ -13,15 +13,15 @@ import click
 from hypura.engine.bench import BatchBenchSettings, report, run_batch_bench
 
 
-def bench_parallel(model, plan, settings: BatchBenchSettings, *, threads, n_gpu_layers, flash_attn_type, expert_cache,
+def bench_parallel(model, plan, budgets: dict, settings: BatchBenchSettings, *, threads, n_gpu_layers, flash_attn_type, expert_cache,
                    rates, say, json_out, extra: dict) -> None:
     """extra: what the JSON records besides (budgets, flash attention, expert cache)."""
     from hypura.llama import Llama
 
     say(f"{max(settings.parallel)} sequences of {settings.n_ctx_per_seq} tokens at most")
-    # a plan from budgets was made for the largest size (docs/engine.md); the keywords apply its op offload
+    # a plan from budgets is made for the largest size (docs/engine.md)
     llm = Llama(model, n_threads=threads, n_threads_batch=threads, expert_cache=expert_cache,
-                **settings.llama_kwargs(plan=plan, n_gpu_layers=n_gpu_layers,
+                **settings.llama_kwargs(plan=plan, **budgets, n_gpu_layers=n_gpu_layers,
                                         param_overrides={"context_params": {"flash_attn_type": flash_attn_type}}))
     settings = dataclasses.replace(settings, n_threads=llm.n_threads)
     say(f"threads  {llm.n_threads}")
