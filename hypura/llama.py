@@ -192,10 +192,11 @@ class Llama(llama_cpp.Llama):
 
         ctx.decode = timed_decode
 
-    def decode_tokens(self, tokens: list[int]) -> bool:
+    def decode_tokens(self, tokens: list[int], decode: Optional[bool] = None) -> bool:
         """llama_decode `tokens` after those in the KV cache, then synchronize, as llama-bench and the
-        C tools do (eval() also trims the cache before every batch); timed for stats(). False when
-        llama_decode fails; raises when weights could not be streamed."""
+        C tools do (eval() also trims the cache before every batch); timed for stats() as decode or prefill
+        (`decode`; unset: one token is decode). False when llama_decode fails; raises when weights could not
+        be streamed."""
         arr = (llama_cpp.llama_token * len(tokens))(*tokens)
         ctx, rc = self._ctx.ctx, []
 
@@ -203,7 +204,7 @@ class Llama(llama_cpp.Llama):
             rc.append(llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens))))
             llama_cpp.llama_synchronize(ctx)
 
-        self._runtime.decode(run, len(tokens))
+        self._runtime.decode(run, len(tokens), decode)
         return rc[0] == 0
 
     def decode_batch(self, batch, decode: bool = False) -> int:

@@ -56,7 +56,7 @@ def test_bench_runs_expert_caches_and_bounds_them(tiny_qwen3moe, tmp_path):
 
 
 def test_the_expert_cache_bound_adds_gpu_reads_and_measured_loads(tiny_qwen3moe):
-    from hypura.bench import expert_cache_bound
+    from hypura.bench.bound import expert_cache_bound
     from hypura.modelfile import read_header
     from hypura.plan.cost import Rates
 
@@ -78,7 +78,7 @@ class _TokenLog:
     def n_vocab(self):
         return 1000
 
-    def decode_tokens(self, toks):
+    def decode_tokens(self, toks, decode=None):
         self.batches.append(list(toks))
         return True
 
@@ -93,7 +93,7 @@ class _TokenLog:
 
 
 def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measured_ones_out():
-    from hypura.bench import BenchSettings, run_bench
+    from hypura.bench.single import BenchSettings, run_bench
 
     def decoded(seed, n_prompt, n_gen):
         llm = _TokenLog()
@@ -107,13 +107,13 @@ def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measure
 
 
 def test_a_bound_is_never_beaten_and_a_run_without_a_plan_has_one(smollm2_path):
-    from hypura.bench import honest, resident_bound
+    from hypura.bench.bound import bound, honest
     from hypura.modelfile import read_header
     from hypura.plan import rates_for
     from hypura.profile import quick_profile
 
-    b = resident_bound(read_header(smollm2_path), rates_for(quick_profile()), on_gpu=False)
-    assert b["decode_tok_s"] > 0 and b["limit"] == "cpu, resident weights"
+    b = bound(read_header(smollm2_path), None, rates_for(quick_profile()), 1, on_gpu=False)
+    assert b["decode_tok_s"] > 0 and b["limit"] == "cpu" and b["placement"] == "resident"
     assert honest(b, b["decode_tok_s"] / 2) == b
     beaten = honest(b, 2 * b["decode_tok_s"])
     assert beaten["decode_tok_s"] == 2 * b["decode_tok_s"] and beaten["profile_bound_tok_s"] == b["decode_tok_s"]
