@@ -16,7 +16,9 @@ point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
 
 import llama_cpp  # noqa: E402
 
+from hypura.bindings.batch import Batch  # noqa: E402
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
+from hypura.bindings.vocab import Vocab  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan.auto import Fit  # noqa: E402
@@ -135,9 +137,12 @@ class Llama(llama_cpp.Llama):
         kwargs["n_threads"], kwargs["n_threads_batch"] = runtime.threads(kwargs.get("n_threads"),
                                                                          kwargs.get("n_threads_batch"))
         self._param_overrides = runtime.params.merged()
-        hooks = runtime.load(lambda: self._load_llama(model_path, args, kwargs), self._unload)
+        runtime.own(self._unload)
+        with runtime.loading() as hooks:
+            self._load_llama(model_path, args, kwargs)
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
         runtime.attach(self._c_model())
+        self.vocab = Vocab(self.model)
         self._wrap_decode()
 
     def _decide(self, kwargs: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
@@ -183,55 +188,33 @@ class Llama(llama_cpp.Llama):
         return self._runtime.pager if "_runtime" in self.__dict__ else None
 
     def _wrap_decode(self) -> None:
-        """Time every llama_decode for stats(), and raise a streaming failure right after it."""
-        ctx = self._ctx
-        decode = ctx.decode
+        """llama-cpp-python's own generation (eval, embed) decodes through its context object: that goes through
+        Runtime.decode too, so it is timed for stats() and a streaming failure raises right after it."""
+        ctx, runtime = self._ctx, self._runtime
 
-        def timed_decode(batch):
-            self._runtime.decode(lambda: decode(batch), batch.n_tokens())
+        def decode(batch):  # llama_cpp._internals.LlamaBatch
+            rc = runtime.decode(ctx.ctx, Batch.view(batch.batch))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
 
-        ctx.decode = timed_decode
+        ctx.decode = decode
 
     def decode_tokens(self, tokens: list[int], decode: Optional[bool] = None) -> bool:
         """llama_decode `tokens` after those in the KV cache, then synchronize, as llama-bench and the
         C tools do (eval() also trims the cache before every batch); timed for stats() as decode or prefill
         (`decode`; unset: one token is decode). False when llama_decode fails; raises when weights could not
         be streamed."""
-        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        ctx, rc = self._ctx.ctx, []
+        return self._runtime.decode(self.ctx, Batch.of(tokens), decode) == 0
 
-        def run():
-            rc.append(llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens))))
-            llama_cpp.llama_synchronize(ctx)
-
-        self._runtime.decode(run, len(tokens), decode)
-        return rc[0] == 0
-
-    def decode_batch(self, batch, decode: bool = False) -> int:
-        """llama_decode a prepared llama_batch (tokens of any sequences), then synchronize, timed for
-        stats() as decode when `decode` (one new token per sequence) else as prefill. Returns
-        llama_decode's status (0 ok, 1 no KV slot, < 0 error); raises when weights could not be streamed."""
-        ctx, rc = self._ctx.ctx, []
-
-        def run():
-            rc.append(llama_cpp.llama_decode(ctx, batch))
-            llama_cpp.llama_synchronize(ctx)
-
-        self._runtime.decode(run, batch.n_tokens, decode)
-        return rc[0]
+    def decode_batch(self, batch: Batch, decode: bool = False) -> int:
+        """llama_decode a prepared batch (tokens of any sequences), then synchronize, timed for stats() as
+        decode when `decode` (one new token per sequence) else as prefill. Returns llama_decode's status (0 ok,
+        1 no KV slot, < 0 error); raises when weights could not be streamed."""
+        return self._runtime.decode(self.ctx, batch, decode)
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """llama_cpp.Llama.tokenize with a buffer sized by the text: llama-cpp-python's holds the model's
-        training context (its context_length) on every call, gigabytes where a file states billions."""
-        n_max = len(text) + 3  # a token per byte at most, BOS, EOS and a space prefix
-        tokens = (llama_cpp.llama_token * n_max)()
-        n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), tokens, n_max, add_bos, special)
-        if n < 0:  # llama_tokenize asks for a buffer of -n tokens
-            tokens = (llama_cpp.llama_token * -n)()
-            n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), tokens, -n, add_bos, special)
-        if n < 0:
-            raise RuntimeError(f"Failed to tokenize: {len(text)} bytes of text, n_tokens={n}")
-        return list(tokens[:n])
+        """llama_cpp.Llama.tokenize with a buffer sized by the text (hypura.bindings.vocab)."""
+        return self.vocab.tokenize(text, add_bos, special)
 
     def clear_memory(self) -> None:
         """Empty the KV cache (the next decode starts at position 0)."""

@@ -103,7 +103,7 @@ def expert_cache_bound(header, rates, experts: dict) -> Optional[dict]:
     loaded = sum(experts["loaded_bytes"].values()) / tokens if tokens else 0.0
     terms = {"gpu": read / rates.gpu_read, "link": loaded / rates.link}
     return {"decode_tok_s": 1 / sum(terms.values()), "limit": "expert cache at the measured hit rate",
-            "step_seconds": terms}
+            "seconds_per_token": terms}
 
 
 def honest(b: Optional[dict], measured_tok_s: Optional[float]) -> Optional[dict]:

@@ -7,7 +7,10 @@ from typing import Optional
 
 from hypura.errors import HypuraError
 
-import hypura.llama  # noqa: F401  (loads our library before llama_cpp does)
+from hypura.bindings.library import point_llama_cpp_at_our_library
+
+point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
+
 import llama_cpp  # noqa: E402
 
 

@@ -1,5 +1,5 @@
-"""common/common.cpp for `hypura-cli`: the model and context from the flags (common_init_from_params)
-and common_tokenize / common_token_to_piece, as llama-completion makes them.
+"""common/common.cpp for `hypura-cli`: the model and context from the flags (common_init_from_params), as
+llama-completion makes them (the vocabulary is hypura.bindings.vocab's).
 
 The model and context come from `hypura.Llama`, so Hypura's placement hooks are in charge of every
 tensor; generation then calls llama.cpp's C API directly (decode, sampler chain), as the C tool does.
@@ -7,7 +7,6 @@ tensor; generation then calls llama.cpp's C API directly (decode, sampler chain)
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 
@@ -73,45 +72,3 @@ class _quiet_python_stderr:
     def __exit__(self, *exc):
         sys.stderr = self.saved
         self.null.close()  # the file this opened: sys.stderr may have been swapped meanwhile (pytest's capture)
-
-
-# --- tokens -------------------------------------------------------------------------------------
-
-class Vocab:
-    """common_tokenize / common_token_to_piece over the model's vocabulary."""
-
-    def __init__(self, model):
-        self.vocab = llama_cpp.llama_model_get_vocab(model)
-        self.n_tokens = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self._buf = ctypes.create_string_buffer(256)
-
-    def tokenize(self, text: bytes, add_special: bool, parse_special: bool) -> list[int]:
-        n_max = len(text) + 2 * int(add_special)
-        tokens = (llama_cpp.llama_token * max(n_max, 1))()
-        n = llama_cpp.llama_tokenize(self.vocab, text, len(text), tokens, n_max, add_special, parse_special)
-        if n < 0:
-            tokens = (llama_cpp.llama_token * -n)()
-            n = llama_cpp.llama_tokenize(self.vocab, text, len(text), tokens, -n, add_special, parse_special)
-        return list(tokens[:n])
-
-    def piece(self, token: int, special: bool = True) -> bytes:
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._buf, len(self._buf), 0, special)
-        if n < 0:
-            self._buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, self._buf, len(self._buf), 0, special)
-        return self._buf.raw[:n]
-
-    def is_eog(self, token: int) -> bool:
-        return 0 <= token < self.n_tokens and llama_cpp.llama_vocab_is_eog(self.vocab, token)
-
-    @property
-    def bos(self) -> int:
-        return llama_cpp.llama_vocab_bos(self.vocab)
-
-    @property
-    def add_bos(self) -> bool:
-        return llama_cpp.llama_vocab_get_add_bos(self.vocab)
-
-    def eot_or_eos(self) -> int:
-        eot = llama_cpp.llama_vocab_eot(self.vocab)
-        return llama_cpp.llama_vocab_eos(self.vocab) if eot == llama_cpp.LLAMA_TOKEN_NULL else eot

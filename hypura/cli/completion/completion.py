@@ -17,8 +17,9 @@ from dataclasses import replace
 
 from hypura.cli.completion.console import PROMPT, RESET, USER_INPUT, Console
 from hypura.cli.completion.chat import BuiltinChatTemplate
-from hypura.cli.completion.common_init import Vocab, load_model
-from hypura.cli.completion.sampling import Sampler, sampling_from_model
+from hypura.bindings.vocab import Vocab
+from hypura.cli.completion.common_init import load_model
+from hypura.cli.completion.sampling import CommonSampler, sampling_from_model
 from hypura.cli.completion.arg_values import process_escapes
 from hypura.cli.completion.perf import print_perf
 from hypura.cli.completion.common_params import Settings
@@ -61,8 +62,8 @@ class Completion:
         ctx, model = llm.ctx, llm.model
         if llama_cpp.llama_model_has_encoder(model):
             raise HypuraError("encoder-decoder models are not supported by hypura-cli")
-        self.vocab = vocab = Vocab(model)
-        self.sampler = Sampler(model, vocab, sampling_from_model(model, s.sampling))
+        self.vocab = vocab = llm.vocab
+        self.sampler = CommonSampler(vocab, sampling_from_model(model, s.sampling), llama_cpp.llama_n_ctx(ctx))
         mem = llama_cpp.llama_get_memory(ctx)
         self.ctx_shift = s.ctx_shift
         if self.ctx_shift and not llama_cpp.llama_memory_can_shift(mem):
