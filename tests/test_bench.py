@@ -147,3 +147,16 @@ def test_bench_peak_rss_stays_within_a_tight_ram_budget(smollm2_path, tmp_path):
     line = next(x for x in inspect.stdout.splitlines() if x.startswith("overhead "))
     assert "of the RAM budget reserved for the process itself" in line
     assert float(line.split()[1]) >= knobs.PROCESS_RAM / 2**20  # more with more than one streaming reader
+
+
+def test_one_prompt_token_and_a_sweep_run_as_llama_bench_runs_them():
+    from hypura.bench.single import BenchSettings, run_bench
+
+    llm = _TokenLog()
+    out = run_bench(llm, None, BenchSettings((1,), 0, 1, 1))  # -p 1 -n 0: no batch of 0 tokens
+    assert all(llm.batches) and out["prefill_tok_s"]["median"] > 0 and not out["decode_tok_s"]
+    llm = _TokenLog()
+    out = run_bench(llm, None, BenchSettings((1, 2, 4), 2, 2, 1))  # -p 1,2,4: a pass of each size, r times
+    assert [row["n_prompt"] for row in out["prefill_sweep"]] == [1, 2, 4]
+    assert [len(b) for b in llm.batches[3:]] == [1, 2, 4, 1, 1] * 2  # after the warm-up: the passes, then decode
+    assert all(row["pass_s"]["median"] > 0 for row in out["prefill_sweep"])
