@@ -238,11 +238,9 @@ class Llama(llama_cpp.Llama):
 
     def close(self) -> None:
         """Hypura's threads and reads stop, then llama.cpp's context and model go, then the pools; twice is safe."""
-        runtime = self.__dict__.get("_runtime")
+        runtime = self.__dict__.get("_runtime")  # absent: the load never began (llama.cpp holds nothing)
         if runtime is not None:
             runtime.close()  # llama_cpp.Llama.close runs inside, in its place
-        elif "_stack" in self.__dict__:
-            super().close()
 
     def __del__(self):
         # raising before llama_cpp.Llama.__init__ ran (bad file, bad -ot) leaves nothing to free
