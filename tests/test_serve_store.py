@@ -15,7 +15,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from hypura.errors import HypuraError  # noqa: E402
-from hypura.plan.auto import Request, resident_need  # noqa: E402
+from hypura.plan.auto import resident_need  # noqa: E402
+from hypura.plan.decision import unified_memory  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan import knobs  # noqa: E402
 from hypura.profile import free  # noqa: E402
@@ -153,8 +154,8 @@ def test_keep_alive_expires_and_zero_unloads(store, loads):
 
 def _need(path) -> tuple[int, int]:
     """(GPU, RAM) bytes as the registry counts them (on a GPU machine the tests pin gpu=0: nothing fits there)."""
-    request = Request(n_ctx=PARALLEL * N_CTX, parallel=PARALLEL)
-    return resident_need(read_header(path), request, on_gpu=free.measure().gpu is not None)
+    on_gpu = free.measure().gpu is not None
+    return resident_need(read_header(path), PARALLEL * N_CTX, knobs.N_UBATCH, on_gpu, on_gpu and unified_memory())
 
 
 def _pin_room_for_one(monkeypatch, a, b) -> int:
