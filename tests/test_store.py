@@ -124,7 +124,7 @@ def test_list_plan(store, monkeypatch):
     from hypura.cli.main import cli
     from hypura.profile import free
 
-    monkeypatch.setattr(free, "OVERRIDE", "ram=8GiB")  # hermetic: the plan must not depend on this machine's RAM
+    monkeypatch.setattr(free, "OVERRIDE", "gpu=0,ram=8GiB")  # hermetic: the plan must not depend on this machine's RAM
     listed = CliRunner().invoke(cli, ["list", "--plan"])
     assert listed.exit_code == 0, listed.output
     header, *rows = listed.stdout.splitlines()
