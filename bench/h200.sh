@@ -20,7 +20,7 @@ M70=/tmp/l70.gguf MQ3=/tmp/q3.gguf M14=/dev/shm/q14.gguf TOK=.device/tiny-llama.
 KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
 GIB=$((1 << 30))
 hy() { python3 -m hypura.cli.main "$@"; }
-hycli() { python3 -m hypura.cli.llama_cli "$@"; }
+hycli() { python3 -m hypura.cli.completion "$@"; }
 old() { PYTHONPATH=/tmp/site:$PWD/.oldtree python3 -m hypura.cli.main "$@"; }
 libdir() { cat /tmp/hypura-lib; }
 models_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
@@ -156,7 +156,7 @@ cgroup)  # the 70B larger than RAM too: a 24 GiB memory cgroup (page cache count
     cg=$(memory_cgroup $((24 * GIB))) || { note "no memory cgroup here"; return 0; }
     hold_gpu 8.5
     drop_cache
-    in_cgroup $cg timeout 150 python3 -m hypura.cli.llama_cli -m $M70 -p "'Once upon a time'" -n 4 -no-cnv --temp 0 \
+    in_cgroup $cg timeout 150 python3 -m hypura.cli.completion -m $M70 -p "'Once upon a time'" -n 4 -no-cnv --temp 0 \
         > "$RES/hypura-l70-cgroup.txt" 2>&1
     note "l70 hypura cgroup 24G: $(grep -a 'hypura:\|eval time' "$RES/hypura-l70-cgroup.txt" | tail -3 | paste -sd' ')"
     drop_cache

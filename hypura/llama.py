@@ -17,14 +17,16 @@ point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
 
 import llama_cpp  # noqa: E402
 
+from hypura.bindings.batch import Batch  # noqa: E402
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
+from hypura.bindings.vocab import Vocab  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
-from hypura.plan.auto import Fit, default_path  # noqa: E402
+from hypura.plan.auto import Fit  # noqa: E402
+from hypura.plan.decision import Ask, Decision, Routing, decide  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
-from hypura.runtime.plan_policy import resolve_plan  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
 from hypura.store import resolve_path  # noqa: E402
 
@@ -47,6 +49,12 @@ def _params_with_overrides(name: str) -> property:
     return property(get, set_)
 
 
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
 class Llama(llama_cpp.Llama):
     model_params = _params_with_overrides("model_params")
     context_params = _params_with_overrides("context_params")
@@ -64,6 +72,7 @@ class Llama(llama_cpp.Llama):
         on_route: Optional[Callable[[int, "np.ndarray"], None]] = None,
         expert_cache: Union[ExpertCacheSettings, int, None] = None,
         fit: Union[Fit, bool] = True,
+        profile=None,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does (or a model named as Ollama names it, e.g.
@@ -98,6 +107,8 @@ class Llama(llama_cpp.Llama):
             a Hypura drafter (hypura.speculative: NgramSimple, PromptLookup, DraftModel) or a draft GGUF's
             path (its vocabulary must be this model's); the draft length follows the passes' measured cost
             (hypura.speculative.llama_draft), and stats()["speculative"] reports them.
+        profile: the hypura.profile.MachineProfile plans are made with (default: this machine's cached one,
+            measured now on first use).
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.moe.expert_streaming).
@@ -111,14 +122,21 @@ class Llama(llama_cpp.Llama):
         self.gpu_mem, self.ram = gpu_mem, ram
         if param_overrides is not None and not isinstance(param_overrides, dict):
             raise HypuraError("param_overrides takes a dict: {\"model_params\": {...}, \"context_params\": {...}}")
-        # a copy, never the caller's: the default path writes the context it chose into it
+        # copies, never the caller's: the decision's context goes into them
         param_overrides = {name: dict(fields) for name, fields in (param_overrides or {}).items()}
-        given = any(x is not None for x in (plan, placement_policy, override_tensor, expert_cache))
-        self.fit_decision = default_path(self.header, kwargs, param_overrides, fit, given, (gpu_mem, ram),
-                                         kwargs.get("verbose", True))
-        if self.fit_decision is not None and self.fit_decision.plan is not None:
-            plan = self.fit_decision.plan
-        self.plan = self.resolve_plan(plan, placement_policy, override_tensor, kwargs)
+        fit = fit if isinstance(fit, Fit) else Fit(enabled=bool(fit))
+        if placement_policy is not None and override_tensor is not None:
+            raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
+        self.decision = decision = self._decide(kwargs, param_overrides, plan, placement_policy is not None or
+                                                override_tensor is not None, expert_cache is not None, fit, profile)
+        self.fit_decision = decision if decision.line else None  # what the default path or the budgets chose
+        self.plan = decision.plan
+        context = param_overrides.setdefault("context_params", {})
+        kwargs = dict(kwargs, n_ctx=decision.n_ctx)
+        if "n_ctx" in context:
+            context["n_ctx"] = decision.n_ctx
+        for key, value in decision.context_params.items():
+            context.setdefault(key, value)
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)
         self._runtime = runtime = Runtime(self.header, str(model_path), self.plan,
@@ -128,23 +146,39 @@ class Llama(llama_cpp.Llama):
         kwargs["n_threads"], kwargs["n_threads_batch"] = runtime.threads(kwargs.get("n_threads"),
                                                                          kwargs.get("n_threads_batch"))
         self._param_overrides = runtime.params.merged()
-        hooks = runtime.load(lambda: self._load_llama(model_path, args, kwargs), self._unload)
+        runtime.own(self._unload)
+        with runtime.loading() as hooks:
+            self._load_llama(model_path, args, kwargs)
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
         runtime.attach(self._c_model())
+        self.vocab = Vocab(self.model)
         self._wrap_decode()
         if self.draft_model is not None:  # after the load: a draft model's vocabulary is checked against ours
             from hypura.speculative.llama_draft import SpecDraft
 
             self.draft_model = SpecDraft(self.draft_model, self)
 
-    def resolve_plan(self, plan, placement_policy, override_tensor, kwargs):
-        """The plan this Llama runs (given, read, or made from gpu_mem/ram budgets), or None: then the
-        placement policy or the -ot overrides place each tensor as llama.cpp would."""
-        resolved = resolve_plan(plan, self.header, self.gpu_mem, self.ram,
-                                n_ctx=kwargs.get("n_ctx", 512), n_ubatch=kwargs.get("n_ubatch", 512))
-        if sum(x is not None for x in (resolved, placement_policy, override_tensor)) > 1:
-            raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
-        return resolved
+    def _decide(self, kwargs: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
+                profile) -> Decision:
+        """The one decision (hypura.plan.decision) from these keywords; its line said where verbose."""
+        from hypura.profile.free import free_memory
+        from hypura.profile.measure import planning_profile
+        from hypura.runtime.moe.coactivation import routing_frequencies
+
+        model, context = overrides.get("model_params", {}), overrides.get("context_params", {})
+        say = fit.say or (_stderr if kwargs.get("verbose", True) else None)
+        ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram,
+                  n_ctx=context.get("n_ctx", kwargs.get("n_ctx", 512)) or 0,  # llama-cpp-python's default context
+                  n_ubatch=context.get("n_ubatch", kwargs.get("n_ubatch", 512)),
+                  n_gpu_layers=model.get("n_gpu_layers", kwargs.get("n_gpu_layers", 0)),
+                  placement=placed, expert_cache=expert_cache, fit=fit)
+        decision = decide(self.header, ask, lambda: fit.free or free_memory(),
+                          profile or (lambda: planning_profile(self.header.path, say, measure=fit.measure_profile)),
+                          steps=(max(1, context.get("n_seq_max", 1)),),
+                          routing=lambda: Routing(*routing_frequencies(self.header)))
+        if decision.line and say is not None:
+            say(decision.line)
+        return decision
 
     def _load_llama(self, model_path, args, kwargs) -> None:
         log = LogCapture()  # llama.cpp says why a load failed only in its log
@@ -167,56 +201,35 @@ class Llama(llama_cpp.Llama):
         return self._runtime.pager if "_runtime" in self.__dict__ else None
 
     def _wrap_decode(self) -> None:
-        """Time every llama_decode for stats(), and raise a streaming failure right after it."""
-        ctx = self._ctx
-        decode = ctx.decode
+        """llama-cpp-python's own generation (eval, embed) decodes through its context object: that goes through
+        Runtime.decode too, so it is timed for stats() and a streaming failure raises right after it."""
+        ctx, runtime = self._ctx, self._runtime
 
-        def timed_decode(batch):
+        def decode(batch):  # llama_cpp._internals.LlamaBatch
             t0 = time.perf_counter()
-            self._runtime.decode(lambda: decode(batch), batch.n_tokens())
+            rc = runtime.decode(ctx.ctx, Batch.view(batch.batch))
             self.last_decode_seconds = time.perf_counter() - t0  # a verification pass's cost, for drafting
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
 
-        ctx.decode = timed_decode
+        ctx.decode = decode
 
-    def decode_tokens(self, tokens: list[int]) -> bool:
+    def decode_tokens(self, tokens: list[int], decode: Optional[bool] = None) -> bool:
         """llama_decode `tokens` after those in the KV cache, then synchronize, as llama-bench and the
-        C tools do (eval() also trims the cache before every batch); timed for stats(). False when
-        llama_decode fails; raises when weights could not be streamed."""
-        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        ctx, rc = self._ctx.ctx, []
+        C tools do (eval() also trims the cache before every batch); timed for stats() as decode or prefill
+        (`decode`; unset: one token is decode). False when llama_decode fails; raises when weights could not
+        be streamed."""
+        return self._runtime.decode(self.ctx, Batch.of(tokens), decode) == 0
 
-        def run():
-            rc.append(llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens))))
-            llama_cpp.llama_synchronize(ctx)
-
-        self._runtime.decode(run, len(tokens))
-        return rc[0] == 0
-
-    def decode_batch(self, batch, decode: bool = False) -> int:
-        """llama_decode a prepared llama_batch (tokens of any sequences), then synchronize, timed for
-        stats() as decode when `decode` (one new token per sequence) else as prefill. Returns
-        llama_decode's status (0 ok, 1 no KV slot, < 0 error); raises when weights could not be streamed."""
-        ctx, rc = self._ctx.ctx, []
-
-        def run():
-            rc.append(llama_cpp.llama_decode(ctx, batch))
-            llama_cpp.llama_synchronize(ctx)
-
-        self._runtime.decode(run, batch.n_tokens, decode)
-        return rc[0]
+    def decode_batch(self, batch: Batch, decode: bool = False) -> int:
+        """llama_decode a prepared batch (tokens of any sequences), then synchronize, timed for stats() as
+        decode when `decode` (one new token per sequence) else as prefill. Returns llama_decode's status (0 ok,
+        1 no KV slot, < 0 error); raises when weights could not be streamed."""
+        return self._runtime.decode(self.ctx, batch, decode)
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """llama_cpp.Llama.tokenize with a buffer sized by the text: llama-cpp-python's holds the model's
-        training context (its context_length) on every call, gigabytes where a file states billions."""
-        n_max = len(text) + 3  # a token per byte at most, BOS, EOS and a space prefix
-        tokens = (llama_cpp.llama_token * n_max)()
-        n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), tokens, n_max, add_bos, special)
-        if n < 0:  # llama_tokenize asks for a buffer of -n tokens
-            tokens = (llama_cpp.llama_token * -n)()
-            n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), tokens, -n, add_bos, special)
-        if n < 0:
-            raise RuntimeError(f"Failed to tokenize: {len(text)} bytes of text, n_tokens={n}")
-        return list(tokens[:n])
+        """llama_cpp.Llama.tokenize with a buffer sized by the text (hypura.bindings.vocab)."""
+        return self.vocab.tokenize(text, add_bos, special)
 
     def clear_memory(self) -> None:
         """Empty the KV cache (the next decode starts at position 0)."""
@@ -249,11 +262,9 @@ class Llama(llama_cpp.Llama):
         close_draft = getattr(self.__dict__.get("draft_model"), "close", None)
         if close_draft is not None:
             close_draft()
-        runtime = self.__dict__.get("_runtime")
+        runtime = self.__dict__.get("_runtime")  # absent: the load never began (llama.cpp holds nothing)
         if runtime is not None:
             runtime.close()  # llama_cpp.Llama.close runs inside, in its place
-        elif "_stack" in self.__dict__:
-            super().close()
 
     def __del__(self):
         # raising before llama_cpp.Llama.__init__ ran (bad file, bad -ot) leaves nothing to free

@@ -12,11 +12,12 @@ import pytest
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.plan.auto import Fit, Request, check_budgets, decide
+from hypura.plan.auto import Fit, check_budgets
+from hypura.plan.decision import Ask, decide as decide_for
 from hypura.profile.free import FreeMemory, cgroup_limit, parse_override
 
 MiB, GiB = 1 << 20, 1 << 30
-HYPURA_CLI = [sys.executable, "-m", "hypura.cli.llama_cli"]
+HYPURA_CLI = [sys.executable, "-m", "hypura.cli.completion"]
 # SmolLM2-135M (92 MiB of weights): resident at context 4096 it needs ~438 MiB as llama.cpp holds it
 TIGHT = 2450 * MiB  # less the 2 GiB margin: 402 MiB, so weights stream from disk
 TOO_LITTLE = 2100 * MiB  # 52 MiB: not even the compute buffer
@@ -28,6 +29,18 @@ def free(ram: int) -> FreeMemory:
 
 def quiet(**kw) -> Fit:
     return Fit(free=kw.pop("free"), measure_profile=False, **kw)
+
+
+def decide(header, ask: Ask, fit: Fit, say=None):
+    """The one decision (hypura/plan/decision.py) on the default path, its line said as hypura.Llama says it."""
+    from dataclasses import replace
+
+    from hypura.profile.measure import planning_profile
+
+    d = decide_for(header, replace(ask, fit=fit), fit.free, lambda: planning_profile(measure=False))
+    if say is not None:
+        say(d.line)
+    return d
 
 
 # --- the probe ------------------------------------------------------------------------------------
@@ -66,20 +79,20 @@ def test_override_replaces_what_it_names():
 # --- the decision ---------------------------------------------------------------------------------
 
 def test_a_model_that_fits_is_left_to_llama_cpp_at_its_training_context(smollm2_path):
-    d = decide(read_header(smollm2_path), Request(), quiet(free=free(16 * GiB)), say=None)
+    d = decide(read_header(smollm2_path), Ask(), quiet(free=free(16 * GiB)), say=None)
     assert d.plan is None and d.n_ctx == 8192
     assert d.line.startswith("hypura: fits: llama.cpp's placement (in RAM), context 8192")
 
 
 def test_an_unset_context_shrinks_before_anything_is_planned(smollm2_path):
     # at 8192 it needs ~528 MiB, at 4096 ~438 MiB: llama.cpp's --fit cuts the context first, so do we
-    d = decide(read_header(smollm2_path), Request(), quiet(free=free(2 * GiB + 460 * MiB)), say=None)
+    d = decide(read_header(smollm2_path), Ask(), quiet(free=free(2 * GiB + 460 * MiB)), say=None)
     assert d.plan is None and d.n_ctx == 4096 and "training context 8192 does not fit" in d.line
 
 
 def test_a_model_that_does_not_fit_is_planned_within_the_free_memory(smollm2_path):
     lines = []
-    d = decide(read_header(smollm2_path), Request(), quiet(free=free(TIGHT)), say=lines.append)
+    d = decide(read_header(smollm2_path), Ask(), quiet(free=free(TIGHT)), say=lines.append)
     plan = d.plan
     assert plan is not None and lines == [d.line]
     assert plan.used("ram") <= TIGHT - 2 * GiB and plan.bytes_by_tier()["disk"] > 0
@@ -91,12 +104,12 @@ def test_a_model_that_does_not_fit_is_planned_within_the_free_memory(smollm2_pat
 
 def test_min_ctx_is_fitc(smollm2_path):
     # below 4096 it fits again: at 2048 (the halving before -fitc 1024), llama.cpp's placement
-    d = decide(read_header(smollm2_path), Request(), quiet(free=free(TIGHT), min_ctx=1024), say=None)
+    d = decide(read_header(smollm2_path), Ask(), quiet(free=free(TIGHT), min_ctx=1024), say=None)
     assert d.plan is None and d.n_ctx == 2048
 
 
 def test_an_explicit_context_is_honoured_and_the_line_says_which_would_avoid_disk(smollm2_path):
-    d = decide(read_header(smollm2_path), Request(n_ctx=8192), quiet(free=free(2 * GiB + 480 * MiB)), say=None)
+    d = decide(read_header(smollm2_path), Ask(n_ctx=8192), quiet(free=free(2 * GiB + 480 * MiB)), say=None)
     assert d.plan is not None and d.plan.n_ctx == 8192 and d.plan.bytes_by_tier()["disk"] > 0
     assert "-c 8192: its KV cache (180.0 MiB) puts" in d.line and "-c 4096 would keep every weight off disk" in d.line
 
@@ -104,9 +117,9 @@ def test_an_explicit_context_is_honoured_and_the_line_says_which_would_avoid_dis
 def test_bad_input_is_one_line_saying_what_is_needed_and_what_there_is(smollm2_path):
     header = read_header(smollm2_path)
     with pytest.raises(HypuraError, match=r"not enough free memory .* needs .* this machine has RAM 2\.1 GiB"):
-        decide(header, Request(), quiet(free=free(TOO_LITTLE)), say=None)
+        decide(header, Ask(), quiet(free=free(TOO_LITTLE)), say=None)
     with pytest.raises(HypuraError, match=r"-c 100000000: its KV cache \(.*\) does not fit .* largest context"):
-        decide(header, Request(n_ctx=100_000_000), quiet(free=free(TIGHT)), say=None)
+        decide(header, Ask(n_ctx=100_000_000), quiet(free=free(TIGHT)), say=None)
     with pytest.raises(HypuraError, match=r"--ram 64GiB is more than this machine has: 8\.0 GiB"):
         check_budgets(None, "64GiB", free(TIGHT))
     with pytest.raises(HypuraError, match="sees no GPU"):
@@ -219,8 +232,8 @@ def test_a_model_larger_than_ram_at_any_context_is_not_blamed_on_its_kv_cache(tm
     path = tmp_path / "l70.gguf"
     writer.write_synth("llama3.3-70b", path, sparse=True)  # header only: 39.6 GiB of weights, planned, not run
     header = read_header(path)
-    d = decide(header, Request(n_ctx=512), quiet(free=free(20 * GiB)), say=None)
+    d = decide(header, Ask(n_ctx=512), quiet(free=free(20 * GiB)), say=None)
     assert d.plan is not None and d.plan.bytes_by_tier()["disk"] > 20 * GiB and "its KV cache" not in d.line
     # at the training context the KV cache (40 GiB) is the cause, and the line says which -c avoids disk
-    d = decide(header, Request(n_ctx=131072), quiet(free=free(64 * GiB)), say=None)
+    d = decide(header, Ask(n_ctx=131072), quiet(free=free(64 * GiB)), say=None)
     assert "-c 131072: its KV cache (40.0 GiB) puts" in d.line and "would keep every weight off disk" in d.line

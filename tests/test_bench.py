@@ -60,7 +60,7 @@ def test_bench_runs_expert_caches_and_bounds_them(tiny_qwen3moe, tmp_path):
 
 
 def test_the_expert_cache_bound_adds_gpu_reads_and_measured_loads(tiny_qwen3moe):
-    from hypura.bench import expert_cache_bound
+    from hypura.bench.bound import expert_cache_bound
     from hypura.modelfile import read_header
     from hypura.plan.cost import Rates
 
@@ -82,7 +82,7 @@ class _TokenLog:
     def n_vocab(self):
         return 1000
 
-    def decode_tokens(self, toks):
+    def decode_tokens(self, toks, decode=None):
         self.batches.append(list(toks))
         return True
 
@@ -97,7 +97,7 @@ class _TokenLog:
 
 
 def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measured_ones_out():
-    from hypura.bench import BenchSettings, run_bench
+    from hypura.bench.single import BenchSettings, run_bench
 
     def decoded(seed, n_prompt, n_gen):
         llm = _TokenLog()
@@ -111,13 +111,13 @@ def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measure
 
 
 def test_a_bound_is_never_beaten_and_a_run_without_a_plan_has_one(smollm2_path):
-    from hypura.bench import honest, resident_bound
+    from hypura.bench.bound import bound, honest
     from hypura.modelfile import read_header
     from hypura.plan import rates_for
     from hypura.profile import quick_profile
 
-    b = resident_bound(read_header(smollm2_path), rates_for(quick_profile()), on_gpu=False)
-    assert b["decode_tok_s"] > 0 and b["limit"] == "cpu, resident weights"
+    b = bound(read_header(smollm2_path), None, rates_for(quick_profile()), 1, on_gpu=False)
+    assert b["decode_tok_s"] > 0 and b["limit"] == "cpu" and b["placement"] == "resident"
     assert honest(b, b["decode_tok_s"] / 2) == b
     beaten = honest(b, 2 * b["decode_tok_s"])
     assert beaten["decode_tok_s"] == 2 * b["decode_tok_s"] and beaten["profile_bound_tok_s"] == b["decode_tok_s"]
@@ -152,3 +152,16 @@ def test_bench_peak_rss_stays_within_a_tight_ram_budget(smollm2_path, tmp_path):
     line = next(x for x in inspect.stdout.splitlines() if x.startswith("overhead "))
     assert "of the RAM budget reserved for the process itself" in line
     assert float(line.split()[1]) >= knobs.PROCESS_RAM / 2**20  # more with more than one streaming reader
+
+
+def test_one_prompt_token_and_a_sweep_run_as_llama_bench_runs_them():
+    from hypura.bench.single import BenchSettings, run_bench
+
+    llm = _TokenLog()
+    out = run_bench(llm, None, BenchSettings((1,), 0, 1, 1))  # -p 1 -n 0: no batch of 0 tokens
+    assert all(llm.batches) and out["prefill_tok_s"]["median"] > 0 and not out["decode_tok_s"]
+    llm = _TokenLog()
+    out = run_bench(llm, None, BenchSettings((1, 2, 4), 2, 2, 1))  # -p 1,2,4: a pass of each size, r times
+    assert [row["n_prompt"] for row in out["prefill_sweep"]] == [1, 2, 4]
+    assert [len(b) for b in llm.batches[3:]] == [1, 2, 4, 1, 1] * 2  # after the warm-up: the passes, then decode
+    assert all(row["pass_s"]["median"] > 0 for row in out["prefill_sweep"])

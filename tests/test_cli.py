@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-HYPURA_CLI = [sys.executable, "-m", "hypura.cli.llama_cli"]
+HYPURA_CLI = [sys.executable, "-m", "hypura.cli.completion"]
 TIMEOUT = 300
 
 
@@ -217,8 +217,8 @@ def test_llama_flags_not_supported_are_rejected_like_unknown_ones():
 
 
 def test_flags_parse_with_llama_cpp_defaults_and_rules(monkeypatch):
-    from hypura.cli.llama_cli import parse
-    from hypura.cli.llama_cli_settings import SamplingSettings, Settings
+    from hypura.cli.completion.arg import parse
+    from hypura.cli.completion.common_params import SamplingSettings, Settings
 
     monkeypatch.delenv("LLAMA_ARG_N_PREDICT", raising=False)
     assert parse([]) == Settings()

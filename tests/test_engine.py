@@ -396,20 +396,24 @@ def test_a_streaming_error_ends_the_requests_of_its_step(tiny_llama, monkeypatch
 def test_budgets_plan_for_the_batch_and_the_plan_sets_op_offload(tiny_llama):
     import dataclasses
 
-    from hypura.engine.loader import plan_for_parallel
+    from hypura.modelfile import read_header
+    from hypura.plan.decision import Ask, decide
+    from hypura.profile import resolve_profile
 
-    kwargs = engine_llama_kwargs(8, 64, tiny_llama, ram="2GiB", gpu_mem="0")
-    plan = kwargs["plan"]
-    assert "gpu_mem" not in kwargs and "ram" not in kwargs  # the plan stands for them
+    kwargs = engine_llama_kwargs(8, 64, ram="2GiB", gpu_mem="0")
+    assert kwargs["ram"] == "2GiB" and kwargs["param_overrides"]["context_params"]["n_seq_max"] == 8
+    # hypura.Llama's decision for those keywords: a plan for steps of 8 tokens
+    header, profile = read_header(tiny_llama), resolve_profile("h200-design")
+    plan = decide(header, Ask(gpu_mem="0", ram="2GiB", n_ctx=8 * 64), None, profile, steps=(8,)).plan
     assert plan.prediction.parallel == plan.traffic.parallel == 8 and plan.n_ctx == 8 * 64
-    assert "op_offload" not in kwargs["param_overrides"]["context_params"]
+    assert decide(header, Ask(plan=plan), None, profile).context_params == ({} if plan.traffic.op_offload else
+                                                                          {"op_offload": False})
     off = dataclasses.replace(plan, traffic=dataclasses.replace(plan.traffic, op_offload=False))
-    assert engine_llama_kwargs(8, 64, plan=off)["param_overrides"]["context_params"]["op_offload"] is False
+    assert decide(header, Ask(plan=off), None, profile).context_params == {"op_offload": False}
     # no budgets, no plan: no placement but every layer offered to the GPU, as a server (the default path fits it)
-    plain = engine_llama_kwargs(8, 64, tiny_llama)
+    plain = engine_llama_kwargs(8, 64)
     assert "plan" not in plain and "gpu_mem" not in plain and plain["param_overrides"]["context_params"]["n_seq_max"] == 8
-    assert plain["n_gpu_layers"] == -1 and engine_llama_kwargs(8, 64, tiny_llama, n_gpu_layers=0)["n_gpu_layers"] == 0
-    assert plan_for_parallel(tiny_llama, 2, 128, ram="2GiB").prediction.parallel == 2
+    assert plain["n_gpu_layers"] == -1 and engine_llama_kwargs(8, 64, n_gpu_layers=0)["n_gpu_layers"] == 0
 
 
 def test_the_batched_argmax_picks_what_llama_cpps_greedy_sampler_picks(llm):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import hypura
-from hypura.engine.bench import BatchBenchSettings, run_batch_bench
+from hypura.bench.batched import BatchBenchSettings, run_batch_bench
 from hypura.plan import Rates
 
 

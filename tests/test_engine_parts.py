@@ -128,23 +128,24 @@ def test_settings_are_checked_with_one_line():
 
 
 def test_the_batched_bound_grows_with_the_batch_and_counts_the_experts_a_batch_touches(tiny_llama, tiny_qwen3moe):
-    from hypura.engine.bench import batch_bound, parse_parallel
+    from hypura.bench.bound import bound
+    from hypura.cli.bench_cmd import parse_sizes
     from hypura.modelfile import read_header
     from hypura.plan import Rates
 
     cpu = Rates(cpu_read=10e9, disk_read=1e9)
     dense = read_header(tiny_llama)
     weights = sum(t.nbytes for t in dense.tensors if t.name != "token_embd.weight")
-    one, four = batch_bound(dense, None, cpu, 1), batch_bound(dense, None, cpu, 4)
+    one, four = bound(dense, None, cpu, 1, on_gpu=False), bound(dense, None, cpu, 4, on_gpu=False)
     assert one["step_bytes"]["cpu"] == weights and one["decode_tok_s"] == pytest.approx(10e9 / weights)
     assert four["decode_tok_s"] == pytest.approx(4 * one["decode_tok_s"])  # the same bytes serve 4 tokens
     moe = read_header(tiny_qwen3moe)  # 16 experts, 4 of them a token
     experts = sum(t.nbytes for t in moe.tensors if "_exps" in t.name)
     rest = sum(t.nbytes for t in moe.tensors if "_exps" not in t.name and t.name != "token_embd.weight")
     for b in (1, 2, 8):
-        got = batch_bound(moe, None, cpu, b)["step_bytes"]["cpu"]
+        got = bound(moe, None, cpu, b, on_gpu=False)["step_bytes"]["cpu"]
         assert got == pytest.approx(rest + experts * (1 - (1 - 4 / 16) ** b))
-    assert batch_bound(dense, None, Rates(cpu_read=1e9, disk_read=1e9, gpu_read=1e12, link=5e10), 1) is None
-    assert parse_parallel("1,4, 16") == (1, 4, 16)
+    assert bound(dense, None, Rates(cpu_read=1e9, disk_read=1e9, gpu_read=1e12, link=5e10), 1) is None  # -ngl N
+    assert parse_sizes("--parallel", "1,4, 16", 1) == (1, 4, 16)
     with pytest.raises(HypuraError, match="--parallel '0,2'"):
-        parse_parallel("0,2")
+        parse_sizes("--parallel", "0,2", 1)

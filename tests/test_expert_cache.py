@@ -168,7 +168,11 @@ def test_recorded_routing_plans_often_chosen_experts_into_ram(tiny_qwen3moe):
     from hypura.plan import PlanSettings
     from hypura.profile import resolve_profile
     from hypura.runtime.moe.coactivation import MIN_TOKENS, CoactivationRecorder, moe_layers, routing_frequencies
-    from hypura.runtime.plan_policy import plan_with_routing
+    from hypura.plan.decision import Ask, Routing, decide
+
+    def plan_with_routing(header, profile, gpu_mem, ram, settings):  # as hypura.Llama plans: with recorded routing
+        ask = Ask(gpu_mem=gpu_mem, ram=ram, n_ctx=settings.n_ctx)
+        return decide(header, ask, None, profile, routing=lambda: Routing(*routing_frequencies(header))).plan
 
     header = read_header(tiny_qwen3moe)
     layers = moe_layers(header)

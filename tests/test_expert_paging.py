@@ -207,7 +207,8 @@ def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3
 def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
     """Which experts a decode reads from disk depends on routing: the bound takes the measured disk bytes
     per token, not the plan's prediction (#5: "the plan's bound at the measured hit rate")."""
-    from hypura.bench import BenchSettings, bound, run_bench
+    from hypura.bench.bound import bound
+    from hypura.bench.single import BenchSettings, run_bench
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
@@ -216,10 +217,10 @@ def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
     finally:
         llm.close()
     measured = out["stats"]["decode"]["streamed_bytes_per_token"]["disk"]
-    assert 0 < measured and out["bound"] == bound(plan, measured)
+    assert 0 < measured and out["bound"] == bound(llm.header, plan, None, 1, disk_bytes=measured)
     at_measured = plan.rates.disk_seconds(measured, measured)  # every byte an expert's
-    assert out["bound"]["seconds_per_token"]["disk"] == at_measured
-    assert bound(plan)["seconds_per_token"]["disk"] != at_measured  # the plan predicted other bytes
+    assert out["bound"]["step_seconds"]["disk"] == at_measured
+    assert bound(llm.header, plan, None, 1)["step_seconds"]["disk"] != at_measured  # uniform routing: other bytes
 
 
 def test_huge_pages_stay_inside_one_experts_slice():
@@ -266,8 +267,9 @@ def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tin
 def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_qwen3moe):
     """The disk's rate drifts within a lease: the bench probes it with the plan's own expert reads before and
     after the runs, and gives the bound again at the mean rate; the probe leaves the logits and RSS alone."""
-    from hypura.bench import BenchSettings, bound, run_bench
-    from hypura.cli.bench_cmd import report
+    from hypura.bench.bound import bound
+    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.bench.report import report
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
@@ -285,13 +287,14 @@ def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_q
     before, after = out["disk_probe"]["before"], out["disk_probe"]["after"]
     assert before["seconds"] >= 1.0 and before["bytes"] > 0 and after["gbps"] > 0
     measured = out["stats"]["decode"]["streamed_bytes_per_token"]["disk"]
-    assert out["bound_now"] == bound(plan, measured, (before["gbps"] + after["gbps"]) / 2 * 1e9)
-    assert out["bound"] == bound(plan, measured)  # the profile's bound stays beside it
+    rate = (before["gbps"] + after["gbps"]) / 2 * 1e9
+    assert out["bound_now"] == bound(llm.header, plan, None, 1, disk_bytes=measured, disk_rate=rate)
+    assert out["bound"] == bound(llm.header, plan, None, 1, disk_bytes=measured)  # the profile's bound beside it
     assert any("as probed beside the runs" in line for line in report(out))
 
 
 def test_a_plan_without_disk_experts_is_not_probed(tiny_qwen3moe):
-    from hypura.bench import BenchSettings, run_bench
+    from hypura.bench.single import BenchSettings, run_bench
 
     llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
     try:

@@ -125,7 +125,7 @@ def test_the_planner_plans_for_the_batch(model):
 
 
 def test_at_32_sequences_every_weight_off_the_gpu_streams_and_the_bound_is_the_links(model):
-    from hypura.engine.bench import batch_bound
+    from hypura.bench.bound import bound
 
     h = model("llama3.3-70b")
     plan = plan_model(h, H200, gpu_mem="8GiB", ram="64GiB", settings=PlanSettings(n_ctx=32 * CTX_PER_SEQ, parallel=32))
@@ -133,7 +133,7 @@ def test_at_32_sequences_every_weight_off_the_gpu_streams_and_the_bound_is_the_l
     # matmuls beside streaming cost more than the link
     assert plan.traffic.offload_bytes == 0 and not any(t.compute == "cpu" and t.tier != "gpu" and
                                                        t.name != "token_embd.weight" for t in plan.tensors)
-    b = batch_bound(h, plan, None, 32)
+    b = bound(h, plan, None, 32)
     assert b["limit"] == "link" and b["step_bytes"]["cpu"] == 0
     assert b["decode_tok_s"] == pytest.approx(32 * plan.rates.link / b["step_bytes"]["link"])
     assert plan.prediction.decode_tok_s <= b["decode_tok_s"]

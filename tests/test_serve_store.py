@@ -15,7 +15,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from hypura.errors import HypuraError  # noqa: E402
-from hypura.plan.auto import Request, resident_need  # noqa: E402
+from hypura.plan.auto import resident_need  # noqa: E402
+from hypura.plan.decision import unified_memory  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan import knobs  # noqa: E402
 from hypura.profile import free  # noqa: E402
@@ -35,7 +36,7 @@ def store(tmp_path, monkeypatch, smollm2_path, gemma_path):
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HYPURA_MODELS", raising=False)
-    monkeypatch.setattr(free, "OVERRIDE", "ram=64GiB")  # room for every model unless a test says otherwise
+    monkeypatch.setattr(free, "OVERRIDE", "gpu=0,ram=64GiB")  # room for every model unless a test says otherwise
     return root
 
 
@@ -153,14 +154,14 @@ def test_keep_alive_expires_and_zero_unloads(store, loads):
 
 def _need(path) -> tuple[int, int]:
     """(GPU, RAM) bytes as the registry counts them (on a GPU machine the tests pin gpu=0: nothing fits there)."""
-    request = Request(n_ctx=PARALLEL * N_CTX, parallel=PARALLEL)
-    return resident_need(read_header(path), request, on_gpu=free.measure().gpu is not None)
+    on_gpu = free.totals().gpu is not None  # a GPU build (its size, not what is free)
+    return resident_need(read_header(path), PARALLEL * N_CTX, knobs.N_UBATCH, on_gpu, on_gpu and unified_memory())
 
 
 def _pin_room_for_one(monkeypatch, a, b) -> int:
     """Free memory that holds either model alone, never both (RAM; the GPU pinned at 0 where there is one)."""
     ram = knobs.RAM_MARGIN + max(_need(a)[1], _need(b)[1]) + min(_need(a)[1], _need(b)[1]) // 2
-    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram}" if free.measure().gpu is not None else f"ram={ram}")
+    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram}")  # both parts named: nothing measured
     return ram
 
 

@@ -37,7 +37,7 @@ def test_foreign_vocabulary_draft_refused(smollm2_path, gemma_path):
 
 
 def test_spec_flags_checked():
-    p = subprocess.run([sys.executable, "-m", "hypura.cli.llama_cli", "--spec-type", "draft-simple", "-p", "x"],
+    p = subprocess.run([sys.executable, "-m", "hypura.cli.completion", "--spec-type", "draft-simple", "-p", "x"],
                        capture_output=True, timeout=TIMEOUT)
     assert p.returncode == 1
     assert p.stderr.decode().strip().splitlines() == [

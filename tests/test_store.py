@@ -124,7 +124,7 @@ def test_list_plan(store, monkeypatch):
     from hypura.cli.main import cli
     from hypura.profile import free
 
-    monkeypatch.setattr(free, "OVERRIDE", "ram=8GiB")  # hermetic: the plan must not depend on this machine's RAM
+    monkeypatch.setattr(free, "OVERRIDE", "gpu=0,ram=8GiB")  # hermetic: the plan must not depend on this machine's RAM
     listed = CliRunner().invoke(cli, ["list", "--plan"])
     assert listed.exit_code == 0, listed.output
     header, *rows = listed.stdout.splitlines()
@@ -134,7 +134,7 @@ def test_list_plan(store, monkeypatch):
 
 
 def test_hypura_cli_by_name(store):
-    cmd = [sys.executable, "-m", "hypura.cli.llama_cli", "-m", "someone/smol:tiny", "-no-cnv", "-p", "Hello",
+    cmd = [sys.executable, "-m", "hypura.cli.completion", "-m", "someone/smol:tiny", "-no-cnv", "-p", "Hello",
            "-n", "4", "--temp", "0", "-t", "1", "-c", "64"]
     p = subprocess.run(cmd, capture_output=True, timeout=300, env=os.environ.copy())
     assert p.returncode == 0, p.stderr.decode()[-2000:]

@@ -90,7 +90,7 @@ def test_cutting_a_paged_model_while_it_decodes_raises_disk_read_error(moe_copy)
 def test_hypura_cli_exits_1_with_one_line_when_the_file_is_cut(smollm2_copy, moe_copy, paged, tmp_path):
     path = moe_copy if paged else smollm2_copy
     plan = (_paged_plan if paged else _streamed_plan)(path).save(tmp_path / "plan.json")
-    proc = subprocess.Popen([sys.executable, "-m", "hypura.cli.llama_cli", "-m", str(path), "-p", PROMPT, "-n", "200",
+    proc = subprocess.Popen([sys.executable, "-m", "hypura.cli.completion", "-m", str(path), "-p", PROMPT, "-n", "200",
                              "-no-cnv", "-c", "256", "--plan", str(plan), "--temp", "0", "-t", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out = b""

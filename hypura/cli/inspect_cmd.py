@@ -10,13 +10,13 @@ import click
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.plan import SOLVERS, PlanSettings, RateOverrides, plan_model
-from hypura.plan import knobs
-from hypura.plan.auto import Fit, Request, decide, plan_unset_context
+from hypura.plan import SOLVERS, RateOverrides
+from hypura.plan.auto import Fit
+from hypura.plan.decision import Ask, Planner, Routing, decide
 from hypura.plan.report import describe_plan, describe_tensors
+from hypura.profile.free import free_memory
 from hypura.profile.measure import planning_profile
 from hypura.profile.store import load_cached, machine_profile
-from hypura.runtime.plan_policy import plan_with_routing
 from hypura.store import resolve_path
 
 # llama.cpp's -ctk/-ctv cache types: bytes per element (block size / block bytes for quantized)
@@ -24,12 +24,15 @@ KV_TYPES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 3
             "q4_1": 20 / 32, "q4_0": 18 / 32}
 
 
-def _routing(path: str | None) -> dict[int, list[float]] | None:
+def _routing(path: str | None, header) -> Routing:
+    """--routing FILE, else what runs of this model recorded (as a run plans)."""
     if not path:
-        return None
+        from hypura.runtime.moe.coactivation import routing_frequencies
+
+        return Routing(*routing_frequencies(header))
     try:
         data = json.loads(Path(path).read_text())
-        return {int(layer): [float(f) for f in freqs] for layer, freqs in data.items()}
+        return Routing({int(layer): [float(f) for f in freqs] for layer, freqs in data.items()})
     except (OSError, ValueError, AttributeError, TypeError) as e:
         raise HypuraError(f"--routing {path}: expected JSON {{layer: [frequency per expert]}} ({e})") from None
 
@@ -73,29 +76,21 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
     header = read_header(model)
     # this machine's: its cached profile with the CPU's rates on this model where they were measured
     profile = machine_profile(profile_spec) if profile_spec else planning_profile(model, say=None, measure=False)
-    if not profile_spec and gpu_mem is None and ram is None and kv_type == "f16":
-        # this machine, no budgets: what hypura-cli would do now, and the plan within the same free memory
-        decision = decide(header, Request(ctx_size, ubatch_size, parallel, use_gpu=not no_gpu),
-                          Fit(measure_profile=False), profile=profile, say=lambda line: click.echo(f"default  {line}"))
-        free = decision.free
-        gpu_mem = max(0, free.gpu - knobs.GPU_MARGIN) if free.gpu is not None and not no_gpu else None
-        ram = max(0, free.ram - knobs.RAM_MARGIN)
-        ctx_size = ctx_size or decision.n_ctx
-    overrides = RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw, no_gpu=no_gpu)
+    planner = Planner(kv_bytes_per_element=KV_TYPES[kv_type], disk=not no_disk, solver=solver,
+                      overrides=RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw,
+                                              no_gpu=no_gpu),
+                      **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
+    # this machine, no budgets: what hypura-cli would do now (its line), and the plan within the same free memory
+    default = not profile_spec and gpu_mem is None and ram is None and kv_type == "f16"
+    ask = Ask(plan=None if default else "auto", gpu_mem=gpu_mem, ram=ram, n_ctx=ctx_size, n_ubatch=ubatch_size,
+              n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner, always_plan=True)
     t0 = time.perf_counter()
-
-    def plan_at(n_ctx: int):
-        settings = PlanSettings(n_ctx=n_ctx, n_ubatch=ubatch_size, kv_bytes_per_element=KV_TYPES[kv_type],
-                                parallel=parallel,
-                                **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
-        budgets = dict(gpu_mem=gpu_mem, ram=ram, disk=not no_disk, settings=settings, overrides=overrides,
-                       solver=solver)
-        if routing:
-            return plan_model(header, profile, expert_probs=_routing(routing), **budgets)
-        return plan_with_routing(header, profile, **budgets)  # as a run plans: with recorded routing
-
-    plan = plan_at(ctx_size) if ctx_size else plan_unset_context(plan_at, header, fit_ctx)
+    decision = decide(header, ask, free_memory() if default else None, profile, steps=(parallel,),
+                      routing=_routing(routing, header))
+    plan = decision.plan
     solve_ms = (time.perf_counter() - t0) * 1e3
+    if default:
+        click.echo(f"default  {decision.line}")
 
     if not profile_spec and load_cached() is None:
         click.echo("note     no measured profile of this machine: rates are defaults (run `hypura profile`)")

@@ -13,17 +13,17 @@ from hypura.store.catalog import MODELS_DIR_ENV, Catalog
 def plan_now(header, profile):
     """(mode, context, predicted decode tok/s) on this machine's free memory: hypura-cli's default path, and
     where the model fits as llama.cpp places it, the plan within the same memory (as `hypura inspect`)."""
-    from hypura.plan import PlanSettings, knobs
-    from hypura.plan.auto import Fit, Request, decide
-    from hypura.runtime.plan_policy import plan_with_routing
+    from hypura.plan.auto import Fit
+    from hypura.plan.decision import Ask, Routing, decide
+    from hypura.profile.free import free_memory
+    from hypura.runtime.moe.coactivation import routing_frequencies
 
-    decision = decide(header, Request(), Fit(measure_profile=False), profile=profile, say=None)
+    routing = lambda: Routing(*routing_frequencies(header))  # noqa: E731  (as a run plans: recorded routing)
+    decision = decide(header, Ask(fit=Fit(measure_profile=False)), free_memory(), profile, routing=routing)
     plan = decision.plan
-    if plan is None:
-        free = decision.free
-        gpu_mem = max(0, free.gpu - knobs.GPU_MARGIN) if free.gpu is not None else None
-        plan = plan_with_routing(header, profile, gpu_mem=gpu_mem, ram=max(0, free.ram - knobs.RAM_MARGIN),
-                                 settings=PlanSettings(n_ctx=decision.n_ctx))
+    if plan is None:  # the plan within the same free memory
+        plan = decide(header, Ask(n_ctx=decision.n_ctx, fit=Fit(measure_profile=False), always_plan=True),
+                      decision.free, profile, routing=routing).plan
     mode = f"fits ({plan.mode})" if decision.plan is None else plan.mode
     return mode, decision.n_ctx, plan.prediction.decode_tok_s
 

@@ -1,48 +1,34 @@
-"""A llama_batch filled from a Step: each token with its position and its sequence's id (the slot), and
-an output flag only where a token is sampled."""
+"""A step written into the engine's llama_batch (hypura.bindings.batch): each token with its position and its
+sequence's id (the slot), and an output flag only where a token is sampled."""
 
 from __future__ import annotations
 
-import llama_cpp
-
+from hypura.bindings.batch import Batch
 from hypura.engine.scheduler import Step
 
 
-class Batch:
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        # one sequence id per token: a shared prefix is copied between sequences, never decoded for two
-        self.c = llama_cpp.llama_batch_init(capacity, 0, 1)
-        for i in range(capacity):
-            self.c.n_seq_id[i] = 1
-
-    def fill(self, step: Step) -> list[int]:
-        """Write `step` into the batch; returns, per chunk, the batch index of its last token."""
-        b, i, last = self.c, 0, []
-        assert step.n_tokens <= self.capacity
-        token, pos, seq_id, logits = b.token, b.pos, b.seq_id, b.logits
-        for chunk in step.chunks:
-            slot, tokens = chunk.seq.slot, chunk.tokens
-            if len(tokens) == 1:  # a decoding sequence's next token
-                token[i], pos[i], logits[i] = tokens[0], chunk.pos, chunk.sample
-                seq_id[i][0] = slot
-                last.append(i)
-                i += 1
-                continue
-            p = chunk.pos
-            for t in tokens:
-                token[i] = t
-                pos[i] = p
-                seq_id[i][0] = slot
-                logits[i] = 0
-                i += 1
-                p += 1
-            last.append(i - 1)
-            logits[i - 1] = 1 if chunk.sample else 0
-        b.n_tokens = i
-        return last
-
-    def close(self) -> None:
-        if self.c is not None:
-            llama_cpp.llama_batch_free(self.c)
-            self.c = None
+def fill(batch: Batch, step: Step) -> list[int]:
+    """Write `step` into the batch; returns, per chunk, the batch index of its last token."""
+    b, i, last = batch.c, 0, []
+    assert step.n_tokens <= batch.capacity
+    token, pos, seq_id, logits = b.token, b.pos, b.seq_id, b.logits
+    for chunk in step.chunks:
+        slot, tokens = chunk.seq.slot, chunk.tokens
+        if len(tokens) == 1:  # a decoding sequence's next token
+            token[i], pos[i], logits[i] = tokens[0], chunk.pos, chunk.sample
+            seq_id[i][0] = slot
+            last.append(i)
+            i += 1
+            continue
+        p = chunk.pos
+        for t in tokens:
+            token[i] = t
+            pos[i] = p
+            seq_id[i][0] = slot
+            logits[i] = 0
+            i += 1
+            p += 1
+        last.append(i - 1)
+        logits[i - 1] = 1 if chunk.sample else 0
+    b.n_tokens = i
+    return last

@@ -21,7 +21,6 @@ Threading protocol:
 from __future__ import annotations
 
 import collections
-import ctypes
 import logging
 import threading
 import time
@@ -29,7 +28,8 @@ from typing import Callable, Optional
 
 import llama_cpp
 
-from hypura.engine.batch import Batch
+from hypura.bindings.batch import Batch
+from hypura.engine.batch import fill
 from hypura.engine.config import EngineConfig
 from hypura.engine.metrics import Counters
 from hypura.engine.prefix_cache import Slots
@@ -51,8 +51,8 @@ class Engine:
         self.llm, self.config = llm, config
         self._ctx = llm.ctx
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._vocab = llm.vocab
+        self.n_vocab = self._vocab.n_tokens
         n_seq = llama_cpp.llama_n_seq_max(self._ctx)
         if n_seq < config.parallel:
             raise HypuraError(f"the Llama holds {n_seq} sequences, fewer than parallel {config.parallel}: make it "
@@ -72,8 +72,6 @@ class Engine:
                               f"context's n_batch {n_batch}")
         self._slots = Slots(config.parallel, cross_copy=unified, cache=config.prefix_cache)
         self._batch = Batch(self.step_tokens)
-        self._pieces: dict[int, bytes] = {}
-        self._eog: dict[int, bool] = {}
         self._cond = threading.Condition()  # guards _waiting, _cancelled, _closing, _counters' request counts
         self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
         self._waiting: collections.deque[Request] = collections.deque()
@@ -224,7 +222,7 @@ class Engine:
         choice = self._slots.choose(request.prompt)
         slot, reuse = choice.slot, self._reuse(choice)
         self._slots.take(slot, request.prompt[:reuse])
-        sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq)
+        sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq, self._vocab.vocab)
         sampler.accept_prompt(request.prompt)
         text = TextStream(self._piece, request.params.stop)
         seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog)
@@ -257,9 +255,9 @@ class Engine:
         t0 = time.perf_counter()
         for chunk in step.chunks:
             chunk.seq.t_scheduled = chunk.seq.t_scheduled or t0
-        last = self._batch.fill(step)
+        last = fill(self._batch, step)
         try:
-            rc = self.llm.decode_batch(self._batch.c, decode=step.decode_only)
+            rc = self.llm.decode_batch(self._batch, decode=step.decode_only)
             error = None if rc == 0 else f"llama_decode returned {rc} ({DECODE_STATUS.get(rc, 'fatal error')})"
         except Exception as e:  # weights could not be streamed (the decode's results are void)
             error = f"{type(e).__name__}: {e}"
@@ -315,20 +313,8 @@ class Engine:
         seq.request.finish(result, last)
 
     def _is_eog(self, token: int) -> bool:
-        """llama_vocab_is_eog, cached per token (a ctypes call per generated token otherwise)."""
-        eog = self._eog.get(token)
-        if eog is None:
-            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-        return eog
+        return self._vocab.is_eog(token)
 
     def _piece(self, token: int) -> bytes:
-        """A token's bytes, special tokens not rendered (cached: the vocabulary does not change)."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            piece = self._pieces[token] = buf.raw[:n]
-        return piece
+        """A token's bytes, special tokens not rendered."""
+        return self._vocab.piece(token, False)

@@ -29,6 +29,28 @@ class SamplingParams:
     seed: Optional[int] = None  # None: a random seed per request
     stop: tuple[str, ...] = ()  # generation ends before the first of these strings (not returned)
     ignore_eos: bool = False
+    # llama.cpp's other samplers (hypura-cli's flags), at their neutral values: left out of the chain
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) first in the chain
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[bytes, ...] = (b"\n", b":", b'"', b"*")
+    mirostat: int = 0  # 1 or 2: temperature then mirostat (v2) instead of the chain
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
+    # None: the default order, neutral stages left out, greedy at temperature <= 0; else exactly these
+    # stages in this order, as common_sampler builds --samplers (llama.cpp's names, e.g. "top_k", "xtc")
+    samplers: Optional[tuple[str, ...]] = None
+    perf: bool = False  # the chain keeps llama_perf_sampler timings
 
     def __post_init__(self):
         bad = []

@@ -2,7 +2,7 @@
 `--fit` does, with Hypura's planner where llama.cpp would have to cut the model down.
 
 When the user gives no placement (no plan, budgets, policy or tensor overrides; -ngl unset or "auto"),
-`decide` looks at the free GPU memory and available RAM (hypura/profile/free.py), less the margins:
+`default_path` looks at the free GPU memory and available RAM it is given, less the margins:
 
   1. the model fits as llama.cpp would run it (every layer on the GPU with one, or in RAM without),
      at the context asked for, or for an unset context at the largest of the training context, its
@@ -11,13 +11,13 @@ When the user gives no placement (no plan, budgets, policy or tensor overrides; 
      paging), at the context asked for, or for an unset context at `min_ctx` and then larger while
      no weight moves to a slower tier and predicted decode stays within CTX_DECODE_TOLERANCE.
 
-One line on stderr says which, with the tiers, context, the predicted tok/s and the limiting link.
+One line says which, with the tiers, context, the predicted tok/s and the limiting link. The caller
+(plan/decision.py, the one decision) measures nothing here: free memory and the profile come in.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +27,8 @@ from hypura.plan import knobs
 from hypura.plan.budget import fmt_size, parse_size
 from hypura.plan.cost import DISK, GPU, RAM
 from hypura.plan.plan import Plan
-from hypura.plan.solve import PlanSettings
 from hypura.plan.units import model_units
-from hypura.profile.free import FreeMemory, free_memory
+from hypura.profile.free import FreeMemory
 
 # llama.cpp's --fit-ctx default (common.h fit_params_min_ctx): an unset context is never cut below it
 MIN_CTX = 4096
@@ -60,28 +59,6 @@ class Fit:
             raise HypuraError("--fit-target must be >= 0 and --fit-ctx >= 1")
 
 
-@dataclass(frozen=True)
-class Decision:
-    plan: Plan | None  # None: llama.cpp places the model (it fits)
-    n_ctx: int
-    free: FreeMemory
-    line: str  # the one line the user is told
-
-
-@dataclass(frozen=True)
-class Request:
-    """What the caller asked for: n_ctx 0 is unset (the planner chooses)."""
-
-    n_ctx: int = 0
-    n_ubatch: int = knobs.N_UBATCH
-    parallel: int = 1
-    use_gpu: bool = True  # False: n_gpu_layers=0, the CPU computes (a plan gets no GPU budget)
-
-
-def _say_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def check_budgets(gpu_mem, ram, free: FreeMemory) -> None:
     """A budget larger than the machine has is a mistake, not a plan: one line with both figures."""
     if ram is not None and parse_size(ram) > free.ram_total:
@@ -98,12 +75,12 @@ def check_budgets(gpu_mem, ram, free: FreeMemory) -> None:
 class _Model:
     """The model's memory as llama.cpp would hold it: weights, KV cache and compute buffers."""
 
-    def __init__(self, header, request: Request):
-        self.header, self.request = header, request
+    def __init__(self, header, n_ubatch: int):
+        self.header = header
         self.mu = model_units(header)
         self.dims = self.mu.dims
         self.host_only = sum(u.nbytes for u in self.mu.units if u.host_only)
-        self.buf = self.dims.compute_buffer_bytes(request.n_ubatch)
+        self.buf = self.dims.compute_buffer_bytes(n_ubatch)
         self.n_train = int(header.get("context_length", 0) or MIN_CTX)
 
     def kv(self, n_ctx: int) -> int:
@@ -133,52 +110,69 @@ def contexts_for(header, min_ctx: int = MIN_CTX) -> list[int]:
     return out + [floor]
 
 
-def plan_unset_context(plan_at: Callable[[int], Plan], header, min_ctx: int = MIN_CTX) -> Plan:
-    """The plan for an unset context, as the default path chooses it: at the minimum, then larger while
-    that costs no weight a faster tier and little decode (grow_context). plan_at(n_ctx) makes a plan."""
+def plan_unset_context(plan_at: Callable[[int], Plan], header, min_ctx: int = MIN_CTX,
+                       explain: Callable[[int, HypuraError], HypuraError] | None = None) -> Plan:
+    """The plan for an unset context: at the minimum, then larger while that costs no weight a faster tier
+    and little decode (grow_context). plan_at(n_ctx) makes a plan; explain(n_ctx, error): the error to raise
+    when none fits at the minimum."""
     contexts = contexts_for(header, min_ctx)
     try:
         plan = plan_at(contexts[-1])
     except HypuraError as e:
+        if explain is not None:
+            raise explain(contexts[-1], e) from None
         raise HypuraError(f"{e}; at context {contexts[-1]}, the smallest an unset context gets (-c or --fit-ctx "
                           "gives another)") from None
     return grow_context(plan, plan_at, contexts[:-1])
 
 
-def decide(header, request: Request, fit: Fit = Fit(), profile=None,
-           say: Callable[[str], None] | None = _say_stderr) -> Decision:
-    """The default path's placement and context for `header` (module docstring); says it in one line."""
-    free = fit.free or free_memory()
-    m = _Model(header, request)
-    on_gpu = request.use_gpu and free.gpu is not None
-    unified = on_gpu and _unified()
+@dataclass(frozen=True)
+class Caps:
+    """What the default path gives the planner: the free memory less the margins (bytes)."""
+
+    gpu: int
+    ram: int
+
+
+def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, free: FreeMemory, unified: bool,
+                 profile: Callable[[], object], plan_within: Callable[[object, Caps, int], Plan],
+                 always_plan: bool = False) -> tuple[Plan | None, int, str]:
+    """The default path's (plan, context, line) for `header` (module docstring); n_ctx 0: unset. plan_within(
+    profile, budgets, n_ctx) makes a plan; profile() is called only where the model does not fit (a first use
+    measures one). always_plan: the plan within the free memory even where llama.cpp's placement fits."""
+    m = _Model(header, n_ubatch)
+    on_gpu = use_gpu and free.gpu is not None
     gpu_cap = max(0, (free.gpu or 0) - fit.gpu_margin) if on_gpu else 0
     ram_cap = max(0, free.ram - fit.ram_margin)
     margins = (f"less margins of {fmt_size(fit.gpu_margin)} GPU, {fmt_size(fit.ram_margin)} RAM" if on_gpu
                else f"less a {fmt_size(fit.ram_margin)} margin")
-    contexts = [request.n_ctx] if request.n_ctx > 0 else m.contexts(fit.min_ctx)
+    contexts = [n_ctx] if n_ctx > 0 else m.contexts(fit.min_ctx)
     for c in contexts:
         gpu, ram = m.resident_need(c, on_gpu, unified)
         if gpu <= gpu_cap and ram <= ram_cap:
             where = "every layer on the GPU" if on_gpu else "in RAM"
             line = (f"hypura: fits: llama.cpp's placement ({where}), context {c}"
-                    + ("" if request.n_ctx or c == m.n_train else f" (training context {m.n_train} does not fit)")
+                    + ("" if n_ctx or c == m.n_train else f" (training context {m.n_train} does not fit)")
                     + f"; needs {fmt_size(gpu + ram)} of {free.describe()} {margins}")
-            return _said(Decision(None, c, free, line), say)
+            plan = plan_within(profile(), Caps(gpu_cap if on_gpu else 0, ram_cap), c) if always_plan else None
+            return plan, c, line
 
-    profile = profile or _profile(header, fit, say)
-    gpu_mem = gpu_cap if on_gpu and profile.gpu is not None else 0
-    plan_at = lambda c: _plan(header, profile, gpu_mem, ram_cap, request, c)  # noqa: E731
-    if request.n_ctx > 0:
-        plan = _plan_or_explain(plan_at, request.n_ctx, m, free, gpu_mem, ram_cap, margins, explicit=True)
-        note = _ctx_note(plan, plan_at, request.n_ctx)
+    machine = profile()
+    caps = Caps(gpu_cap if on_gpu and machine.gpu is not None else 0, ram_cap)
+    plan_at = lambda c: plan_within(machine, caps, c)  # noqa: E731
+    explain = lambda c, e: _explain(e, c, m, free, caps, margins, explicit=n_ctx > 0)  # noqa: E731
+    if n_ctx > 0:
+        try:
+            plan = plan_at(n_ctx)
+        except HypuraError as e:
+            raise explain(n_ctx, e) from None
+        note = _ctx_note(plan, plan_at, n_ctx)
     else:
-        plan = _plan_or_explain(plan_at, contexts[-1], m, free, gpu_mem, ram_cap, margins, explicit=False)
-        plan = grow_context(plan, plan_at, contexts[:-1])
+        plan = plan_unset_context(plan_at, header, fit.min_ctx, explain)
         note = "" if plan.n_ctx == m.n_train else f" (training context {m.n_train}: more would slow decode or not fit)"
     why = (f"needs {fmt_size(sum(m.resident_need(plan.n_ctx, on_gpu, unified)))} as llama.cpp would hold it, "
-           f"{free.describe()} {margins}") + _disk_note(plan, profile)
-    return _said(Decision(plan, plan.n_ctx, free, f"hypura: plan: {summary(plan)}{note}; why: {why}"), say)
+           f"{free.describe()} {margins}") + _disk_note(plan, machine)
+    return plan, plan.n_ctx, f"hypura: plan: {summary(plan)}{note}; why: {why}"
 
 
 def _disk_note(plan: Plan, profile) -> str:
@@ -197,12 +191,6 @@ def _disk_note(plan: Plan, profile) -> str:
             "model's disk")
 
 
-def _said(d: Decision, say) -> Decision:
-    if say is not None:
-        say(d.line)
-    return d
-
-
 def summary(plan: Plan) -> str:
     """Tiers, context and KV, the prediction and its limiting link: the plan in one phrase."""
     w = plan.bytes_by_tier()
@@ -212,40 +200,19 @@ def summary(plan: Plan) -> str:
             f"predicts decode {pr.decode_tok_s:.2f} tok/s, limited by {pr.decode_limit}")
 
 
-def _unified() -> bool:
-    from hypura.profile.devices import list_devices
-
-    gpus = [d for d in list_devices() if d.is_gpu]
-    return bool(gpus and gpus[0].unified)
-
-
-def _profile(header, fit: Fit, say):
-    from hypura.profile.measure import planning_profile
-
-    return planning_profile(header.path, say, measure=fit.measure_profile)
-
-
-def _plan(header, profile, gpu_mem, ram, request: Request, n_ctx: int) -> Plan:
-    from hypura.runtime.plan_policy import plan_with_routing
-
-    settings = PlanSettings(n_ctx=n_ctx, n_ubatch=request.n_ubatch, parallel=request.parallel)
-    return plan_with_routing(header, profile, gpu_mem=gpu_mem, ram=ram, settings=settings)
-
-
-def _plan_or_explain(plan_at, n_ctx: int, m: _Model, free: FreeMemory, gpu_mem: int, ram: int, margins: str,
-                     explicit: bool) -> Plan:
-    try:
-        return plan_at(n_ctx)
-    except HypuraError as e:
-        # what the tier lacks, without the planner's model and budget totals: the free memory follows
-        detail = str(e).removeprefix("no placement fits: ").split("; model weights")[0]
+def _explain(e: HypuraError, n_ctx: int, m: _Model, free: FreeMemory, caps: Caps, margins: str,
+             explicit: bool) -> HypuraError:
+    """A context no plan fits, in one line: what the tier lacks, without the planner's model and budget totals
+    (the free memory follows)."""
+    detail = str(e).removeprefix("no placement fits: ").split("; model weights")[0]
     has = f"{free.describe()} {margins}"
-    if explicit and m.kv(n_ctx) > gpu_mem + ram:
-        raise HypuraError(f"-c {n_ctx}: its KV cache ({fmt_size(m.kv(n_ctx))}) does not fit in the free memory "
-                          f"({fmt_size(gpu_mem + ram)}: {has}); the largest context that could is about "
-                          f"{max(0, gpu_mem + ram - m.buf - m.host_only) // max(1, m.kv(1))}") from None
-    raise HypuraError(f"not enough free memory to run {Path(m.header.path).name} at context {n_ctx}, even "
-                      f"streaming from disk: {detail}; this machine has {has}") from None
+    room = caps.gpu + caps.ram
+    if explicit and m.kv(n_ctx) > room:
+        return HypuraError(f"-c {n_ctx}: its KV cache ({fmt_size(m.kv(n_ctx))}) does not fit in the free memory "
+                           f"({fmt_size(room)}: {has}); the largest context that could is about "
+                           f"{max(0, room - m.buf - m.host_only) // max(1, m.kv(1))}")
+    return HypuraError(f"not enough free memory to run {Path(m.header.path).name} at context {n_ctx}, even "
+                       f"streaming from disk: {detail}; this machine has {has}")
 
 
 def grow_context(plan: Plan, plan_at, larger: list[int]) -> Plan:
@@ -289,57 +256,13 @@ def _ctx_note(plan: Plan, plan_at, n_ctx: int) -> str:
             f"-c {c} would {better})")
 
 
-def llama_request(kwargs: dict, overrides: dict) -> Request | None:
-    """From hypura.Llama's keywords: the Request, None when n_gpu_layers places the model (llama-cpp-python's
-    default 0 is the CPU and -1 every layer on the GPU: both leave it to us; any other count does not)."""
-    model = overrides.get("model_params", {})
-    context = overrides.get("context_params", {})
-    ngl = model.get("n_gpu_layers", kwargs.get("n_gpu_layers", 0))
-    if ngl not in (0, -1):
-        return None
-    n_ctx = context.get("n_ctx", kwargs.get("n_ctx", 512))  # llama-cpp-python's default context
-    n_ubatch = context.get("n_ubatch", kwargs.get("n_ubatch", knobs.N_UBATCH))
-    return Request(n_ctx=n_ctx or 0, n_ubatch=n_ubatch, parallel=max(1, context.get("n_seq_max", 1)),
-                   use_gpu=ngl != 0)
+def resident_need(header, n_ctx: int, n_ubatch: int, on_gpu: bool, unified: bool) -> tuple[int, int]:
+    """(GPU bytes, RAM bytes) the model takes as llama.cpp would hold it at n_ctx (0: the smallest unset
+    context), every layer on the GPU when on_gpu, else in RAM: what the default path checks against the free
+    memory (a server's room)."""
+    m = _Model(header, n_ubatch)
+    return m.resident_need(n_ctx or m.contexts(MIN_CTX)[-1], on_gpu, unified)
 
 
-def default_path(header, kwargs: dict, overrides: dict, fit: Fit | bool | None, given: bool,
-                 budgets: tuple = (None, None), verbose: bool = True) -> Decision | None:
-    """hypura.Llama's one call: budgets checked against the machine; with no placement `given` and fit on,
-    the Decision, its context written into kwargs and the context overrides (the plan is the caller's)."""
-    fit = Fit(enabled=fit) if isinstance(fit, bool) or fit is None else fit
-    say = fit.say or (_say_stderr if verbose else None)
-    req = llama_request(kwargs, overrides)
-    if any(b is not None for b in budgets):
-        free = fit.free or free_memory()
-        check_budgets(*budgets, free)
-        n_ctx = overrides.get("context_params", {}).get("n_ctx", kwargs.get("n_ctx", 512))
-        if given or n_ctx:
-            return None  # hypura.Llama plans from the budgets at this context (resolve_plan)
-        # an unset context with budgets: chosen as on the default path, not the training context's KV cache
-        request = Request(n_ubatch=req.n_ubatch if req else knobs.N_UBATCH, parallel=req.parallel if req else 1)
-        profile = _profile(header, fit, say)
-        plan = plan_unset_context(lambda c: _plan(header, profile, *budgets, request, c), header, fit.min_ctx)
-        decision = _said(Decision(plan, plan.n_ctx, free, f"hypura: plan from the budgets: {summary(plan)}"), say)
-    elif given or not fit.enabled or req is None:
-        return None
-    else:
-        decision = decide(header, req, fit, say=say)
-    kwargs["n_ctx"] = decision.n_ctx
-    context = overrides.setdefault("context_params", {})
-    if "n_ctx" in context:
-        context["n_ctx"] = decision.n_ctx
-    if decision.plan is not None and not decision.plan.traffic.op_offload:
-        context.setdefault("op_offload", False)  # the plan was made for many sequences without it (as loader.py)
-    return decision
-
-
-def resident_need(header, request: Request, on_gpu: bool) -> tuple[int, int]:
-    """(GPU bytes, RAM bytes) the model takes as llama.cpp would hold it at request.n_ctx (every layer on
-    the GPU when on_gpu, else in RAM): what `decide` checks against the free memory (a server's room)."""
-    m = _Model(header, request)
-    return m.resident_need(request.n_ctx or m.contexts(MIN_CTX)[-1], on_gpu, on_gpu and _unified())
-
-
-__all__ = ["CTX_DECODE_TOLERANCE", "Decision", "Fit", "MIN_CTX", "Request", "check_budgets", "contexts_for",
-           "decide", "default_path", "grow_context", "plan_unset_context", "resident_need", "summary"]
+__all__ = ["CTX_DECODE_TOLERANCE", "Caps", "Fit", "MIN_CTX", "check_budgets", "contexts_for", "default_path",
+           "grow_context", "plan_unset_context", "resident_need", "summary"]

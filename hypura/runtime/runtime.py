@@ -5,7 +5,7 @@ per-layer and router hooks of the compute, and owns every lifetime.
 Lifetimes (one ExitStack each, closed in reverse order of entry):
   `_users`: what reads or copies into the model's memory (the pager's readers, expert-cache copies,
   the layer streamer's loader thread, the routing recorder's save): closed first.
-  `_stack`: then the llama.cpp model and context (`load(..., unload)`), then the layer streamer's
+  `_stack`: then the llama.cpp model and context (`own(close)`), then the layer streamer's
   C stream (the context calls into it until freed), then the expert caches (freed with the model).
 Threading: the runtime is built and loaded on one thread; every hook runs on the thread that calls
 llama_decode (docs/design.md, "Runtime"); `after_decode` runs there right after each decode.
@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import llama_cpp
 
+from hypura.bindings.batch import Batch
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan import Plan
@@ -166,10 +167,14 @@ class Runtime:
         return n_threads, n_threads_batch
 
     # --- the load -------------------------------------------------------------------------------
-    def load(self, load: Callable[[], None], unload: Callable[[], None]) -> LoaderHooks:
-        """Run llama.cpp's load under the loader hooks; unload() frees what it made, at close. Returns the
-        hooks (their `placed`); on failure everything is closed and the error raised."""
-        self._stack.callback(unload)  # first out: the model and context go before the stream and caches
+    def own(self, close: Callable[[], None]) -> None:
+        """close() frees the llama.cpp model and context, first of all at close (before the stream and caches)."""
+        self._stack.callback(close)
+
+    @contextlib.contextmanager
+    def loading(self):
+        """llama.cpp's load runs in the body, under the loader hooks (yielded: their `placed`); on failure
+        everything is closed and the error raised."""
         hooks = LoaderHooks(self.policy, self.fill)
         copies_to_gpu = has_gpu() and (bool(self.layout.layers(GPU_POOL)) or self.expert_cache is not None)
         try:
@@ -177,7 +182,7 @@ class Runtime:
                 # weight copies queue on the host->GPU copy engine: a pinned activation copy would wait behind them
                 lib().hypura_cpu_compute_pageable(copies_to_gpu)
                 try:
-                    load()
+                    yield hooks
                 except Exception:
                     hooks.raise_pending()
                     raise
@@ -187,7 +192,6 @@ class Runtime:
         except BaseException:
             self.close()
             raise
-        return hooks
 
     def attach(self, c_model) -> None:
         """After the load: start the expert caches on the model (struct llama_model *)."""
@@ -222,13 +226,17 @@ class Runtime:
         if self.on_route is not None:
             self.on_route(layer, ids)
 
-    def decode(self, run: Callable[[], None], n_tokens: int, decode: Optional[bool] = None) -> None:
-        """run() (one llama_decode), timed for the stats as decode or prefill (RunStats.timed); then each
-        mechanism's after_decode: a streaming failure raises (the decode's results are void), what C answered
-        alone is replayed."""
-        self.stats.timed(run, n_tokens, decode)
+    def decode(self, ctx, batch: Batch, decode: Optional[bool] = None) -> int:
+        """llama_decode `batch` on `ctx` (llama-cpp-python's llama_context_p) and synchronize, timed for the
+        stats as decode or prefill (RunStats.timed); then each mechanism's after_decode: a streaming failure
+        raises (the decode's results are void), what C answered alone is replayed. Returns llama_decode's
+        status (0 ok, 1 no KV slot for the batch, < 0 error)."""
+        with self.stats.timed(batch.n_tokens, decode):
+            rc = llama_cpp.llama_decode(ctx, batch.c)
+            llama_cpp.llama_synchronize(ctx)
         for m in self.mechanisms():
             m.after_decode()
+        return rc
 
     def summary(self, reset: bool = False) -> dict:
         out = self.stats.summary()

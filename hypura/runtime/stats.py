@@ -8,6 +8,7 @@ each phase gets its own bytes and stalls.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -95,9 +96,10 @@ class RunStats:
             total.add_traffic(m.traffic)
         return total
 
-    def timed(self, decode_fn, n_tokens: int, decode: bool | None = None) -> None:
-        """Time decode_fn, filed as decode (one new token per sequence) or prefill; by default a batch of
-        one token is decode."""
+    @contextlib.contextmanager
+    def timed(self, n_tokens: int, decode: bool | None = None):
+        """Time the body (one llama_decode), filed as decode (one new token per sequence) or prefill; by
+        default a batch of one token is decode."""
         s = self.streamer
         before = self.traffic() if s else None
         if s:
@@ -105,7 +107,7 @@ class RunStats:
             s.split_marks(0)  # drop what an earlier call left
         t0_us = lib().ggml_time_us()
         t0 = time.perf_counter()
-        decode_fn()
+        yield
         dt = time.perf_counter() - t0
         phase = self.decode if (n_tokens == 1 if decode is None else decode) else self.prefill
         if s:  # the hooks of the latest call, in ms from its start: where a token's time goes

@@ -14,8 +14,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from hypura.modelfile import read_header
-from hypura.plan.auto import Fit, Request, resident_need, summary
+from hypura.plan import knobs
+from hypura.plan.auto import Fit, resident_need, summary
 from hypura.plan.cost import GPU, RAM
+from hypura.plan.decision import unified_memory
 from hypura.profile.free import FreeMemory, free_memory
 from hypura.serve.errors import ApiError
 from hypura.sizes import fmt_size
@@ -76,8 +78,9 @@ def make_room(registry, offer) -> Room:
     settings = registry.settings
     fit = _fit(settings)
     measured = free_memory()
-    request = Request(n_ctx=settings.parallel * settings.n_ctx, parallel=settings.parallel)
-    need = resident_need(read_header(offer.path), request, on_gpu=measured.gpu is not None)
+    on_gpu = measured.gpu is not None
+    need = resident_need(read_header(offer.path), settings.parallel * settings.n_ctx, knobs.N_UBATCH, on_gpu,
+                         on_gpu and unified_memory())
     with registry._lock:
         loaded = list(registry.entries.values())
         candidates = registry.idle()

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 
 import llama_cpp
 
+from hypura.bindings.batch import Batch
 from hypura.speculative.cost import DraftLength
 
 
@@ -69,7 +70,7 @@ class Verifier:
     def __init__(self, llm, drafter, length: DraftLength, is_eog: Callable[[int], bool]):
         self.llm, self.drafter, self.length, self.is_eog = llm, drafter, length, is_eog
         self.stats = SpecStats()
-        self._batch = llama_cpp.llama_batch_init(length.n_max + 1, 0, 1)
+        self._batch = Batch(length.n_max + 1)
 
     def step(self, history: Sequence[int], n_past: int, sample: Callable[[int], int], limit: int) -> Optional[list[int]]:
         """history: the tokens in the KV cache (n_past of them) then the last sampled token, which
@@ -80,12 +81,12 @@ class Verifier:
         t0 = time.perf_counter()
         draft = list(self.drafter.draft(history, k))[:k] if k > 0 else []
         t1 = time.perf_counter()
-        b = self._batch
+        b = self._batch.c
         for i, tok in enumerate([history[-1]] + draft):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, n_past + i, 1, True
+            b.token[i], b.pos[i], b.logits[i] = tok, n_past + i, True
             b.seq_id[i][0] = 0
         b.n_tokens = len(draft) + 1
-        if self.llm.decode_batch(b, decode=True) != 0:
+        if self.llm.decode_batch(self._batch, decode=True) != 0:
             return None
         t2 = time.perf_counter()
         out: list[int] = []
@@ -101,9 +102,7 @@ class Verifier:
         return out
 
     def close(self) -> None:
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
+        self._batch.close()
         close = getattr(self.drafter, "close", None)
         if close is not None:
             close()

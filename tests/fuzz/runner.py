@@ -30,7 +30,7 @@ MAX_LINE = 400  # characters of an error line before it counts as unclear
 CLI_ARGS = ["-p", "hi", "-n", "2", "-no-cnv", "-c", "256", "-t", "1"]
 OUTCOMES = ("clean", "ran", "crash", "traceback", "memory", "hang", "long")
 _EXIT_RAN, _EXIT_CLEAN, _EXIT_TRACEBACK = 0, 3, 4
-# hypura-cli's catch-all prints an unexpected exception as "error: TypeError: ..." (llama_cli.main)
+# hypura-cli's catch-all prints an unexpected exception as "error: TypeError: ..." (hypura.cli.completion.main)
 _UNEXPECTED = re.compile(r"^error: [A-Z]\w*(Error|Exception|Interrupt|Exit): ")
 
 
@@ -49,8 +49,8 @@ BUDGET_BASE = 258 * 2**20  # RAM the planner reserves at -c 256 besides weights 
 def prepare(paths=("cli", "llama")) -> None:
     """Import what children run, once, in the server (before any fork)."""
     import hypura  # noqa: F401  first: loads our library before numpy
-    import hypura.cli.llama_cli  # noqa: F401
-    import hypura.cli.llama_cli_loop  # noqa: F401
+    import hypura.cli.completion  # noqa: F401
+    import hypura.cli.completion.completion  # noqa: F401
     import hypura.llama  # noqa: F401
 
     if "budget" in paths:
@@ -61,7 +61,7 @@ def prepare(paths=("cli", "llama")) -> None:
 
 
 def _child_cli(path: str) -> None:
-    from hypura.cli.llama_cli import main
+    from hypura.cli.completion import main
 
     try:
         main(["-m", path] + CLI_ARGS)

@@ -8,8 +8,8 @@ import ctypes
 import math
 from collections import Counter
 
-from hypura.cli.llama_cli_console import Console
-from hypura.cli.llama_cli_settings import Settings
+from hypura.cli.completion.console import Console
+from hypura.cli.completion.common_params import Settings
 from hypura.runtime.stats import describe
 
 import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)

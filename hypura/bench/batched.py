@@ -6,7 +6,7 @@ B*ntg / decode time. Each size gets a warm-up run, then r runs (median and sprea
 
 The bound: a decode step reads every weight once whatever the batch (an MoE layer: the union of the
 experts its B tokens select), so B tokens cost one pass of streamed bytes over the measured rates, and
-the bound grows with B until compute, which this bound leaves out, takes over (batch_bound). Beside it,
+the bound grows with B until compute, which this bound leaves out, takes over (bound.py). Beside it,
 with a plan, the cost model's prediction of the plan's placement at each size (plan/cost.py: compute
 FLOPs, op offload's copies and the experts a batch touches included; the plan itself was made for the
 largest size)."""
@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.bench import spread
+from hypura.bench.bound import bound, llama_on_gpu
+from hypura.bench.single import spread
 from hypura.engine.config import EngineConfig
 from hypura.engine.engine import Engine
 from hypura.engine.loader import engine_llama_kwargs
@@ -26,16 +27,6 @@ from hypura.engine.types import SamplingParams
 from hypura.errors import HypuraError
 
 RUN_TIMEOUT_S = 3600.0  # one run's requests; a run that long on any plan means a stuck engine
-
-
-def parse_parallel(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise HypuraError(f"--parallel {text!r}: want sequence counts >= 1, comma-separated (e.g. 1,4,16,32)")
-    return sizes
 
 
 @dataclass(frozen=True)
@@ -102,7 +93,7 @@ def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambd
             runs.append(_run(llm, s, b, s.n_gen, rng))
             progress(f"{b} sequences, run {i + 1}/{s.repeats}: prefill {runs[-1]['prefill_tok_s']:.1f} tok/s, "
                      f"decode {runs[-1]['decode_tok_s']:.2f} tok/s")
-        bound = batch_bound(llm.header, plan, rates, b)
+        bound = _bound(llm, plan, rates, b)
         dec = spread([r["decode_tok_s"] for r in runs]) if s.n_gen else {}
         row = {"parallel": b, "prefill_tok_s": spread([r["prefill_tok_s"] for r in runs]), "decode_tok_s": dec,
                "llama_decode_tok_s": spread([b * s.n_gen / r["llama_decode_s"] for r in runs if r["llama_decode_s"]]),
@@ -115,47 +106,14 @@ def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambd
     return {"settings": {**s.__dict__, "parallel": list(s.parallel)}, "sizes": sizes}
 
 
-def batch_bound(header, plan, rates, b: int) -> Optional[dict]:
-    """Aggregate decode tok/s if a step of b tokens cost only its weight bytes at the measured rates.
-
-    Bytes a step reads: every dense weight once, and of a stacked expert tensor the experts any of the b
-    tokens select, 1 - (1 - k/E)^b of them under uniform routing (skewed real routing touches fewer).
-    They go by the plan's tiers and compute devices (without a plan: all in RAM, read by the CPU) and are
-    timed path by path, overlapping perfectly: CPU reads, link copies, disk and GPU reads. Left out: KV reads, compute, fixed per-layer costs, and an expert cache's
-    hits (every expert a step touches counts as read from its tier)."""
-    rates = plan.rates if plan is not None else rates
-    if rates is None or (plan is None and rates.has_gpu):
-        return None  # llama.cpp's own GPU placement: not known here
-    k = int(header.get("expert_used_count", 0) or 0)
-    placed = plan.tensors if plan is not None else [_resident(t) for t in header.tensors]
-    paths = {"gpu": 0.0, "cpu": 0.0, "link": 0.0, "disk": 0.0}
-    expert_disk = 0.0
-    for t in placed:
-        if t.name == "token_embd.weight":
-            continue  # get_rows of b rows, not a pass over the tensor
-        units = [(t.tier, t.compute, t.nbytes)]
-        if t.experts:
-            n = len(t.experts)
-            touched = 1.0 - (1.0 - min(k, n) / n) ** b
-            computes = t.expert_compute or (t.compute,) * n
-            units = [(tier, dev, t.nbytes / n * touched) for tier, dev in zip(t.experts, computes)]
-        for tier, dev, nbytes in units:
-            paths[dev] += nbytes
-            if tier == "disk":
-                paths["disk"] += nbytes
-                expert_disk += nbytes if t.experts else 0.0
-            if dev == "gpu" and (tier == "ram" or (tier == "disk" and not rates.unified)):
-                paths["link"] += nbytes
-    # each path at its own rate: the plan fixed which bytes the CPU reads and which cross the link (a
-    # shared cpu+link budget would credit the CPU's rate to bytes that only the link can move)
-    terms = {"cpu": paths["cpu"] / rates.cpu_read,
-             "link": paths["link"] / rates.link if rates.link else 0.0,
-             "disk": rates.disk_seconds(paths["disk"], expert_disk),
-             "gpu": paths["gpu"] / rates.gpu_read if rates.gpu_read else 0.0}
-    limit = max(terms, key=terms.get)
-    step_s = terms[limit]
-    return {"decode_tok_s": b / step_s if step_s else float("inf"), "limit": limit, "step_seconds": terms,
-            "step_bytes": paths}
+def _bound(llm, plan, rates, b: int) -> Optional[dict]:
+    """The bound at steps of b tokens, the plan's or llama.cpp's placement's (bound.py)."""
+    if plan is not None:
+        return bound(llm.header, plan, None, b)
+    if rates is None:
+        return None
+    on_gpu = llama_on_gpu(llm.model_params.n_gpu_layers, llm.header.n_layer, rates.has_gpu)
+    return bound(llm.header, None, rates, b, on_gpu=on_gpu)
 
 
 def predicted(header, plan, b: int) -> Optional[dict]:
@@ -172,39 +130,3 @@ def predicted(header, plan, b: int) -> Optional[dict]:
                          plan.traffic.op_offload), plan.rates)
     return {"decode_tok_s": pr.decode_tok_s, "decode_limit": pr.decode_limit, "prefill_tok_s": pr.prefill_tok_s,
             "prefill_limit": pr.prefill_limit}
-
-
-@dataclass(frozen=True)
-class _Resident:
-    name: str
-    nbytes: int
-    experts: tuple = ()
-    tier: str = "ram"
-    compute: str = "cpu"
-    expert_compute: tuple = ()
-
-
-def _resident(t) -> _Resident:
-    """A header tensor as a CPU-only machine holds it without a plan: in RAM, computed by the CPU."""
-    n = t.shape[2] if t.name.endswith("_exps.weight") and len(t.shape) == 3 else 0  # stacked experts [.., .., E]
-    return _Resident(t.name, t.nbytes, ("ram",) * n, expert_compute=("cpu",) * n)
-
-
-def report(r: dict) -> list[str]:
-    s = r["settings"]
-    cell = lambda m, f: f"{m['median']:{f}} ({m['min']:{f}}-{m['max']:{f}})" if m else "-"  # noqa: E731
-    lines = [f"npp {s['n_prompt']}, ntg {s['n_gen']}, threads {s['n_threads']}: median (min-max) of {s['repeats']} "
-             "runs; llama_decode: decode tok/s counting only llama_decode and synchronize; bound: a step's weight "
-             "bytes over the measured rates; predicted: the cost model's decode / prefill for the plan",
-             f"{'B':>4} {'prefill tok/s':>24} {'aggregate decode tok/s':>26} {'llama_decode':>13} {'predicted':>17} "
-             f"{'bound':>10}"]
-    for row in r["sizes"]:
-        ld, b = row["llama_decode_tok_s"], row["bound"]
-        bound = f"{b['decode_tok_s']:.2f}" if b else "-"
-        why = f"  {b['limit']}, measured/bound {row['bound_ratio']:.2f}" if "bound_ratio" in row else ""
-        p = row.get("predicted")
-        pred = f"{p['decode_tok_s']:.2f} / {p['prefill_tok_s']:.0f}" if p else "-"
-        lines.append(f"{row['parallel']:>4} {cell(row['prefill_tok_s'], '.1f'):>24} "
-                     f"{cell(row['decode_tok_s'], '.2f'):>26} {format(ld['median'], '.2f') if ld else '-':>13} "
-                     f"{pred:>17} {bound:>10}{why}")
-    return lines

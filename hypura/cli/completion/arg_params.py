@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from hypura.cli.llama_cli_flags import (
+from hypura.cli.completion.arg_values import (
     is_falsey, is_truthy, on_off_auto, process_escapes, stof, stoi, stoul32, value_error)
-from hypura.cli.llama_cli_settings import (
+from hypura.cli.completion.common_params import (
     FFN_DENSE_REGEX,
     FFN_EXPS_REGEX,
     KV_CACHE_TYPES,
@@ -24,7 +24,7 @@ from hypura.cli.llama_cli_settings import (
     Settings,
     sampler_type,
 )
-from hypura.cli.spec_options import spec_settings
+from hypura.cli.completion.speculative import spec_settings
 
 
 def _b(text: str) -> bytes:

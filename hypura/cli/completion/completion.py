@@ -15,12 +15,15 @@ import os
 import signal
 from dataclasses import replace
 
-from hypura.cli.llama_cli_console import PROMPT, RESET, USER_INPUT, Console
-from hypura.cli.llama_cli_engine import ChatTemplate, Sampler, Vocab, load_model, sampling_from_model
-from hypura.cli.llama_cli_flags import process_escapes
-from hypura.cli.llama_cli_report import print_perf
-from hypura.cli.llama_cli_settings import Settings
-from hypura.cli.spec_options import speculation
+from hypura.cli.completion.console import PROMPT, RESET, USER_INPUT, Console
+from hypura.cli.completion.chat import BuiltinChatTemplate
+from hypura.bindings.vocab import Vocab
+from hypura.cli.completion.common_init import load_model
+from hypura.cli.completion.sampling import CommonSampler, sampling_from_model
+from hypura.cli.completion.arg_values import process_escapes
+from hypura.cli.completion.perf import print_perf
+from hypura.cli.completion.common_params import Settings
+from hypura.cli.completion.speculative import speculation
 from hypura.errors import HypuraError
 
 import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)
@@ -60,8 +63,8 @@ class Completion:
         ctx, model = llm.ctx, llm.model
         if llama_cpp.llama_model_has_encoder(model):
             raise HypuraError("encoder-decoder models are not supported by hypura-cli")
-        self.vocab = vocab = Vocab(model)
-        self.sampler = Sampler(model, vocab, sampling_from_model(model, s.sampling))
+        self.vocab = vocab = llm.vocab
+        self.sampler = CommonSampler(vocab, sampling_from_model(model, s.sampling), llama_cpp.llama_n_ctx(ctx))
         mem = llama_cpp.llama_get_memory(ctx)
         self.ctx_shift = s.ctx_shift
         if self.ctx_shift and not llama_cpp.llama_memory_can_shift(mem):
@@ -69,7 +72,7 @@ class Completion:
             self.ctx_shift = False
         if s.warmup:
             self._warmup(ctx, vocab, mem)
-        self.tmpl = ChatTemplate(model, s.chat_template)
+        self.tmpl = BuiltinChatTemplate(model, s.chat_template)
         llama_cpp.llama_perf_context_reset(ctx)
 
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)

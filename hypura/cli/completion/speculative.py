@@ -1,13 +1,13 @@
-"""`hypura-cli`'s speculative decoding flags, spelled as the vendored llama.cpp spells them
-(common/arg.cpp): -md/--spec-draft-model, --spec-type, --spec-draft-n-max/-n-min/-p-min and the
-ngram-simple sizes. No -md and no --spec-type: no speculation."""
+"""common/speculative.cpp's side of `hypura-cli`: the speculative decoding flags, spelled as the vendored
+llama.cpp spells them (common/arg.cpp): -md/--spec-draft-model, --spec-type, --spec-draft-n-max/-n-min/-p-min
+and the ngram-simple sizes (no -md and no --spec-type: no speculation), and the SpecDecoder the loop runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
-from hypura.cli.llama_cli_flags import stof, stoi, value_error
+from hypura.cli.completion.arg_values import stof, stoi, value_error
 from hypura.errors import HypuraError
 from hypura.speculative.settings import SPEC_TYPES, SpecSettings
 

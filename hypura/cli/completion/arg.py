@@ -1,23 +1,15 @@
-"""`hypura-cli`: a drop-in for llama.cpp's `llama-completion` (and `llama-cli` in scripts).
-
-Same flags, defaults, stdout/stderr split and exit codes as the vendored llama-completion, so a
-script keeps working when `llama-completion` (or `llama-cli`) becomes `hypura-cli`; the model is
-loaded through `hypura.Llama`. Flags llama.cpp has that are not listed here are rejected with
-llama.cpp's "error: invalid argument" line; docs/cli.md lists them.
+"""`hypura-cli`'s flag table and argv -> Settings (common/arg.cpp): llama-completion's flags, defaults and
+messages. Flags llama.cpp has that are not listed here are rejected with llama.cpp's "error: invalid
+argument" line; docs/cli.md lists them.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-
 import click
 
-from hypura.cli.llama_cli_flags import ArgvError, check_argv, option_arity
-from hypura.cli.llama_cli_options import build_settings
-from hypura.cli.spec_options import SPEC_OPTIONS
-from hypura.errors import HypuraError
+from hypura.cli.completion.arg_values import ArgvError, check_argv, option_arity
+from hypura.cli.completion.arg_params import build_settings
+from hypura.cli.completion.speculative import SPEC_OPTIONS
 
 _EPILOG = """\b
 Not supported yet (rejected like unknown flags, see docs/cli.md): prompt cache
@@ -40,7 +32,7 @@ def _env(name: str) -> dict:
 
 
 # (decls, click kwargs) for every flag; values stay strings and are read with llama.cpp's rules
-# in hypura.cli.llama_cli_options.build_settings.
+# in hypura.cli.completion.arg_params.build_settings.
 OPTIONS = [
     # model and prompt
     (("-m", "--model", "model"),
@@ -267,58 +259,3 @@ def parse(argv: list[str]):
     if kw is None or isinstance(kw, int):
         raise SystemExit(0)
     return build_settings(kw)
-
-
-def main(argv=None) -> None:
-    """Entry point: exit status 0, 1 on errors (llama.cpp's), 130 on Ctrl-C."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `hypura-cli ... | head` ends quietly, like the C tool
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C kills it until the loop installs its handler
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        settings = parse(argv)
-        sys.exit(run(settings))
-    except ArgvError as e:
-        print(str(e), file=sys.stderr)
-        sys.exit(1)
-    except (HypuraError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:  # before the generation loop installs llama-completion's handler
-        sys.stderr.write("Interrupted by user\n")
-        os._exit(130)
-    except Exception as e:  # noqa: BLE001 - a drop-in for a C tool prints one line, never a traceback
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        sys.exit(1)
-
-
-def run(settings) -> int:
-    """Load the model through hypura.Llama and run llama-completion's loop; the exit status."""
-    from hypura.cli.llama_cli_console import Console
-
-    con = Console(verbosity=settings.verbosity, log_disable=settings.log_disable, color=settings.color,
-                  simple_io=settings.simple_io)
-    model_path = settings.model
-    if model_path is None:
-        from hypura.models import default_model_path
-
-        model_path = default_model_path()
-    else:  # a path, or a model name in Ollama's store, LM Studio's or $HYPURA_MODELS
-        from hypura.store import resolve_path
-
-        model_path = resolve_path(str(model_path))
-    from hypura.modelfile import read_header
-
-    read_header(model_path)  # a bad file fails here, in one line, before llama.cpp is loaded
-    from hypura.cli.llama_cli_loop import Completion  # loads our libllama
-    from hypura.cli.llama_cli_report import route_llama_logs
-
-    route_llama_logs(con)
-    completion = Completion(settings, str(model_path), con)
-    try:
-        return completion.run()
-    finally:
-        completion.close()
-
-
-if __name__ == "__main__":
-    main()

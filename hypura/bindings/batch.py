@@ -1,0 +1,45 @@
+"""A llama_batch (llama.cpp's decode input: tokens with positions, sequence ids and output flags), owned here
+or borrowed, for every front end: one sequence's tokens after its cache (hypura.Llama, hypura-cli, bench) or
+a step of many sequences (the engine fills one)."""
+
+from __future__ import annotations
+
+from hypura.bindings.library import point_llama_cpp_at_our_library
+
+point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
+
+import llama_cpp  # noqa: E402
+
+
+class Batch:
+    def __init__(self, capacity: int):
+        """Room for `capacity` tokens, each of one sequence (a shared prefix is copied, never decoded twice)."""
+        self.capacity = capacity
+        self.c = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self._owned = True
+        for i in range(capacity):
+            self.c.n_seq_id[i] = 1
+
+    @classmethod
+    def of(cls, tokens: list[int]) -> "Batch":
+        """llama_batch_get_one: `tokens` of sequence 0 after those in its cache, logits for the last only."""
+        batch = cls.__new__(cls)
+        batch._tokens = (llama_cpp.llama_token * len(tokens))(*tokens)  # the batch points into it
+        batch.c, batch.capacity, batch._owned = llama_cpp.llama_batch_get_one(batch._tokens, len(tokens)), len(tokens), False
+        return batch
+
+    @classmethod
+    def view(cls, c) -> "Batch":
+        """A llama_batch another owner keeps (llama-cpp-python's)."""
+        batch = cls.__new__(cls)
+        batch.c, batch.capacity, batch._owned = c, c.n_tokens, False
+        return batch
+
+    @property
+    def n_tokens(self) -> int:
+        return self.c.n_tokens
+
+    def close(self) -> None:
+        if self._owned and self.c is not None:
+            llama_cpp.llama_batch_free(self.c)
+        self.c = None

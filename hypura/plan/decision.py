@@ -1,0 +1,153 @@
+"""The one decision every front end applies before llama.cpp loads a model: from the model's header, what
+the user asked, the free memory, the machine's profile and the step sizes the caller will run, the plan
+(or llama.cpp's own placement), the context, the llama.cpp parameters the plan needs, and why.
+
+    asked                                   decided
+    a plan (a Plan, a plan file)            that plan, at the context asked (unset: the plan's)
+    "auto", or gpu_mem/ram budgets          a plan made now within them; an unset context as plan/auto.py
+                                            chooses one (the smallest, grown while decode keeps its speed)
+    llama.cpp's placement (-ngl N, -ot,     nothing: llama.cpp places the model as given
+      a placement policy, an expert cache)
+    nothing, --fit on                       the default path (plan/auto.py): llama.cpp's placement where the
+                                            model fits the free memory, else a plan within it
+
+Nothing is measured or read here but a plan file named in the ask: hypura.Llama and `hypura inspect` measure
+the free memory, read the profile and the model's recorded routing, and pass them in (the free memory and
+the profile as values, or as functions called only where the decision needs them: a model that fits never
+measures a profile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+from hypura.errors import HypuraError
+from hypura.plan import knobs, plan_model
+from hypura.plan.auto import Fit, check_budgets, default_path, plan_unset_context, summary
+from hypura.plan.budget import RateOverrides
+from hypura.plan.plan import Plan
+from hypura.plan.solve import PlanSettings
+from hypura.profile.free import FreeMemory
+from hypura.profile.model import MachineProfile
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Each MoE layer's expert frequencies, from this model's recorded routing, and the tokens they come from
+    (probs None: uniform, k of E): often-chosen experts take RAM before rare ones."""
+
+    probs: Optional[Mapping[int, Sequence[float]]] = None
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Planner:
+    """The planner's own settings (`hypura inspect`'s flags); the defaults are what every run plans with."""
+
+    kv_bytes_per_element: float = knobs.KV_BYTES_PER_ELEMENT
+    prefetch_depth: int = knobs.PREFETCH_DEPTH
+    disk: bool = True  # False: never stream from disk
+    overrides: RateOverrides = RateOverrides()
+    solver: str = "optimizer"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What the user asked for."""
+
+    plan: Union[Plan, str, os.PathLike, None] = None  # a Plan, a plan file, or "auto"
+    gpu_mem: Union[int, str, None] = None  # budgets: a plan is made within them
+    ram: Union[int, str, None] = None
+    n_ctx: int = 0  # 0: unset (chosen here)
+    n_ubatch: int = knobs.N_UBATCH
+    n_gpu_layers: int = -1  # 0: the CPU computes; -1: every layer offered to the GPU; N: llama.cpp's placement
+    placement: bool = False  # a placement policy or -ot overrides: llama.cpp's placement, refused beside a plan
+    expert_cache: bool = False  # an expert cache: llama.cpp places the rest (with budgets: a plan does)
+    fit: Fit = Fit()
+    planner: Planner = Planner()
+    always_plan: bool = False  # `hypura inspect`: the plan within the free memory even where the model fits
+
+
+@dataclass(frozen=True)
+class Decision:
+    plan: Optional[Plan]  # None: llama.cpp places the model
+    n_ctx: int  # the context to create (0: llama.cpp's, the training context)
+    context_params: Mapping[str, object] = field(default_factory=dict)  # fields the plan needs, unless the user set them
+    line: str = ""  # what the user is told; "" where the ask decided it (a plan given, llama.cpp's placement)
+    free: Optional[FreeMemory] = None  # the free memory the decision was made within, where it was needed
+
+
+Source = Union[FreeMemory, MachineProfile, Callable[[], object], None]
+
+
+def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int] = (1,),
+           routing: Union[Routing, Callable[[], Routing]] = Routing()) -> Decision:
+    """The decision for `header` (module docstring). free: FreeMemory (None: another machine's plan, budgets
+    not checked, no default path); profile: the MachineProfile to plan with; steps: the tokens a decode step
+    will carry (sequences decoded together), the largest of which the plan's cost model optimises; routing:
+    the recorded routing to plan with."""
+    free_now, machine, recorded = _once(free), _once(profile), _once(routing)
+    parallel = max(steps)
+    budgets = ask.gpu_mem is not None or ask.ram is not None
+
+    def plan_within(prof, gpu_mem, ram, n_ctx: int) -> Plan:
+        p, r = ask.planner, recorded()
+        settings = PlanSettings(n_ctx=n_ctx, n_ubatch=ask.n_ubatch, prefetch_depth=p.prefetch_depth,
+                                kv_bytes_per_element=p.kv_bytes_per_element, parallel=parallel)
+        plan = plan_model(header, prof, gpu_mem=gpu_mem, ram=ram, disk=p.disk, settings=settings,
+                          overrides=p.overrides, solver=p.solver, expert_probs=r.probs)
+        return dataclasses.replace(plan, routing_tokens=r.tokens) if r.probs else plan
+
+    if ask.plan is not None or budgets:
+        if ask.placement:
+            raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
+        if budgets and free is not None:
+            check_budgets(ask.gpu_mem, ask.ram, free_now())
+        if ask.plan is not None and str(ask.plan) != "auto":
+            if budgets:
+                raise HypuraError("give a plan or gpu_mem/ram budgets (which make a plan), not both")
+            plan = ask.plan if isinstance(ask.plan, Plan) else Plan.load(ask.plan)
+            plan.check_model(header)
+            return _applied(plan, ask.n_ctx or plan.n_ctx)
+        plan_at = lambda c: plan_within(machine(), ask.gpu_mem, ask.ram, c)  # noqa: E731
+        if ask.n_ctx:
+            return _applied(plan_at(ask.n_ctx), ask.n_ctx)
+        plan = plan_unset_context(plan_at, header, ask.fit.min_ctx)
+        return _applied(plan, plan.n_ctx, f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}")
+    llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
+    if ask.placement or ask.expert_cache or llama_places or not ask.fit.enabled or free is None:
+        return Decision(None, ask.n_ctx)
+    mem = free_now()
+    on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None
+    plan, n_ctx, line = default_path(
+        header, ask.n_ctx, ask.n_ubatch, ask.n_gpu_layers != 0, ask.fit, mem, on_gpu and unified_memory(), machine,
+        lambda prof, b, c: plan_within(prof, b.gpu, b.ram, c), ask.always_plan)
+    return dataclasses.replace(_applied(plan, n_ctx, line), free=mem)
+
+
+def _applied(plan: Optional[Plan], n_ctx: int, line: str = "") -> Decision:
+    # the plan was made for many sequences without llama.cpp's op offload (plan/cost.py): it is turned off
+    context = {"op_offload": False} if plan is not None and not plan.traffic.op_offload else {}
+    return Decision(plan, n_ctx, context, line)
+
+
+def _once(source: Source) -> Callable[[], object]:
+    """A value, or a function called at most once, as a function."""
+    if not callable(source):
+        return lambda: source
+    memo = []
+    return lambda: memo[0] if memo else memo.append(source()) or memo[0]
+
+
+def unified_memory() -> bool:
+    """The GPU shares host RAM (a fixed fact of the machine, not a measurement)."""
+    from hypura.profile.devices import list_devices
+
+    gpus = [d for d in list_devices() if d.is_gpu]
+    return bool(gpus and gpus[0].unified)
+
+
+__all__ = ["Ask", "Decision", "Planner", "Routing", "decide", "unified_memory"]
