@@ -403,7 +403,7 @@ def test_budgets_plan_for_the_batch_and_the_plan_sets_op_offload(tiny_llama):
     assert engine_llama_kwargs(8, 64, plan=off)["param_overrides"]["context_params"]["op_offload"] is False
     # no budgets, no plan: no placement but every layer offered to the GPU, as a server (the default path fits it)
     plain = engine_llama_kwargs(8, 64, tiny_llama)
-    assert "plan" not in plain and "gpu_mem" not in plain and plain["param_overrides"]["context_params"]["n_seq_max"] == 8
+    assert "plan" not in plain and "gpu_mem" not in plain and plain["param_overrides"]["context_params"]["n_seq_max"] == 9  # a spare one: embeddings
     assert plain["n_gpu_layers"] == -1 and engine_llama_kwargs(8, 64, tiny_llama, n_gpu_layers=0)["n_gpu_layers"] == 0
     assert plan_for_parallel(tiny_llama, 2, 128, ram="2GiB").prediction.parallel == 2
 

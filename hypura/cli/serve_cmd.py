@@ -30,11 +30,13 @@ from hypura.serve.settings import DEFAULT_HOST, DEFAULT_PORT
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Reuse the KV of a prompt's prefix shared with an earlier request (a chat's earlier turns).")
 @click.option("-t", "--threads", type=click.IntRange(1), default=None,
-              help="CPU threads (default: hypura.Llama's, physical cores).")
+              help="CPU threads for steps of one token per sequence (default: hypura.Llama's, physical cores).")
+@click.option("-tb", "--threads-batch", type=click.IntRange(1), default=None,
+              help="CPU threads for steps of several tokens: prompts, several sequences (default: same as -t).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, max_queue, prefix_cache, threads,
-          log_level) -> None:
+          threads_batch, log_level) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
     Models are named as Ollama names them (GET /api/tags), the same names in both APIs; a request can
@@ -55,10 +57,15 @@ def serve(models, host, port, parallel, n_ctx, gpu_mem, ram, api_key, max_queue,
     settings = ServeSettings(models=tuple(Path(m) for m in models) or (default_model_path(),), host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache,
-                             llama_kwargs={**({"n_threads": threads} if threads else {}),
+                             llama_kwargs={**_threads(threads, threads_batch),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr
                                            "fit": Fit(say=lambda line: click.echo(line, err=True))})
     server = Server(settings, log_level=log_level)
     click.echo(f"hypura serve: listening on {server.url} (Ollama API at /api, OpenAI API at /v1)", err=True)
     server.run()
+
+
+def _threads(threads, threads_batch) -> dict:
+    """-t/-tb as hypura.engine.load takes them (-tb unset: as -t, there)."""
+    return {**({"n_threads": threads} if threads else {}), **({"n_threads_batch": threads_batch} if threads_batch else {})}

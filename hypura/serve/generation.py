@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.engine import EngineClosed, PromptTooLong, QueueFull, Result, SamplingParams
+from hypura.engine import EngineClosed, PromptTooLong, QueueFull, SamplingParams
 from hypura.errors import HypuraError
 from hypura.serve.bridge import EngineStream
 from hypura.serve.chat_template import TemplateError, TemplateRejected
@@ -23,13 +23,17 @@ RETRY_AFTER_S = "1"  # a queue slot frees when any running request ends: ask for
 
 
 async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) -> list[int]:
+    return (await chat_prompt(entry, messages, **template_vars))[1]
+
+
+async def chat_prompt(entry: ModelEntry, messages: list[dict], **template_vars) -> tuple[str, list[int]]:
     """The conversation through the model's chat template, tokenized as llama-cpp-python does after a
-    Jinja template: special tokens parsed, no BOS added (the template writes its own)."""
+    Jinja template: special tokens parsed, no BOS added (the template writes its own). (text, tokens)"""
     template = entry.chat_template()
 
-    def run() -> list[int]:
+    def run() -> tuple[str, list[int]]:
         text = template.render(messages, add_generation_prompt=True, **template_vars)
-        return entry.engine.tokenize(text, add_special=False, parse_special=True)
+        return text, entry.engine.tokenize(text, add_special=False, parse_special=True)
 
     try:
         return await asyncio.to_thread(run)
@@ -42,6 +46,22 @@ async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) 
 async def text_tokens(entry: ModelEntry, text: str) -> list[int]:
     """A raw prompt, as llama-cpp-python's create_completion tokenizes it (BOS as the model wants)."""
     return await asyncio.to_thread(entry.engine.tokenize, text, True, True)
+
+
+async def fim_tokens(entry: ModelEntry, prefix: str, suffix: str) -> list[int]:
+    """llama.cpp's server's infill prompt: [BOS] <FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID> (the text's own
+    special-looking strings stay text)."""
+    fim = entry.engine.fim_tokens()
+    if fim is None:
+        raise ApiError(400, f"model '{entry.name}' has no fill-in-the-middle tokens: 'suffix' needs a code model")
+    pre, suf, mid = fim
+
+    def run() -> list[int]:
+        bos = entry.engine.tokenize("", add_special=True, parse_special=False)
+        text = lambda s: entry.engine.tokenize(s, add_special=False, parse_special=False)  # noqa: E731
+        return [*bos, pre, *text(prefix), suf, *text(suffix), mid]
+
+    return await asyncio.to_thread(run)
 
 
 def checked_token_ids(entry: ModelEntry, tokens, field: str) -> list[int]:
@@ -99,20 +119,3 @@ def submit(job: Job) -> EngineStream:
         raise ApiError(503, "the server is shutting down") from None
     except HypuraError as e:  # what else the engine refuses in a request
         raise ApiError(400, str(e)) from None
-
-
-@dataclass(frozen=True)
-class Finished:
-    text: str
-    result: Result
-    error: Optional[str]  # the engine's reason when finish_reason is "error"
-
-
-async def run_to_end(job: Job) -> Finished:
-    """Submit and wait for the whole text (the caller races this against the client's disconnect)."""
-    stream = submit(job)
-    parts = []
-    async for event in stream.events():
-        parts.append(event.text)
-    result = stream.result()
-    return Finished("".join(parts), result, stream.final.error if stream.final else None)
