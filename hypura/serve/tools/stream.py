@@ -39,6 +39,7 @@ class ReplyStream:
         self.think, self.in_think = think, think and starts_thinking
         self.format, self.tools = (tool_format, tools) if tools else (None, ())
         self._pending = ""  # text not yet split between thinking and content
+        self._strip = self.in_think  # drop the whitespace after a tag, however the pieces cut it
         self._seen_content = False  # content began: a later <think> is text
         self._content = ""  # content not yet released (may begin a call)
         self._held = False  # the content from here on is a call, parsed at the end
@@ -62,12 +63,16 @@ class ReplyStream:
         self._pending += text
         thinking, content = "", ""
         while self._pending:
+            if self._strip:
+                self._pending = self._pending.lstrip()
+                self._strip = not self._pending
+                continue
             if self.in_think:
                 at = self._pending.find(THINK_CLOSE)
                 if at >= 0:
                     thinking += self._pending[:at]
-                    self._pending = self._pending[at + len(THINK_CLOSE):].lstrip()
-                    self.in_think = False
+                    self._pending = self._pending[at + len(THINK_CLOSE):]
+                    self.in_think, self._strip = False, True
                     continue
                 keep = 0 if final else _partial_suffix(self._pending, THINK_CLOSE)
                 thinking += self._pending[:len(self._pending) - keep]
@@ -75,7 +80,7 @@ class ReplyStream:
                 break
             stripped = self._pending.lstrip()
             if not self._seen_content and stripped.startswith(THINK_OPEN):
-                self.in_think, self._pending = True, stripped[len(THINK_OPEN):].lstrip()
+                self.in_think, self._pending, self._strip = True, stripped[len(THINK_OPEN):], True
                 continue
             if not self._seen_content and not final and THINK_OPEN.startswith(stripped):
                 break  # maybe the opening tag: wait for more
