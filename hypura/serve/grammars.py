@@ -1,13 +1,16 @@
 """JSON schemas as llama.cpp grammars (GBNF), through llama-cpp-python's converter (llama_cpp.llama_grammar,
 a port of llama.cpp's json_schema_to_grammar): what structured outputs and forced tool calls sample with.
 
-A schema the converter cannot take (an unknown type, a remote $ref, a bad pattern) is a 400 naming the
+The converter ignores integer bounds (`minimum`, `maximum` and their exclusive forms, pydantic's ge/le):
+integers with bounds get a rule of their own here (`_int_range`, digit by digit as llama.cpp's converter
+does), so a sampled number lies within them. A schema the converter cannot take (an unknown type, a remote $ref, a bad pattern) is a 400 naming the
 request field; the engine then checks that the GBNF parses before the request is queued.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Optional
 
 from llama_cpp.llama_grammar import SchemaConverter
@@ -17,8 +20,71 @@ from hypura.serve.errors import bad_request
 ANY_OBJECT = {"type": "object"}  # JSON mode: any object (OpenAI's json_object, Ollama's "json")
 
 
+MAX_DIGITS = 16  # an unbounded side of an integer: up to this many digits (past 2^53, JSON's exact integers)
+
+
+class _Converter(SchemaConverter):
+    def visit(self, schema, name):
+        if isinstance(schema, dict) and schema.get("type") == "integer" and _bounds(schema) != (None, None):
+            lo, hi = _bounds(schema)
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"integer bounds {lo} > {hi}: no integer satisfies them")
+            return self._add_rule(f"{name or 'root'}-int" if name else "root", f"({_int_range(lo, hi)}) space")
+        return super().visit(schema, name)
+
+
+def _bounds(schema: dict) -> tuple:
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if isinstance(schema.get("exclusiveMinimum"), (int, float)) and not isinstance(schema["exclusiveMinimum"], bool):
+        lo = math.floor(schema["exclusiveMinimum"]) + 1
+    if isinstance(schema.get("exclusiveMaximum"), (int, float)) and not isinstance(schema["exclusiveMaximum"], bool):
+        hi = math.ceil(schema["exclusiveMaximum"]) - 1
+    return (None if lo is None else math.ceil(lo)), (None if hi is None else math.floor(hi))
+
+
+def _int_range(lo: Optional[int], hi: Optional[int]) -> str:
+    """GBNF alternatives for the integers lo..hi (None: unbounded, up to MAX_DIGITS digits)."""
+    parts = []
+    if lo is None or lo < 0:  # the negative side: "-" and the magnitudes
+        top = None if lo is None else -lo
+        bottom = 1 if hi is None or hi >= 0 else -hi
+        parts.append(f'"-" ({_natural(bottom, top)})')
+    if hi is None or hi >= 0:
+        parts.append(_natural(max(lo or 0, 0), hi))
+    return " | ".join(parts)
+
+
+def _natural(lo: int, hi: Optional[int]) -> str:
+    """lo..hi (lo >= 0) in decimal without leading zeros: one alternative per digit count."""
+    alts, digits = [], len(str(lo))
+    while hi is None or 10 ** (digits - 1) <= hi:
+        if digits > MAX_DIGITS:
+            break
+        first = max(lo, 10 ** (digits - 1) if digits > 1 else 0)
+        last = 10 ** digits - 1 if hi is None else min(hi, 10 ** digits - 1)
+        alts.append(_same_length(str(first), str(last)))
+        digits += 1
+    return " | ".join(alts)
+
+
+def _same_length(a: str, b: str) -> str:
+    """The numbers a..b of equal length, digit by digit."""
+    if a == b:
+        return f'"{a}"'
+    if len(a) == 1:
+        return f"[{a}-{b}]"
+    if a[0] == b[0]:
+        return f'"{a[0]}" ({_same_length(a[1:], b[1:])})'
+    rest, alts = len(a) - 1, []
+    alts.append(f'"{a[0]}" ({_same_length(a[1:], "9" * rest)})')
+    if int(b[0]) - int(a[0]) > 1:
+        alts.append(f"[{int(a[0]) + 1}-{int(b[0]) - 1}]" + " [0-9]" * rest)
+    alts.append(f'"{b[0]}" ({_same_length("0" * rest, b[1:])})')
+    return " | ".join(alts)
+
+
 def _converter() -> SchemaConverter:
-    return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    return _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
 def schema_rules(schema, field: str, rule: str = "root") -> str:
