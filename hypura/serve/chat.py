@@ -16,7 +16,7 @@ from typing import Optional
 from hypura.serve.errors import bad_request
 from hypura.serve.generation import chat_prompt
 from hypura.serve.registry import ModelEntry
-from hypura.serve.tools import CHOICES, Tool, as_object, selected
+from hypura.serve.tools import Tool, as_object, selected
 from hypura.serve.tools.formats import GENERIC, ToolFormat, describe, detect
 from hypura.serve.tools.stream import THINK_CLOSE, THINK_OPEN, ReplyStream
 
@@ -63,7 +63,7 @@ async def prepare(entry: ModelEntry, messages: list[dict], spec: ChatSpec) -> Pr
     tools = spec.tools if spec.choice != "none" else ()
     fmt = detect(template.source) if tools else None
     grammar = spec.grammar
-    if tools and spec.choice not in ("auto",):
+    if tools and spec.choice != "auto":
         grammar = fmt.grammar(selected(tools, spec.choice), spec.parallel)
     variables = {}
     think = spec.think
@@ -133,8 +133,3 @@ def _merge_tool_results(messages: list[dict]) -> list[dict]:
         else:
             out.append(m)
     return out
-
-
-def choice_of(value, tools) -> str:
-    """Ollama has no tool_choice: tools given means auto."""
-    return value if value in CHOICES else "auto"
