@@ -61,7 +61,8 @@ async def prepare(entry: ModelEntry, messages: list[dict], spec: ChatSpec) -> Pr
     if spec.think and not can_think:
         raise bad_request(f"{entry.name} does not support thinking")
     tools = spec.tools if spec.choice != "none" else ()
-    fmt = detect(template.source) if tools else None
+    family = detect(template.source)
+    fmt = family if tools else None
     grammar = spec.grammar
     if tools and spec.choice != "auto":
         grammar = fmt.grammar(selected(tools, spec.choice), spec.parallel)
@@ -71,10 +72,11 @@ async def prepare(entry: ModelEntry, messages: list[dict], spec: ChatSpec) -> Pr
         think = False  # a grammar constrains the whole reply: no room for a thinking block
     if can_think and think is not None:
         variables["enable_thinking"] = think
-    messages = [_for_template(m, fmt is GENERIC) for m in messages]
-    if fmt is GENERIC:
-        messages = _merge_tool_results(_with_system(messages, describe(tools, spec.choice)))
-    elif fmt is not None:
+    # earlier calls and results are written as text for a template without tools, offered or not now
+    messages = [_for_template(m, family is GENERIC) for m in messages]
+    if family is GENERIC:
+        messages = _merge_tool_results(_with_system(messages, describe(tools, spec.choice)) if tools else messages)
+    elif tools:
         variables["tools"] = [t.spec for t in tools]
     text, tokens = await chat_prompt(entry, messages, **variables)
     thinking = can_think and think is not False
