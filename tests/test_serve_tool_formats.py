@@ -93,3 +93,17 @@ def test_choices():
     for bad in ("sometimes", {"function": {"name": "nope"}}, 3):
         with pytest.raises(ApiError):
             read_choice(bad, TOOLS)
+
+
+def test_generic_prompt_is_one_line_a_tool():
+    import json
+    from pathlib import Path
+
+    from hypura.serve.tools.formats import describe
+
+    tools = read_tools(json.loads((Path(__file__).parent / "data" / "open_webui_0.12.4_chat.json").read_text())["tools"])
+    text = describe(tools, "auto")
+    assert all(f"- {t.name}(" in text for t in tools) and len(text.splitlines()) == len(tools) + 2
+    assert len(text) < 8000  # Open WebUI's 36 tools as JSON schemas: 26 kB, over 6500 tokens
+    assert "- get_weather(city: string, unit?: " not in describe(TOOLS, "required")
+    assert "get_weather(city: string)" in describe(TOOLS, "required")

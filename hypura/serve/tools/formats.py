@@ -141,9 +141,39 @@ def _calls(values: list, tools: tuple[Tool, ...], args_key: str) -> tuple[Option
 
 
 def describe(tools: tuple[Tool, ...], choice: str) -> str:
-    """The system message that offers tools to a model whose template does not (the generic format)."""
-    specs = json.dumps([t.spec["function"] for t in tools], ensure_ascii=False)
+    """The system message that offers tools to a model whose template does not (the generic format): one
+    line a tool, its signature and the first line of its description. Compact: clients send dozens of tools
+    (Open WebUI's built-in ones are over 6000 tokens as JSON schemas), and a forced call's grammar holds
+    the exact schemas anyway."""
     must = "You must call a tool." if choice != "auto" else \
         "If a tool helps, call it; otherwise answer the user normally, in plain text."
-    return (f"You can call these tools (JSON schemas of their arguments):\n{specs}\n{must} To call tools, reply "
-            'with only this JSON object: {"tool_calls": [{"name": "<tool name>", "arguments": {<its arguments>}}]}')
+    lines = "\n".join(_signature(t) for t in tools)
+    return (f"You can call these tools:\n{lines}\n{must} To call tools, reply with only this JSON object: "
+            '{"tool_calls": [{"name": "<tool name>", "arguments": {<its arguments>}}]}')
+
+
+DESCRIPTION_CHARS = 160  # of a tool's description in the generic prompt
+
+
+def _signature(tool: Tool) -> str:
+    properties = tool.parameters.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = tool.parameters.get("required")
+    required = set(required) if isinstance(required, list) else set()
+    args = ", ".join(f"{k}{'' if k in required else '?'}: {_type(v)}" for k, v in properties.items())
+    lines = str(tool.spec["function"].get("description") or "").strip().splitlines()
+    about = lines[0][:DESCRIPTION_CHARS] if lines else ""
+    return f"- {tool.name}({args})" + (f": {about}" if about else "")
+
+
+def _type(schema) -> str:
+    if not isinstance(schema, dict):
+        return "any"
+    if isinstance(schema.get("enum"), list):
+        return " | ".join(json.dumps(e) for e in schema["enum"][:8])
+    if isinstance(schema.get("anyOf"), list):
+        return " | ".join(_type(s) for s in schema["anyOf"][:4])
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return f"{_type(schema.get('items'))}[]"
+    return " | ".join(map(str, kind)) if isinstance(kind, list) else str(kind)
