@@ -28,8 +28,9 @@ def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, model_path: str | os.
         raise HypuraError("give n_ctx_per_seq: the context is parallel x n_ctx_per_seq tokens")
     overrides = {name: dict(fields) for name, fields in (kwargs.pop("param_overrides", None) or {}).items()}
     context = overrides.setdefault("context_params", {})
-    context.setdefault("n_seq_max", parallel)
     context.setdefault("kv_unified", True)
+    # one spare sequence id for embeddings (engine/embed.py): in a unified cache it costs no memory
+    context.setdefault("n_seq_max", parallel + 1 if context["kv_unified"] else parallel)
     budgets = {k: kwargs.pop(k) for k in ("gpu_mem", "ram") if kwargs.get(k) is not None}
     if budgets and kwargs.get("plan") is None:
         if model_path is None:
@@ -43,6 +44,10 @@ def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, model_path: str | os.
         context.setdefault("op_offload", False)
     if "flash_attn" not in kwargs:
         context.setdefault("flash_attn_type", llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    if kwargs.get("n_threads") and not kwargs.get("n_threads_batch"):
+        # llama-server's -tb default: -t (llama-cpp-python's would be every logical CPU, which every step of
+        # several tokens, i.e. each step of several sequences, then uses)
+        kwargs["n_threads_batch"] = kwargs["n_threads"]
     kwargs.setdefault("n_gpu_layers", -1)  # a server's default: hypura.Llama's own stays llama-cpp-python's CPU
     kwargs.setdefault("verbose", False)
     return dict(kwargs, n_ctx=parallel * n_ctx_per_seq, param_overrides=overrides)
