@@ -35,7 +35,7 @@ def store(tmp_path, monkeypatch, smollm2_path, gemma_path):
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HYPURA_MODELS", raising=False)
-    monkeypatch.setattr(free, "OVERRIDE", "ram=64GiB")  # room for every model unless a test says otherwise
+    monkeypatch.setattr(free, "OVERRIDE", "gpu=0,ram=64GiB")  # room for every model unless a test says otherwise
     return root
 
 
@@ -154,13 +154,13 @@ def test_keep_alive_expires_and_zero_unloads(store, loads):
 def _need(path) -> tuple[int, int]:
     """(GPU, RAM) bytes as the registry counts them (on a GPU machine the tests pin gpu=0: nothing fits there)."""
     request = Request(n_ctx=PARALLEL * N_CTX, parallel=PARALLEL)
-    return resident_need(read_header(path), request, on_gpu=free.measure().gpu is not None)
+    return resident_need(read_header(path), request, on_gpu=free.totals().gpu is not None)
 
 
 def _pin_room_for_one(monkeypatch, a, b) -> int:
     """Free memory that holds either model alone, never both (RAM; the GPU pinned at 0 where there is one)."""
     ram = knobs.RAM_MARGIN + max(_need(a)[1], _need(b)[1]) + min(_need(a)[1], _need(b)[1]) // 2
-    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram}" if free.measure().gpu is not None else f"ram={ram}")
+    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram}")  # gpu=0 is no GPU where there is none
     return ram
 
 
