@@ -41,6 +41,7 @@ def oai(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
+@pytest.mark.slow
 def test_json_schema_samples_validate(oai, server):
     response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     replies = []
@@ -97,6 +98,7 @@ def test_bad_schema_and_grammar_are_400(server, oai):
     assert r.choices[0].message.content in ("yes", "no")
 
 
+@pytest.mark.slow
 def test_embeddings_both_apis(server, oai):
     texts = ["The cat sat on the mat.", "Quantum chromodynamics", "hello"]
     client = ollama.Client(host=server.url)

@@ -44,6 +44,7 @@ def _valid_weather(arguments: dict) -> None:
     assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 24
 
 
+@pytest.mark.slow
 def test_openai_required_and_named_calls(oai):
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         for _ in range(3):
@@ -59,6 +60,7 @@ def test_openai_required_and_named_calls(oai):
                 _valid_weather(json.loads(call.function.arguments))
 
 
+@pytest.mark.slow
 def test_openai_streamed_call_and_a_tool_message_sent_back(oai):
     chunks = list(oai.chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -124,6 +126,7 @@ def test_langchain_bind_tools(server):
 OPEN_WEBUI_CHAT = json.loads((Path(__file__).parent / "data" / "open_webui_0.12.4_chat.json").read_text())
 
 
+@pytest.mark.slow
 def test_open_webui_chat_with_its_builtin_tools(server):
     body = {**OPEN_WEBUI_CHAT, "options": {"num_predict": 48}}  # a bounded reply, for the test's time
     assert body["model"] == MODEL and len(body["tools"]) == 36
