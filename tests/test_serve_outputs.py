@@ -94,7 +94,8 @@ def test_bad_schema_and_grammar_are_400(server, oai):
             assert r.status_code == 400 and "\n" not in r.json()["error"]["message"], r.text
         r = client.post("/api/chat", json={"model": MODEL, "messages": ASK, "format": {"properties": 3}})
         assert r.status_code == 400 and "format" in r.json()["error"]
-    r = oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, extra_body={"grammar": 'root ::= "yes" | "no"'})
+    r = oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8,
+                                    extra_body={"grammar": 'root ::= "yes" | "no"'})
     assert r.choices[0].message.content in ("yes", "no")
 
 

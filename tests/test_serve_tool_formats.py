@@ -101,7 +101,8 @@ def test_generic_prompt_is_one_line_a_tool():
 
     from hypura.serve.tools.formats import describe
 
-    tools = read_tools(json.loads((Path(__file__).parent / "data" / "open_webui_0.12.4_chat.json").read_text())["tools"])
+    recorded = Path(__file__).parent / "data" / "open_webui_0.12.4_chat.json"
+    tools = read_tools(json.loads(recorded.read_text())["tools"])
     text = describe(tools, "auto")
     assert all(f"- {t.name}(" in text for t in tools) and len(text.splitlines()) == len(tools) + 2
     assert len(text) < 8000  # Open WebUI's 36 tools as JSON schemas: 26 kB, over 6500 tokens

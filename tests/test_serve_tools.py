@@ -63,7 +63,8 @@ def test_openai_required_and_named_calls(oai):
 @pytest.mark.slow
 def test_openai_streamed_call_and_a_tool_message_sent_back(oai):
     chunks = list(oai.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        model=MODEL, messages=ASK, tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=80, temperature=0, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     calls = [tc for d in deltas for tc in (d.tool_calls or [])]

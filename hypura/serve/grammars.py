@@ -3,8 +3,8 @@ a port of llama.cpp's json_schema_to_grammar): what structured outputs and force
 
 The converter ignores integer bounds (`minimum`, `maximum` and their exclusive forms, pydantic's ge/le):
 integers with bounds get a rule of their own here (`_int_range`, digit by digit as llama.cpp's converter
-does), so a sampled number lies within them. A schema the converter cannot take (an unknown type, a remote $ref, a bad pattern) is a 400 naming the
-request field; the engine then checks that the GBNF parses before the request is queued.
+does), so a sampled number lies within them. A schema the converter cannot take (an unknown type, a remote
+$ref, a bad pattern) is a 400 naming the request field; the engine then checks that the GBNF parses before the request is queued.
 """
 
 from __future__ import annotations

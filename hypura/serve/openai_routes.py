@@ -231,7 +231,8 @@ async def completions(request: Request):
     def on_end(result):
         return [{"text": "", "logprobs": None, "finish_reason": shapes.finish_reason(result.finish_reason, [])}]
 
-    return _sse(job, head, include_usage, on_event, on_end, first={"text": echoed, "logprobs": None} if echoed else None)
+    first = {"text": echoed, "logprobs": None} if echoed else None
+    return _sse(job, head, include_usage, on_event, on_end, first=first)
 
 
 async def _prompt(entry, prompt, suffix=None):
