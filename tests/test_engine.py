@@ -484,6 +484,26 @@ def test_a_grammar_constrains_its_sequence_only_even_greedy_and_penalized(llm):
         SamplingParams(grammar=yes_no, ignore_eos=True)
 
 
+def test_json_strings_admit_no_control_characters(llm):
+    """The schema grammars' string character (llama.cpp's): after an opening quote, a newline is masked."""
+    import ctypes
+
+    from hypura.engine.sampler import grammar_sampler
+    from hypura.serve.grammars import ANY_OBJECT, schema_rules
+
+    assert r'[^"\\\x7F\x00-\x1F]' in schema_rules(ANY_OBJECT, "format")
+    (quote,), (newline,), (letter,) = (llm.tokenize(t, add_bos=False) for t in (b'"', b"\n", b"a"))
+    sampler = grammar_sampler(llm._model.vocab, schema_rules({"type": "string"}, "format"))
+    try:
+        llama_cpp.llama_sampler_accept(sampler, quote)
+        data = (llama_cpp.llama_token_data * 2)(llama_cpp.llama_token_data(newline, 1.0, 0.0),
+                                                llama_cpp.llama_token_data(letter, 1.0, 0.0))
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(llama_cpp.llama_token_data_array(data, 2, -1, False)))
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+    assert data[0].logit == float("-inf") and data[1].logit == 1.0
+
+
 def engine_alone_text(llm, tokens) -> str:
     with running(llm) as engine:
         return engine.submit(tokens, SamplingParams(max_tokens=8, temperature=0.0)).result(60).text

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Optional
 
-from llama_cpp.llama_grammar import SchemaConverter
+from llama_cpp.llama_grammar import BuiltinRule, SchemaConverter
 
 from hypura.serve.errors import bad_request
 
@@ -21,9 +21,15 @@ ANY_OBJECT = {"type": "object"}  # JSON mode: any object (OpenAI's json_object, 
 
 
 MAX_DIGITS = 16  # an unbounded side of an integer: up to this many digits (past 2^53, JSON's exact integers)
+# a string's character as llama.cpp's converter writes it: the port lets control characters in, which JSON
+# forbids raw (sampled replies held newlines inside strings, and did not parse)
+CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
 
 
 class _Converter(SchemaConverter):
+    def _add_primitive(self, name, rule):
+        return super()._add_primitive(name, BuiltinRule(CHAR, rule.deps) if name == "char" else rule)
+
     def visit(self, schema, name):
         if isinstance(schema, dict) and schema.get("type") == "integer" and _bounds(schema) != (None, None):
             lo, hi = _bounds(schema)
