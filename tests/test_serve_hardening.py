@@ -292,7 +292,8 @@ def test_sigterm_ends_open_streams_and_exits_within_the_grace(tmp_path):
         # a reply that runs to the context (~6 s on one quiet thread): still streaming when SIGTERM comes
         ask = "Write the numbers from 1 to 1000, separated by commas."
         long = {"model": model, "messages": [{"role": "user", "content": ask}], "stream": True,
-                "options": {"num_predict": 10_000, "temperature": 0, "repeat_penalty": 1.0}, "max_tokens": 10_000}
+                "options": {"num_predict": 10_000, "temperature": 0, "repeat_penalty": 1.0}, "max_tokens": 10_000,
+                "temperature": 0}
 
         ended = {}
 
