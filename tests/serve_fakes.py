@@ -91,6 +91,9 @@ class FakeEngine:
     def detokenize(self, tokens):
         return "".join(chr(65 + t % 26) for t in tokens)
 
+    def fim_tokens(self):
+        return None  # no fill-in-the-middle tokens, as the default model
+
     def metrics(self):
         return {"requests_total": len(self.submitted), "active_sequences": len(self.active), "queue_length": 0,
                 "llama": {"decode": {"tok_s": 12.5}, "bytes_per_token": {"ram": 1024, "disk": 0}}}

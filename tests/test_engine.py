@@ -412,7 +412,8 @@ def test_budgets_plan_for_the_batch_and_the_plan_sets_op_offload(tiny_llama):
     assert decide(header, Ask(plan=off), None, profile).context_params == {"op_offload": False}
     # no budgets, no plan: no placement but every layer offered to the GPU, as a server (the default path fits it)
     plain = engine_llama_kwargs(8, 64)
-    assert "plan" not in plain and "gpu_mem" not in plain and plain["param_overrides"]["context_params"]["n_seq_max"] == 8
+    assert "plan" not in plain and "gpu_mem" not in plain
+    assert plain["param_overrides"]["context_params"]["n_seq_max"] == 9  # a spare sequence id: embeddings
     assert plain["n_gpu_layers"] == -1 and engine_llama_kwargs(8, 64, n_gpu_layers=0)["n_gpu_layers"] == 0
 
 
@@ -467,3 +468,69 @@ def test_greedy_and_sampled_sequences_in_one_step_each_give_what_they_give_alone
         together = [engine.submit(tokens, p) for p in kinds]
         assert [r.result(60).tokens for r in together] == alone
     assert alone[0] == alone[3] and alone[1] != alone[0] and alone[2] != alone[0]
+
+
+def test_a_grammar_constrains_its_sequence_only_even_greedy_and_penalized(llm):
+    tokens = llm.tokenize(PROMPT.encode())
+    yes_no = 'root ::= ("yes" | "no") " " [0-9] [0-9]'
+    with running(llm) as engine:
+        plain = engine.submit(tokens, SamplingParams(max_tokens=8, temperature=0.0))
+        greedy = engine.submit(tokens, SamplingParams(max_tokens=8, temperature=0.0, grammar=yes_no))
+        penalized = engine.submit(tokens, SamplingParams(max_tokens=8, temperature=1.0, repeat_penalty=1.3,
+                                                         grammar=yes_no))  # the prompt is not fed to the grammar
+        results = [r.result(60) for r in (plain, greedy, penalized)]
+        with pytest.raises(HypuraError, match="grammar"):
+            engine.submit(tokens, SamplingParams(grammar="root ::= ("))
+        assert engine.submit(tokens, SamplingParams(max_tokens=2)).result(60).finish_reason == "length"
+    assert results[0].text == engine_alone_text(llm, tokens)  # the greedy fast path beside a grammar's sequence
+    for r in results[1:]:
+        assert r.finish_reason == "stop" and r.text.split(" ")[0] in ("yes", "no") and r.text[-2:].isdigit()
+    with pytest.raises(HypuraError, match="grammar"):
+        SamplingParams(grammar=yes_no, ignore_eos=True)
+
+
+def test_json_strings_admit_no_control_characters(llm):
+    """The schema grammars' string character (llama.cpp's): after an opening quote, a newline is masked."""
+    import ctypes
+
+    from hypura.engine.sampler import grammar_sampler
+    from hypura.serve.grammars import ANY_OBJECT, schema_rules
+
+    assert r'[^"\\\x7F\x00-\x1F]' in schema_rules(ANY_OBJECT, "format")
+    (quote,), (newline,), (letter,) = (llm.tokenize(t, add_bos=False) for t in (b'"', b"\n", b"a"))
+    sampler = grammar_sampler(llm._model.vocab, schema_rules({"type": "string"}, "format"))
+    try:
+        llama_cpp.llama_sampler_accept(sampler, quote)
+        data = (llama_cpp.llama_token_data * 2)(llama_cpp.llama_token_data(newline, 1.0, 0.0),
+                                                llama_cpp.llama_token_data(letter, 1.0, 0.0))
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(llama_cpp.llama_token_data_array(data, 2, -1, False)))
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+    assert data[0].logit == float("-inf") and data[1].logit == 1.0
+
+
+def engine_alone_text(llm, tokens) -> str:
+    with running(llm) as engine:
+        return engine.submit(tokens, SamplingParams(max_tokens=8, temperature=0.0)).result(60).text
+
+
+def test_logprobs_are_the_models_and_embeddings_use_the_spare_sequence(llm):
+    import numpy as np
+
+    tokens = llm.tokenize(PROMPT.encode())
+    with running(llm) as engine:
+        request = engine.submit(tokens, SamplingParams(max_tokens=4, temperature=0.0, logprobs=2))
+        events = [e for e in request.events(60) if e.token is not None]
+        vectors = engine.embed([tokens, tokens[:3], tokens])
+        assert engine.submit(tokens, SamplingParams(max_tokens=2)).result(60).finish_reason == "length"
+    for e in events:
+        (best, best_lp), (_, second_lp) = e.logprob.top
+        assert best == e.token and e.logprob.logprob == pytest.approx(best_lp) and second_lp <= best_lp <= 0
+    assert vectors[0].shape == (llama_cpp.llama_model_n_embd(llm.model),) and np.allclose(vectors[0], vectors[2])
+    assert not np.allclose(vectors[0], vectors[1])
+
+
+def test_threads_batch_follows_threads():
+    assert engine_llama_kwargs(2, 64, n_threads=1)["n_threads_batch"] == 1  # llama-server's -tb default
+    assert engine_llama_kwargs(2, 64, n_threads=1, n_threads_batch=2)["n_threads_batch"] == 2
+    assert "n_threads_batch" not in engine_llama_kwargs(2, 64)

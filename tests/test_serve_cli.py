@@ -91,3 +91,11 @@ def test_a_taken_port_is_one_line():
         proc = _serve("--port", str(port))
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and f"error: cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_threads_batch_flag():
+    from hypura.cli.serve_cmd import _threads
+
+    out = subprocess.run([*HYPURA, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "-tb, --threads-batch" in out
+    assert _threads(1, None) == {"n_threads": 1} and _threads(1, 2) == {"n_threads": 1, "n_threads_batch": 2}

@@ -82,6 +82,17 @@ def test_a_foreign_origin_is_refused_before_any_work(server, client):
     assert len(server.engine.submitted) == n  # nothing reached the engine
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/api/embed", {"model": MODEL, "input": "x"}), ("/api/embeddings", {"model": MODEL, "prompt": "x"}),
+    ("/v1/embeddings", {"model": MODEL, "input": "x"}),
+    ("/api/chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "format": "json"})])
+def test_the_client_features_routes_are_guarded_too(server, client, path, body):
+    n = len(server.engine.submitted)
+    assert client.post(path, json=body, headers={"Host": "rebind.evil.example"}).status_code == 403
+    assert client.post(path, json=body, headers={"Origin": "https://evil.example"}).status_code == 403
+    assert len(server.engine.submitted) == n
+
+
 @pytest.mark.parametrize("origin", ["http://localhost:3000", "http://127.0.0.1", "https://app.example",
                                     "http://192.168.1.5:8080", "tauri://localhost", "vscode-webview://abc"])
 def test_allowed_origins_get_cors_headers(client, origin):
@@ -278,8 +289,11 @@ def test_sigterm_ends_open_streams_and_exits_within_the_grace(tmp_path):
                 pass
             time.sleep(0.1)
         model = httpx.get(url + "/api/tags").json()["models"][0]["name"]
-        long = {"model": model, "messages": [{"role": "user", "content": "Count to a million."}], "stream": True,
-                "options": {"num_predict": 10_000, "temperature": 0}, "max_tokens": 10_000}
+        # a reply that runs to the context (~6 s on one quiet thread): still streaming when SIGTERM comes
+        ask = "Write the numbers from 1 to 1000, separated by commas."
+        long = {"model": model, "messages": [{"role": "user", "content": ask}], "stream": True,
+                "options": {"num_predict": 10_000, "temperature": 0, "repeat_penalty": 1.0}, "max_tokens": 10_000,
+                "temperature": 0}
 
         ended = {}
 

@@ -56,10 +56,16 @@ def test_bad_options(client, options, word):
 
 
 @pytest.mark.parametrize("body,word", [
-    ({"max_tokens": 0}, "max_tokens"), ({"temperature": 3}, "temperature"), ({"n": 2}, "'n'"),
-    ({"logprobs": True}, "logprobs"), ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": 3}, "temperature"), ({"n": 9}, "'n'"),
+    ({"n": 2, "stream": True}, "'n'"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"response_format": {"type": "xml"}}, "response_format"), ({"response_format": {"type": "json_schema",
+     "json_schema": {"schema": {"type": "object", "properties": {"a": {"$ref": "https://x/y"}}}}}}, "response_format"),
+    ({"grammar": "x", "response_format": {"type": "json_object"}}, "grammar"),
     ({"messages": []}, "messages"), ({"messages": [{"content": "x"}]}, "role"),
-    ({"tools": [{"type": "function"}]}, "tools")])
+    ({"tools": [{"type": "function"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"function": {"name": "g"}}},
+     "tool_choice"), ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}],
+                      "tool_choice": "required"}, "tools")])
 def test_bad_openai_fields(client, body, word):
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                                                   **body})
@@ -67,11 +73,12 @@ def test_bad_openai_fields(client, body, word):
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("body", [{"images": ["aGk="]}, {"format": "json"}, {"think": True},
-                                  {"tools": [{"type": "function"}]}])
-def test_unsupported_ollama_features_say_so(client, body):
+@pytest.mark.parametrize("body,word", [({"images": ["aGk="]}, "support"), ({"think": True}, "support thinking"),
+                                       ({"format": "xml"}, "format"), ({"format": {"type": "wat"}}, "format"),
+                                       ({"tools": [{"type": "function"}]}, "tools[0]")])
+def test_unsupported_ollama_features_say_so(client, body, word):
     r = client.post("/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], **body})
-    assert r.status_code == 400 and "support" in r.json()["error"]
+    assert r.status_code == 400 and word in r.json()["error"] and "\n" not in r.json()["error"]
 
 
 def test_prompt_longer_than_the_context(client):
@@ -140,8 +147,8 @@ def test_unknown_route_and_method(client):
 def test_routes_not_offered_say_why(client):
     r = client.post("/api/pull", json={"model": "llama3"})
     assert r.status_code == 501 and "hypura serve -m" in r.json()["error"]
-    r = client.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
-    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    r = client.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 3})
+    assert r.status_code == 400 and "dimensions" in r.json()["error"]["message"]
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ def test_tags_ps_show_models(client, server):
     ps = client.get("/api/ps").json()["models"]
     assert ps[0]["name"] == MODEL and ps[0]["context_length"] == 512 and ps[0]["size_vram"] == 0
     show = client.post("/api/show", json={"model": MODEL}).json()
-    assert "<|im_start|>" in show["template"] and show["capabilities"] == ["completion"]
+    assert "<|im_start|>" in show["template"] and show["capabilities"] == ["completion", "tools"]
     assert show["model_info"]["llama.block_count"] == 30 and "tokenizer.chat_template" not in show["model_info"]
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
     assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL

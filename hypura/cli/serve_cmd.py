@@ -52,11 +52,14 @@ from hypura.store.catalog import MODELS_DIR_ENV
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Reuse the KV of a prompt's prefix shared with an earlier request (a chat's earlier turns).")
 @click.option("-t", "--threads", type=click.IntRange(1), default=None,
-              help="CPU threads (default: hypura.Llama's, physical cores).")
+              help="CPU threads for steps of one token per sequence (default: hypura.Llama's, physical cores).")
+@click.option("-tb", "--threads-batch", type=click.IntRange(1), default=None,
+              help="CPU threads for steps of several tokens: prompts, several sequences (default: same as -t).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key,
-          allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, threads, log_level) -> None:
+          allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, threads, threads_batch,
+          log_level) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
     Without -m, every model in Ollama's store ($OLLAMA_MODELS or ~/.ollama/models), LM Studio's and
@@ -90,7 +93,7 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
                              cors_origins=cors_origins, timeout_s=timeout_s,
-                             llama_kwargs={**({"n_threads": threads} if threads else {}),
+                             llama_kwargs={**_threads(threads, threads_batch),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr
                                            "fit": Fit(say=lambda line: click.echo(line, err=True))})
@@ -101,3 +104,9 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _threads(threads, threads_batch) -> dict:
+    """-t/-tb as hypura.engine.load takes them (-tb unset: as -t, there)."""
+    return {**({"n_threads": threads} if threads else {}),
+            **({"n_threads_batch": threads_batch} if threads_batch else {})}

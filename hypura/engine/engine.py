@@ -31,10 +31,11 @@ import llama_cpp
 from hypura.bindings.batch import Batch
 from hypura.engine.batch import fill
 from hypura.engine.config import EngineConfig
+from hypura.engine.embed import embed
 from hypura.engine.metrics import Counters
 from hypura.engine.prefix_cache import Slots
 from hypura.engine.request import Request
-from hypura.engine.sampler import Sampler, greedy_rows
+from hypura.engine.sampler import Sampler, check_grammar, greedy_rows, token_logprob
 from hypura.engine.scheduler import Step, plan_step
 from hypura.engine.sequence import Sequence
 from hypura.engine.text import TextStream
@@ -106,6 +107,8 @@ class Engine:
                                 "(prompt and generated tokens)")
         if not isinstance(params, SamplingParams):
             raise HypuraError("params must be a hypura.engine.SamplingParams")
+        if params.grammar is not None:
+            check_grammar(self._vocab.vocab, params.grammar)  # here, not on the engine thread: a bad one is the caller's error
         request = Request(tokens, params, on_event, self._cancel)
         with self._cond:
             if self._closing or self._stopped:
@@ -130,6 +133,28 @@ class Engine:
     def detokenize(self, tokens: list[int]) -> str:
         """The text of `tokens` as the engine streams it (special tokens not rendered)."""
         return b"".join(self._piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def embed(self, inputs: list[list[int]]) -> list:
+        """Each input's embedding (numpy float64 vectors, not normalised), between steps (embed.py)."""
+        if not inputs or any(not t for t in inputs):
+            raise HypuraError("embed needs non-empty token lists")
+        if llama_cpp.llama_n_seq_max(self._ctx) <= self.config.parallel:
+            raise HypuraError("this engine has no spare sequence for embeddings: make its Llama with n_seq_max "
+                              "= parallel + 1 (hypura.engine.load does)")
+        with self._step_lock:
+            if self._stopped or self._closing:
+                raise EngineClosed("the engine was closed")
+            return embed(self.llm, self._ctx, self._mem, self.config.parallel, inputs, self.step_tokens)
+
+    def fim_tokens(self) -> Optional[tuple[int, int, int]]:
+        """The model's fill-in-the-middle tokens (prefix, suffix, middle), None when it lacks one."""
+        v = self._vocab.vocab
+        tokens = (llama_cpp.llama_vocab_fim_pre(v), llama_cpp.llama_vocab_fim_suf(v), llama_cpp.llama_vocab_fim_mid(v))
+        return None if min(tokens) < 0 else tuple(int(t) for t in tokens)
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes as the engine streams them (for logprobs: a token may be part of a character)."""
+        return self._piece(token)
 
     def metrics(self) -> dict:
         with self._cond:  # one snapshot: total = finished + active + queued (active: out of the queue, not finished)
@@ -276,7 +301,9 @@ class Engine:
             seq.next_token = None
             if chunk.sample:
                 token = picks.get(index, -1) if picks else -1
-                seq.on_token(token if token >= 0 else seq.sampler.sample(self._ctx, index))
+                token = token if token >= 0 else seq.sampler.sample(self._ctx, index)
+                top_n = seq.request.params.logprobs
+                seq.on_token(token, None if top_n is None else token_logprob(self._ctx, index, token, top_n))
                 generated += 1
                 if seq.finish_reason is not None:
                     self._finish(seq, seq.finish_reason)

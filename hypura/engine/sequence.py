@@ -9,7 +9,7 @@ from typing import Optional
 from hypura.engine.request import Request
 from hypura.engine.sampler import Sampler
 from hypura.engine.text import TextStream
-from hypura.engine.types import Event, Result
+from hypura.engine.types import Event, Result, TokenLogprob
 
 
 class Sequence:
@@ -33,7 +33,7 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
 
-    def on_token(self, token: int) -> None:
+    def on_token(self, token: int, logprob: Optional[TokenLogprob] = None) -> None:
         """Take a sampled token: emit its text, or end the request (finish_reason set)."""
         now = time.perf_counter()
         if self.t_prompt_done is None:
@@ -45,7 +45,7 @@ class Sequence:
         self.generated.append(token)
         self.t_first = self.t_first or now
         self.t_last = now
-        self.request.emit(Event(text=self.text.push(token), token=token))
+        self.request.emit(Event(text=self.text.push(token), token=token, logprob=logprob))
         if self.text.stopped:
             self.finish_reason = "stop"
         elif len(self.generated) == p.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:

@@ -11,6 +11,7 @@ from typing import Optional
 from hypura.errors import HypuraError
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class SamplingParams:
     # stages in this order, as common_sampler builds --samplers (llama.cpp's names, e.g. "top_k", "xtc")
     samplers: Optional[tuple[str, ...]] = None
     perf: bool = False  # the chain keeps llama_perf_sampler timings
+    grammar: Optional[str] = None  # GBNF (llama.cpp's grammars/README.md), rule `root`: only what it allows is sampled
+    logprobs: Optional[int] = None  # report each token's log-probability and this many top alternatives (0..20)
 
     def __post_init__(self):
         bad = []
@@ -67,6 +70,10 @@ class SamplingParams:
             bad.append(f"seed {self.seed} (want 0 .. 2^32-1)")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad.append("stop (want non-empty strings)")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or self.ignore_eos):
+            bad.append("grammar (want GBNF text, without ignore_eos: a grammar ends at its end-of-generation token)")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            bad.append(f"logprobs {self.logprobs} (want 0 .. {MAX_TOP_LOGPROBS})")
         if bad:
             raise HypuraError("bad sampling settings: " + "; ".join(bad))
 
@@ -79,6 +86,15 @@ class Event:
     token: Optional[int] = None  # the token that produced it; None on the final event
     finish_reason: Optional[str] = None  # set on the final event only: one of FINISH_REASONS
     error: Optional[str] = None  # with finish_reason "error": why
+    logprob: Optional["TokenLogprob"] = None  # with SamplingParams.logprobs: the token's and its top alternatives'
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (before sampling settings) and the best others."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token, logprob), most likely first
 
 
 @dataclass(frozen=True)

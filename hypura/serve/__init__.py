@@ -10,8 +10,13 @@
     gate.py           ASGI layer: a request's model loaded (on demand) and leased while its answer runs
     ollama_routes.py  /, /api/version, /api/tags, /api/ps, /api/show, /api/generate, /api/chat
     ollama_options.py Ollama's `options` -> SamplingParams
-    openai_routes.py  /v1/models, /v1/chat/completions, /v1/completions
-    generation.py     prompt tokens, context check, submission (engine errors -> HTTP), whole results
+    openai_routes.py  /v1/models, /v1/chat/completions, /v1/completions; openai_shapes.py tool calls, logprobs
+    embed_routes.py   /api/embed, /api/embeddings, /v1/embeddings
+    chat.py           a chat's tools, thinking and grammar: the prompt, and the reply's splitter
+    tools/            tool calls: the tools of a request, formats per template family, the reply split as it streams
+    grammars.py       JSON schemas (structured outputs, forced calls) -> GBNF
+    replies.py        whole replies (n of them sharing the prompt's KV), with thinking, calls and logprobs
+    generation.py     prompt tokens, context check, submission (engine errors -> HTTP)
     prompt_tokens.py  tokenizing in bounded time: refused before it when it cannot fit, in pieces, stoppable
     bridge.py         the asyncio <-> engine-thread protocol (EngineStream)
     streaming.py      NDJSON / SSE responses and waits that cancel the request when the client leaves

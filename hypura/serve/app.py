@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from hypura.serve import metrics, ollama_routes, openai_routes
+from hypura.serve import embed_routes, metrics, ollama_routes, openai_routes
 from hypura.serve.errors import ApiError, error_response, is_openai_path
 from hypura.serve.gate import ModelGate
 from hypura.serve.guard import Guard
@@ -62,8 +62,6 @@ NOT_SUPPORTED = {
     "/api/create": "models are the files given to `hypura serve -m` or found in the stores at start: none are created",
     "/api/copy": "models are the files given to `hypura serve -m` or found in the stores at start: none are copied",
     "/api/delete": "models are the files given to `hypura serve -m` or found in the stores at start: none are deleted",
-    "/api/embed": "embeddings are not supported", "/api/embeddings": "embeddings are not supported",
-    "/v1/embeddings": "embeddings are not supported",
 }
 
 
@@ -100,7 +98,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 def create_app(state: ServerState):
     """The app for `state`, whose registry fills while models load (requests wait for `ready`)."""
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"]),
-              *ollama_routes.ROUTES, *openai_routes.ROUTES,
+              *ollama_routes.ROUTES, *openai_routes.ROUTES, *embed_routes.ROUTES,
               *(Route(path, not_supported, methods=["GET", "POST", "DELETE"]) for path in NOT_SUPPORTED)]
     state.http = metrics.HttpCounts(r.path for r in routes)
     app = Starlette(routes=routes, exception_handlers={

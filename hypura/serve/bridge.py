@@ -34,13 +34,19 @@ class EngineStream:
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.finished = False
         self.final: Optional[Event] = None
+        self._started = asyncio.Event()  # the first event came: the prompt's KV is in the cache
         self.request = engine.submit(tokens, params, on_event=self._on_event)
 
     def _on_event(self, event: Event) -> None:  # the engine thread
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            self._loop.call_soon_threadsafe(self._started.set)
         except RuntimeError:  # the loop is closed: nobody is left to read the event
             pass
+
+    async def started(self) -> None:
+        """Wait for the first event (requests submitted after it reuse this prompt's KV)."""
+        await self._started.wait()
 
     async def events(self) -> AsyncIterator[Event]:
         """Every event up to and including the final one; leaving early cancels the request."""

@@ -1,5 +1,5 @@
 """What both APIs do to run a request: prompt tokens (a rendered chat template, text or token ids),
-the context check, submission to the engine with its errors mapped to HTTP, and a whole result.
+the context check, and submission to the engine with its errors mapped to HTTP (whole replies: replies.py).
 
 Rendering and tokenizing run on a thread of their own (lifecycle.off_loop), bounded (prompt_tokens.py) and
 stopped when the request goes: a long conversation, or a hostile template running into its bounds, never
@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.engine import EngineClosed, PromptTooLong, QueueFull, Result, SamplingParams
+from hypura.engine import EngineClosed, PromptTooLong, QueueFull, SamplingParams
 from hypura.errors import HypuraError
 from hypura.serve import lifecycle, prompt_tokens
 from hypura.serve.bridge import EngineStream
@@ -25,17 +25,21 @@ PROMPT_DEADLINE_S = 30.0  # rendering and tokenizing one prompt, bounded as they
 
 
 async def chat_tokens(entry: ModelEntry, messages: list[dict], **template_vars) -> list[int]:
+    return (await chat_prompt(entry, messages, **template_vars))[1]
+
+
+async def chat_prompt(entry: ModelEntry, messages: list[dict], **template_vars) -> tuple[str, list[int]]:
     """The conversation through the model's chat template, tokenized as llama-cpp-python does after a
-    Jinja template: special tokens parsed, no BOS added (the template writes its own)."""
+    Jinja template: special tokens parsed, no BOS added (the template writes its own). (text, tokens)"""
     template = entry.chat_template()
     if len(messages) >= entry.n_ctx:  # every template writes a token or more per message
         raise prompt_tokens.too_long(entry.n_ctx, f"a conversation of {len(messages)} messages")
     prompt_tokens.check_chars(entry.vocab, entry.n_ctx, sum(len(m.get("content") or "") for m in messages
                                                             if isinstance(m.get("content"), str)))
 
-    def run(cancelled) -> list[int]:
+    def run(cancelled) -> tuple[str, list[int]]:
         text = template.render(messages, add_generation_prompt=True, **template_vars)
-        return _tokenize(entry, text, False, cancelled)
+        return text, _tokenize(entry, text, False, cancelled)
 
     try:
         return await lifecycle.off_loop(run, PROMPT_DEADLINE_S)
@@ -53,6 +57,24 @@ async def text_tokens(entry: ModelEntry, text: str) -> list[int]:
 
 def _tokenize(entry: ModelEntry, text: str, add_special: bool, cancelled) -> list[int]:
     return prompt_tokens.tokenize(entry.engine.tokenize, entry.vocab, text, add_special, True, entry.n_ctx, cancelled)
+
+
+async def fim_tokens(entry: ModelEntry, prefix: str, suffix: str) -> list[int]:
+    """llama.cpp's server's infill prompt: [BOS] <FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID> (the text's own
+    special-looking strings stay text)."""
+    fim = entry.engine.fim_tokens()
+    if fim is None:
+        raise ApiError(400, f"model '{entry.name}' has no fill-in-the-middle tokens: 'suffix' needs a code model")
+    pre, suf, mid = fim
+    prompt_tokens.check_chars(entry.vocab, entry.n_ctx, len(prefix) + len(suffix))
+
+    def run(cancelled) -> list[int]:
+        bos = entry.engine.tokenize("", add_special=True, parse_special=False)
+        text = lambda s: prompt_tokens.tokenize(entry.engine.tokenize, entry.vocab, s, False, False,  # noqa: E731
+                                                entry.n_ctx, cancelled)
+        return [*bos, pre, *text(prefix), suf, *text(suffix), mid]
+
+    return await lifecycle.off_loop(run, PROMPT_DEADLINE_S)
 
 
 def checked_token_ids(entry: ModelEntry, tokens, field: str) -> list[int]:
@@ -110,20 +132,3 @@ def submit(job: Job) -> EngineStream:
         raise ApiError(503, "the server is shutting down") from None
     except HypuraError as e:  # what else the engine refuses in a request
         raise ApiError(400, str(e)) from None
-
-
-@dataclass(frozen=True)
-class Finished:
-    text: str
-    result: Result
-    error: Optional[str]  # the engine's reason when finish_reason is "error"
-
-
-async def run_to_end(job: Job) -> Finished:
-    """Submit and wait for the whole text (the caller races this against the client's disconnect)."""
-    stream = submit(job)
-    parts = []
-    async for event in stream.events():
-        parts.append(event.text)
-    result = stream.result()
-    return Finished("".join(parts), result, stream.final.error if stream.final else None)

@@ -2,12 +2,14 @@
 
 Generation streams NDJSON by default (`"stream": false` for one JSON object); the last object has
 `done_reason` and the nanosecond metrics. `options` are honoured as Ollama reads them (ollama_options);
-what this server cannot do (images, tools, thinking, JSON formats, Go template overrides, suffix) is a
-400 that says so, never silently ignored.
+`tools` (calls in `message.tool_calls`), `format` ("json" or a schema, through a grammar), `think`
+(`thinking` apart from the reply), `logprobs` and `suffix` (models with fill-in-the-middle tokens) too.
+What this server cannot do (images, Go template overrides) is a 400 that says so, never silently ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import datetime, timezone
@@ -17,12 +19,19 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 import hypura
+from hypura.engine.types import MAX_TOP_LOGPROBS
 from hypura.serve import fields
-from hypura.serve.errors import ApiError, bad_request
-from hypura.serve.generation import Finished, Job, chat_tokens, checked_token_ids, make_job, run_to_end, submit, \
-    text_tokens
+from hypura.serve.chat import ChatSpec, prepare, thinks, thinks_in, tools_served
+from hypura.serve.chat_template import METADATA_KEY
+from hypura.serve.errors import bad_request
+from hypura.serve.generation import Job, checked_token_ids, fim_tokens, make_job, submit, text_tokens
+from hypura.serve.grammars import ollama_format_grammar
 from hypura.serve.ollama_options import ollama_sampling
-from hypura.serve.streaming import NDJSON, StreamResponse, ndjson, race_disconnect
+from hypura.serve.openai_shapes import chat_logprobs
+from hypura.serve.replies import whole_replies
+from hypura.serve.streaming import NDJSON, StreamResponse, ndjson
+from hypura.serve.tools import read_tools
+from hypura.serve.tools.stream import Delta, ReplyStream
 
 NS = 1_000_000_000
 
@@ -77,24 +86,50 @@ async def show(request: Request):
     modelfile = "".join(f"PARAMETER {line}\n" for line in parameters.splitlines())
     return JSONResponse({
         "modelfile": f"# served by hypura\nFROM {offer.path}\n{modelfile}",
-        "parameters": parameters, "template": offer.info.metadata.get("tokenizer.chat_template", ""),
-        "details": offer.info.details(), "model_info": offer.info.model_info(), "capabilities": ["completion"],
-        "modified_at": offer.modified_at.isoformat(),
+        "parameters": parameters, "template": offer.info.metadata.get(METADATA_KEY, ""),
+        "details": offer.info.details(), "model_info": offer.info.model_info(),
+        "capabilities": _capabilities(offer, entry), "modified_at": offer.modified_at.isoformat(),
     })
+
+
+def _capabilities(offer, entry) -> list[str]:
+    """A loaded model's as its template and vocabulary are; one not loaded is judged from its GGUF's metadata
+    (a template that fails to load later serves neither tools nor thinking)."""
+    if entry is not None:
+        tools, think, insert = tools_served(entry), thinks(entry), entry.engine.fim_tokens() is not None
+    else:
+        source = offer.info.metadata.get(METADATA_KEY, "")
+        tools, think = bool(source), thinks_in(source)
+        insert = all(f"tokenizer.ggml.fim_{k}_token_id" in offer.info.metadata for k in ("pre", "suf", "mid"))
+    return ["completion", *(["tools"] if tools else []), *(["thinking"] if think else []),
+            *(["insert"] if insert else [])]
 
 
 def _refuse_unsupported(body: dict) -> None:
     if body.get("images") or any(isinstance(m, dict) and m.get("images") for m in body.get("messages") or []):
         raise bad_request("images are not supported: the models served are text-only")
-    if body.get("tools"):
-        raise bad_request(f"{body.get('model')} does not support tools")
+
+
+def _think(body: dict):
+    """Ollama's `think`: true/false, or a level ("low", "medium", "high") that means on."""
     think = body.get("think")
-    if think not in (None, False, "none"):
-        raise bad_request(f"{body.get('model')} does not support thinking")
-    if body.get("format") not in (None, ""):
-        raise bad_request("'format' (JSON mode, structured outputs) is not supported")
-    if body.get("logprobs"):
-        raise bad_request("'logprobs' is not supported")
+    if think is None or isinstance(think, bool):
+        return think
+    if think in ("low", "medium", "high"):
+        return True
+    if think == "none":
+        return False
+    raise bad_request("'think' must be true, false, or one of low, medium, high")
+
+
+def _logprobs(body: dict):
+    top = fields.integer(body, "top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+    return top if fields.boolean(body, "logprobs", False) else None
+
+
+def _with(params, grammar, logprobs):
+    return dataclasses.replace(params, grammar=grammar, logprobs=logprobs) if grammar or logprobs is not None \
+        else params
 
 
 def _messages(body: dict) -> list[dict]:
@@ -115,8 +150,8 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _metrics(finished: Finished, started: float) -> dict:
-    r = finished.result
+def _metrics(result, started: float) -> dict:
+    r = result
     return {"done_reason": r.finish_reason, "total_duration": int((time.monotonic() - started) * NS),
             "load_duration": 0,  # a load on demand happens before the request starts (the gate)
             "prompt_eval_count": r.prompt_tokens, "prompt_eval_duration": int(r.prompt_s * NS),
@@ -136,33 +171,40 @@ async def generate(request: Request):
     body = await fields.json_body(request)
     entry = request.app.state.registry.get(fields.string(body, "model"))
     _refuse_unsupported(body)
-    if fields.string(body, "suffix"):
-        raise bad_request("'suffix' (fill in the middle) is not supported")
     if fields.string(body, "template"):
         raise bad_request("'template' overrides are not supported: the model's own chat template applies")
     prompt = fields.string(body, "prompt", default="")
+    suffix = fields.string(body, "suffix")
     raw = fields.boolean(body, "raw", False)
     stream = fields.boolean(body, "stream", True)
     context = checked_token_ids(entry, body.get("context") or [], "context")
     params, n_ctx = ollama_sampling(entry.options(fields.mapping(body, "options")))
+    grammar = ollama_format_grammar(body.get("format"))
     if not prompt and not context:
         return load_answer(entry.name, chat=False)
-    if raw:
+    parser = lambda: ReplyStream(think=False)  # noqa: E731
+    if suffix:
+        tokens = await fim_tokens(entry, prompt, suffix)
+    elif raw:
         tokens = await text_tokens(entry, prompt) if prompt else []
     else:
         system = fields.string(body, "system")
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        tokens = await chat_tokens(entry, messages)
-    job = make_job(entry, context + tokens, params, n_ctx)
+        prepared = await prepare(entry, messages, ChatSpec(think=_think(body), grammar=grammar))
+        tokens, parser = prepared.tokens, prepared.reply
+    job = make_job(entry, context + tokens, _with(params, grammar, _logprobs(body)), n_ctx)
     head = {"model": entry.name}
 
-    def final(finished: Finished) -> dict:
-        out = {**head, "created_at": _now(), "response": "", "done": True, **_metrics(finished, started)}
+    def final(result) -> dict:
+        out = {**head, "created_at": _now(), "response": "", "done": True, **_metrics(result, started)}
         if not raw:  # Ollama returns no context in raw mode
-            out["context"] = job.tokens + list(finished.result.tokens)
+            out["context"] = job.tokens + list(result.tokens)
         return out
 
-    return await _respond(request, job, stream, head, final, lambda text: {"response": text})
+    def shape(delta, calls):
+        return {"response": delta.content, **({"thinking": delta.thinking} if delta.thinking else {})}
+
+    return await _respond(request, job, stream, head, final, parser, shape)
 
 
 async def chat(request: Request):
@@ -173,39 +215,60 @@ async def chat(request: Request):
     messages = _messages(body)
     stream = fields.boolean(body, "stream", True)
     params, n_ctx = ollama_sampling(entry.options(fields.mapping(body, "options")))
+    tools = read_tools(body.get("tools"))
+    spec = ChatSpec(tools, "auto" if tools else "none", True, _think(body), ollama_format_grammar(body.get("format")))
     if not messages:
         return load_answer(entry.name, chat=True)
-    job = make_job(entry, await chat_tokens(entry, messages), params, n_ctx)
+    prepared = await prepare(entry, messages, spec)
+    job = make_job(entry, prepared.tokens, _with(params, prepared.grammar, _logprobs(body)), n_ctx)
     head = {"model": entry.name}
 
-    def final(finished: Finished) -> dict:
+    def final(result) -> dict:
         return {**head, "created_at": _now(), "message": {"role": "assistant", "content": ""}, "done": True,
-                **_metrics(finished, started)}
+                **_metrics(result, started)}
 
-    return await _respond(request, job, stream, head, final,
-                          lambda text: {"message": {"role": "assistant", "content": text}})
+    def shape(delta, calls):
+        message = {"role": "assistant", "content": delta.content}
+        if delta.thinking:
+            message["thinking"] = delta.thinking
+        if calls:
+            message["tool_calls"] = [{"id": c.id, "function": {"index": i, "name": c.name, "arguments": c.arguments}}
+                                     for i, c in enumerate(calls)]
+        return {"message": message}
+
+    return await _respond(request, job, stream, head, final, prepared.reply, shape)
 
 
-async def _respond(request: Request, job: Job, stream: bool, head: dict, final, piece):
-    """One JSON object (the pieces joined into the final one) or an NDJSON stream of pieces, then the final."""
+def _logprob_list(engine, items) -> dict:
+    return {"logprobs": chat_logprobs(engine, items)["content"]} if items else {}
+
+
+async def _respond(request: Request, job: Job, stream: bool, head: dict, final, parser, shape):
+    """One JSON object (the reply in the final one) or an NDJSON stream of pieces, then the final.
+    `shape(delta, calls)`: a piece's fields (`message` or `response`)."""
+    engine = job.entry.engine
     if not stream:
-        finished = await race_disconnect(request.receive, run_to_end(job))
-        if finished.result.finish_reason == "error":
-            raise ApiError(500, f"generation failed: {finished.error}")
-        out = final(finished)
-        out.update(piece(finished.result.text))
+        reply = (await whole_replies(request.receive, job, parser))[0]
+        out = final(reply.result)
+        out.update(shape(Delta(reply.thinking, reply.content), reply.calls))
+        out.update(_logprob_list(engine, reply.logprobs))
         return JSONResponse(out)
     engine_stream = submit(job)  # before the 200: a full queue is still a 429
+    split = parser()
 
     async def chunks():
         async for event in engine_stream.events():
             if event.finish_reason == "error":
                 yield ndjson({"error": f"generation failed: {event.error}"})
                 return
-            if event.text:
-                yield ndjson({**head, "created_at": _now(), **piece(event.text), "done": False})
-        result = engine_stream.result()
-        yield ndjson(final(Finished("", result, None)))
+            delta = split.push(event.text)
+            if delta.thinking or delta.content or event.logprob:
+                logprobs = _logprob_list(engine, [(event.token, event.logprob)] if event.logprob else [])
+                yield ndjson({**head, "created_at": _now(), **shape(delta, []), **logprobs, "done": False})
+        delta, calls = split.finish()
+        if delta.thinking or delta.content or calls:
+            yield ndjson({**head, "created_at": _now(), **shape(delta, calls), "done": False})
+        yield ndjson(final(engine_stream.result()))
 
     return StreamResponse(chunks(), NDJSON, engine_stream.cancel)
 

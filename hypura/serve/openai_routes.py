@@ -4,8 +4,10 @@ Streams are server-sent events ending with `data: [DONE]`; `stream_options.inclu
 usage chunk before it. Sampling defaults are llama.cpp's (as llama-cpp-python's and llama.cpp's
 servers use), and llama.cpp's extra fields `top_k`, `min_p`, `repeat_penalty` and `ignore_eos` are
 honoured too.
-What the server cannot do (n > 1, logprobs, logit_bias, tools, JSON response formats, images,
-suffix) is a 400 that says so.
+Chats take tools (`tool_choice`, `parallel_tool_calls`; calls come back as `tool_calls`, streamed in
+pieces), `response_format` (JSON mode, JSON schemas) or llama.cpp's `grammar`, `logprobs`, `n` (without
+streaming) and `chat_template_kwargs.enable_thinking`; a thinking model's reasoning is `reasoning_content`.
+What the server cannot do (logit_bias, images, the deprecated `functions`) is a 400 that says so.
 """
 
 from __future__ import annotations
@@ -18,11 +20,17 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import hypura
+from hypura.engine.types import MAX_TOP_LOGPROBS
 from hypura.serve import fields
-from hypura.serve.errors import ApiError, bad_request
-from hypura.serve.generation import Finished, Job, chat_tokens, checked_token_ids, make_job, run_to_end, sampling, \
-    submit, text_tokens
-from hypura.serve.streaming import SSE, StreamResponse, race_disconnect, sse
+from hypura.serve import openai_shapes as shapes
+from hypura.serve.chat import ChatSpec, prepare
+from hypura.serve.errors import bad_request
+from hypura.serve.generation import Job, checked_token_ids, fim_tokens, make_job, sampling, submit, text_tokens
+from hypura.serve.grammars import response_format_grammar
+from hypura.serve.replies import whole_replies
+from hypura.serve.streaming import SSE, StreamResponse, sse
+from hypura.serve.tools import read_choice, read_tools
+from hypura.serve.tools.stream import ReplyStream
 
 MAX_STOPS = 4  # OpenAI's limit
 FINGERPRINT = f"hypura-{hypura.__version__}"
@@ -40,21 +48,26 @@ async def model(request: Request):
     return JSONResponse(_model_card(request.app.state.registry.find(request.path_params["model"])))
 
 
+MAX_N = 8  # choices per request: each is a sequence of the engine's batch
+
+
 def _refuse_unsupported(body: dict) -> None:
-    if fields.integer(body, "n", 1) != 1:
-        raise bad_request("'n' other than 1 is not supported: send one request per completion")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise bad_request("'logprobs' is not supported")
     if body.get("logit_bias"):
         raise bad_request("'logit_bias' is not supported")
-    if body.get("tools") or body.get("functions"):
-        raise bad_request("tools and functions are not supported")
-    response_format = body.get("response_format")
-    if response_format not in (None, {}) and response_format != {"type": "text"}:
-        raise bad_request("'response_format' other than text (JSON mode, schemas) is not supported")
+    if body.get("functions") or body.get("function_call"):
+        raise bad_request("'functions' (deprecated by OpenAI) is not supported: send 'tools'")
 
 
-def _params(body: dict):
+def _grammar(body: dict):
+    """The response format's grammar, or llama.cpp's `grammar` field (GBNF) as its server takes it."""
+    grammar = fields.string(body, "grammar")
+    response_format = response_format_grammar(body.get("response_format"))
+    if grammar and response_format:
+        raise bad_request("give 'grammar' or 'response_format', not both")
+    return grammar or response_format
+
+
+def _params(body: dict, grammar=None, logprobs=None):
     max_tokens = fields.integer(body, "max_completion_tokens", None, lo=1) or \
         fields.integer(body, "max_tokens", None, lo=1)
     return sampling(
@@ -69,7 +82,15 @@ def _params(body: dict):
         seed=fields.integer(body, "seed", None, lo=0, hi=2**32 - 1),
         stop=fields.strings(body, "stop", MAX_STOPS),
         ignore_eos=fields.boolean(body, "ignore_eos", False),  # llama.cpp's server's: fixed-length benchmarks
+        grammar=grammar, logprobs=logprobs,
     )
+
+
+def _n(body: dict, stream: bool) -> int:
+    n = fields.integer(body, "n", 1, lo=1, hi=MAX_N)
+    if n > 1 and stream:
+        raise bad_request("'n' > 1 is served without streaming only: send \"stream\": false")
+    return n
 
 
 def _content(message: dict, i: int) -> str:
@@ -103,19 +124,23 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _usage(finished: Finished) -> dict:
-    r = finished.result
-    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-            "total_tokens": r.prompt_tokens + r.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
-
-
-def _finish_reason(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
+def _usage(results) -> dict:
+    """Usage of one or more choices of one prompt (it is counted once, as OpenAI counts it)."""
+    prompt, completion = results[0].prompt_tokens, sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": results[0].cached_tokens}}
 
 
 def _stream_options(body: dict) -> bool:
     return fields.boolean(fields.mapping(body, "stream_options"), "include_usage", False)
+
+
+def _think(body: dict):
+    """llama.cpp's chat_template_kwargs.enable_thinking (None: the template's default)."""
+    value = fields.mapping(body, "chat_template_kwargs").get("enable_thinking")
+    if value is not None and not isinstance(value, bool):
+        raise bad_request("'chat_template_kwargs.enable_thinking' must be true or false")
+    return value
 
 
 async def chat_completions(request: Request):
@@ -123,50 +148,102 @@ async def chat_completions(request: Request):
     entry = request.app.state.registry.get(fields.string(body, "model"))
     _refuse_unsupported(body)
     messages = _messages(body)
-    stream, include_usage, params = fields.boolean(body, "stream", False), _stream_options(body), _params(body)
-    job = make_job(entry, await chat_tokens(entry, messages), params)
+    stream, include_usage = fields.boolean(body, "stream", False), _stream_options(body)
+    n = _n(body, stream)
+    tools = read_tools(body.get("tools"))
+    spec = ChatSpec(tools, read_choice(body.get("tool_choice"), tools),
+                    fields.boolean(body, "parallel_tool_calls", True), _think(body), _grammar(body))
+    prepared = await prepare(entry, messages, spec)
+    top = fields.integer(body, "top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+    want_logprobs = fields.boolean(body, "logprobs", False)
+    job = make_job(entry, prepared.tokens, _params(body, prepared.grammar, top if want_logprobs else None))
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": entry.name,
             "system_fingerprint": FINGERPRINT}
+    engine = entry.engine
     if not stream:
-        finished = await _whole(request, job)
+        replies = await whole_replies(request.receive, job, prepared.reply, n)
         return JSONResponse({**head, "object": "chat.completion", "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": finished.result.text}, "logprobs": None,
-            "finish_reason": _finish_reason(finished.result.finish_reason)}], "usage": _usage(finished)})
+            "index": i, "message": shapes.message(r),
+            "logprobs": shapes.chat_logprobs(engine, r.logprobs) if want_logprobs else None,
+            "finish_reason": shapes.finish_reason(r.result.finish_reason, r.calls)} for i, r in enumerate(replies)],
+            "usage": _usage([r.result for r in replies])})
+    parser = prepared.reply()
+
+    def on_event(event):
+        delta = parser.push(event.text)
+        logprobs = shapes.chat_logprobs(engine, [(event.token, event.logprob)]) if event.logprob else None
+        return _chat_deltas(delta, logprobs)
+
+    def on_end(result):
+        delta, calls = parser.finish()
+        return [*_chat_deltas(delta), *({"delta": d} for d in shapes.call_deltas(calls)),
+                {"delta": {}, "finish_reason": shapes.finish_reason(result.finish_reason, calls)}]
+
     head = {**head, "object": "chat.completion.chunk"}
-    return _sse(job, head, include_usage, lambda text: {"delta": {"content": text}},
-                first={"delta": {"role": "assistant", "content": ""}}, last={"delta": {}})
+    return _sse(job, head, include_usage, on_event, on_end, first={"delta": {"role": "assistant", "content": ""}})
+
+
+def _chat_deltas(delta, logprobs=None) -> list[dict]:
+    out = []
+    if delta.thinking:
+        out.append({"delta": {"reasoning_content": delta.thinking}})
+    if delta.content or logprobs:
+        out.append({"delta": {"content": delta.content}, **({"logprobs": logprobs} if logprobs else {})})
+    return out
 
 
 async def completions(request: Request):
     body = await fields.json_body(request)
     entry = request.app.state.registry.get(fields.string(body, "model"))
     _refuse_unsupported(body)
-    if fields.string(body, "suffix"):
-        raise bad_request("'suffix' is not supported")
     if fields.integer(body, "best_of", 1) != 1:
         raise bad_request("'best_of' other than 1 is not supported")
-    prompt, tokens = await _prompt(entry, body.get("prompt"))
+    stream, include_usage = fields.boolean(body, "stream", False), _stream_options(body)
+    n = _n(body, stream)
+    prompt, tokens = await _prompt(entry, body.get("prompt"), fields.string(body, "suffix"))
     echo = fields.boolean(body, "echo", False)
-    stream, include_usage, params = fields.boolean(body, "stream", False), _stream_options(body), _params(body)
-    job = make_job(entry, tokens, params)
+    top = fields.integer(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    job = make_job(entry, tokens, _params(body, _grammar(body), top))
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": entry.name, "system_fingerprint": FINGERPRINT}
     if echo and prompt is None:
         prompt = entry.engine.detokenize(tokens)
     echoed = prompt if echo else ""
+    engine = entry.engine
     if not stream:
-        finished = await _whole(request, job)
+        replies = await whole_replies(request.receive, job, lambda: ReplyStream(think=False), n)
         return JSONResponse({**head, "choices": [{
-            "index": 0, "text": echoed + finished.result.text, "logprobs": None,
-            "finish_reason": _finish_reason(finished.result.finish_reason)}], "usage": _usage(finished)})
-    return _sse(job, head, include_usage, lambda text: {"text": text, "logprobs": None},
-                first={"text": echoed, "logprobs": None} if echoed else None, last={"text": "", "logprobs": None})
+            "index": i, "text": echoed + r.content,
+            "logprobs": None if top is None else shapes.completion_logprobs(engine, r.logprobs, len(echoed)),
+            "finish_reason": shapes.finish_reason(r.result.finish_reason, [])} for i, r in enumerate(replies)],
+            "usage": _usage([r.result for r in replies])})
+    offset = [len(echoed)]
+
+    def on_event(event):
+        if not (event.text or event.logprob):
+            return []
+        logprobs = None
+        if event.logprob:
+            logprobs = shapes.completion_logprobs(engine, [(event.token, event.logprob)], offset[0])
+            offset[0] += len(logprobs["tokens"][0])
+        return [{"text": event.text, "logprobs": logprobs}]
+
+    def on_end(result):
+        return [{"text": "", "logprobs": None, "finish_reason": shapes.finish_reason(result.finish_reason, [])}]
+
+    first = {"text": echoed, "logprobs": None} if echoed else None
+    return _sse(job, head, include_usage, on_event, on_end, first=first)
 
 
-async def _prompt(entry, prompt):
-    """(text or None, tokens) of a completion prompt: a string, token ids, or a list holding one of them."""
+async def _prompt(entry, prompt, suffix=None):
+    """(text or None, tokens) of a completion prompt: a string, token ids, or a list holding one of them;
+    with a suffix, the fill-in-the-middle prompt of the model's FIM tokens."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    if suffix:
+        if not isinstance(prompt, str):
+            raise bad_request("'suffix' needs 'prompt' as a string")
+        return prompt, await fim_tokens(entry, prompt, suffix)
     if isinstance(prompt, str):
         return prompt, await text_tokens(entry, prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -176,19 +253,13 @@ async def _prompt(entry, prompt):
     raise bad_request("'prompt' must be a string or a list of token ids")
 
 
-async def _whole(request: Request, job: Job) -> Finished:
-    finished = await race_disconnect(request.receive, run_to_end(job))
-    if finished.result.finish_reason == "error":
-        raise ApiError(500, f"generation failed: {finished.error}")
-    return finished
-
-
-def _sse(job: Job, head: dict, include_usage: bool, piece, first, last) -> StreamResponse:
+def _sse(job: Job, head: dict, include_usage: bool, on_event, on_end, first) -> StreamResponse:
+    """A stream of one choice: `on_event(event)` and, at the end, `on_end(result)` give its chunks' choices."""
     engine_stream = submit(job)  # before the 200: a full queue is still a 429
     usage = {"usage": None} if include_usage else {}
 
-    def chunk(choice: dict, finish_reason=None) -> bytes:
-        return sse({**head, "choices": [{"index": 0, **choice, "finish_reason": finish_reason}], **usage})
+    def chunk(choice: dict) -> bytes:
+        return sse({**head, "choices": [{"index": 0, "finish_reason": None, **choice}], **usage})
 
     async def chunks():
         if first is not None:
@@ -198,13 +269,14 @@ def _sse(job: Job, head: dict, include_usage: bool, piece, first, last) -> Strea
                 yield sse({"error": {"message": f"generation failed: {event.error}", "type": "server_error",
                                      "param": None, "code": None}})
                 break
-            if event.text:
-                yield chunk(piece(event.text))
+            for choice in on_event(event):
+                yield chunk(choice)
         else:
             result = engine_stream.result()
-            yield chunk(last, _finish_reason(result.finish_reason))
+            for choice in on_end(result):
+                yield chunk(choice)
             if include_usage:
-                yield sse({**head, "choices": [], "usage": _usage(Finished(result.text, result, None))})
+                yield sse({**head, "choices": [], "usage": _usage([result])})
         yield sse("[DONE]")
 
     return StreamResponse(chunks(), SSE, engine_stream.cancel)

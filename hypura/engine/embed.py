@@ -1,0 +1,55 @@
+"""Embeddings from the engine's own context, between its steps.
+
+`Engine.embed` holds the step lock (the engine thread holds it for each step, so an embedding waits at
+most one step and never runs beside one), turns llama.cpp's embeddings output on, decodes each input in
+the spare sequence id `parallel` (no slot uses it: the loader makes n_seq_max = parallel + 1), reads the
+result and removes that sequence's KV, then turns embeddings off again. A context that pools (an
+embedding model's GGUF sets its pooling type) gives one vector per sequence, and the input must fit one
+batch; otherwise (a generative model) the tokens' last hidden states are averaged, over as many batches
+as the input needs. Vectors come back as llama.cpp computes them; normalising is the caller's choice.
+"""
+
+from __future__ import annotations
+
+import llama_cpp
+import numpy as np
+
+from hypura.errors import HypuraError
+
+
+def embed_one(llm, ctx, mem, seq: int, tokens: list[int], n_batch: int) -> np.ndarray:
+    pooled = llama_cpp.llama_pooling_type(ctx) not in (llama_cpp.LLAMA_POOLING_TYPE_NONE,
+                                                       llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
+    if pooled and len(tokens) > n_batch:
+        raise HypuraError(f"an input of {len(tokens)} tokens is longer than a batch ({n_batch}) of this "
+                          "embedding model: shorten it, or truncate")
+    n_embd = llama_cpp.llama_model_n_embd(llm.model)
+    total = np.zeros(n_embd, dtype=np.float64)
+    batch = llama_cpp.llama_batch_init(min(n_batch, len(tokens)), 0, 1)
+    try:
+        for start in range(0, len(tokens), n_batch):
+            chunk = tokens[start:start + n_batch]
+            for i, t in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, start + i, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, 1
+            batch.n_tokens = len(chunk)
+            rc = llm.decode_batch(batch)
+            if rc != 0:
+                raise HypuraError(f"llama_decode returned {rc} for an embedding (the KV cache may be full: retry)")
+            if pooled:
+                total += np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(ctx, seq), shape=(n_embd,))
+            else:
+                rows = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(ctx), shape=(len(chunk), n_embd))
+                total += rows.sum(axis=0, dtype=np.float64)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
+    return total if pooled else total / len(tokens)
+
+
+def embed(llm, ctx, mem, seq: int, inputs: list[list[int]], n_batch: int) -> list[np.ndarray]:
+    llama_cpp.llama_set_embeddings(ctx, True)
+    try:
+        return [embed_one(llm, ctx, mem, seq, tokens, n_batch) for tokens in inputs]
+    finally:
+        llama_cpp.llama_set_embeddings(ctx, False)
