@@ -401,7 +401,7 @@ def test_budgets_plan_for_the_batch_and_the_plan_sets_op_offload(tiny_llama):
     from hypura.profile import resolve_profile
 
     kwargs = engine_llama_kwargs(8, 64, ram="2GiB", gpu_mem="0")
-    assert kwargs["ram"] == "2GiB" and kwargs["param_overrides"]["context_params"]["n_seq_max"] == 8
+    assert kwargs["ram"] == "2GiB" and kwargs["param_overrides"]["context_params"]["n_seq_max"] == 9  # + embeddings
     # hypura.Llama's decision for those keywords: a plan for steps of 8 tokens
     header, profile = read_header(tiny_llama), resolve_profile("h200-design")
     plan = decide(header, Ask(gpu_mem="0", ram="2GiB", n_ctx=8 * 64), None, profile, steps=(8,)).plan

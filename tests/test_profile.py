@@ -118,6 +118,7 @@ def test_device_links_code_path_on_cpu_device():
 
 @needs_lib
 @pytest.mark.slow
+@pytest.mark.live_machine  # measures the CPU on a model on purpose
 def test_llama_cpp_compute_rate(monkeypatch, tmp_path):
     from hypura.models import default_model_path
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import llama_cpp
 import numpy as np
 
+from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
 
 
@@ -25,14 +26,14 @@ def embed_one(llm, ctx, mem, seq: int, tokens: list[int], n_batch: int) -> np.nd
                           "embedding model: shorten it, or truncate")
     n_embd = llama_cpp.llama_model_n_embd(llm.model)
     total = np.zeros(n_embd, dtype=np.float64)
-    batch = llama_cpp.llama_batch_init(min(n_batch, len(tokens)), 0, 1)
+    batch = Batch(min(n_batch, len(tokens)))
     try:
         for start in range(0, len(tokens), n_batch):
             chunk = tokens[start:start + n_batch]
+            c = batch.c
             for i, t in enumerate(chunk):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, start + i, 1
-                batch.seq_id[i][0], batch.logits[i] = seq, 1
-            batch.n_tokens = len(chunk)
+                c.token[i], c.pos[i], c.seq_id[i][0], c.logits[i] = t, start + i, seq, 1
+            c.n_tokens = len(chunk)
             rc = llm.decode_batch(batch)
             if rc != 0:
                 raise HypuraError(f"llama_decode returned {rc} for an embedding (the KV cache may be full: retry)")
@@ -42,7 +43,7 @@ def embed_one(llm, ctx, mem, seq: int, tokens: list[int], n_batch: int) -> np.nd
                 rows = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(ctx), shape=(len(chunk), n_embd))
                 total += rows.sum(axis=0, dtype=np.float64)
     finally:
-        llama_cpp.llama_batch_free(batch)
+        batch.close()
         llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
     return total if pooled else total / len(tokens)
 

@@ -67,6 +67,7 @@ class _Steps:
     def __init__(self, path: Path, threads: int):
         import llama_cpp
 
+        from hypura.bindings.batch import Batch
         from hypura.llama import Llama
 
         n = knobs.LLAMA_PROMPT_TOKENS
@@ -75,28 +76,25 @@ class _Steps:
                              n_threads=threads, n_threads_batch=threads, offload_kqv=False, op_offload=False,
                              verbose=False, param_overrides={"model_params": {
                                  "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE, "no_host": True}})
-        self.batch = llama_cpp.llama_batch_init(n, 0, 1)
+        self.batch = Batch(n)
         self.pos, self.name = 0, path.name
 
     def __call__(self, tokens: list[int], logits: bool = False) -> float:
         import llama_cpp
 
-        b = self.batch
+        b = self.batch.c
         b.n_tokens = len(tokens)
         for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, self.pos + i, 1, 0
-            b.seq_id[i][0] = 0
+            b.token[i], b.pos[i], b.logits[i], b.seq_id[i][0] = t, self.pos + i, 0, 0
         b.logits[len(tokens) - 1] = int(logits)
         t0 = time.perf_counter()
-        if llama_cpp.llama_decode(self.llm.ctx, b) != 0:
+        if llama_cpp.llama_decode(self.llm.ctx, b) != 0:  # the CPU decodes synchronously: timed as it is
             raise HypuraError(f"llama_decode failed on {self.name}")
         self.pos += len(tokens)
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        import llama_cpp
-
-        llama_cpp.llama_batch_free(self.batch)
+        self.batch.close()
         self.llm.close()
 
 
