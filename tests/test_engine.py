@@ -288,6 +288,7 @@ def test_a_full_queue_is_refused_and_close_ends_what_waits(llm):
 
 def test_close_ends_running_requests_and_joins_the_thread(llm):
     engine = Engine(llm, EngineConfig(parallel=2)).start()
+    thread = engine._thread  # this engine's (another test's server may still be closing its own)
     tokens = llm.tokenize(PROMPT.encode())
     got = []
     r = engine.submit(tokens, SamplingParams(max_tokens=200, temperature=0.0), on_event=got.append)
@@ -296,7 +297,7 @@ def test_close_ends_running_requests_and_joins_the_thread(llm):
     engine.close()
     res = r.result(1)
     assert res.finish_reason == "error" and res.error == "engine closed" and 0 < res.completion_tokens < 200
-    assert not any(t.name == "hypura-engine" and t.is_alive() for t in threading.enumerate())
+    assert not thread.is_alive()
     engine.close()  # twice is fine
 
 
