@@ -3,7 +3,11 @@ process, on 127.0.0.1 and a free port."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+
+import httpx
 
 from hypura.serve.server import Server
 from hypura.serve.settings import ServeSettings
@@ -37,3 +41,25 @@ def wait_idle(engine, timeout=10.0) -> dict:
             return m
         assert time.monotonic() < deadline, f"requests left running: {m['requests']}"
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def health_probed(url: str, every: float = 0.05):
+    """/health polled on a thread while the block runs; yields the list of its answers' seconds (each a 200)."""
+    seen, stop = [], threading.Event()
+
+    def probe():
+        with httpx.Client(base_url=url, timeout=10) as c:
+            while not stop.is_set():
+                started = time.monotonic()
+                assert c.get("/health").status_code == 200
+                seen.append(time.monotonic() - started)
+                time.sleep(every)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        prober.join()

@@ -5,7 +5,6 @@ time bound, with RSS flat, while the server answers other requests."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import psutil
@@ -17,6 +16,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from serve_fakes import MODEL, start_fake  # noqa: E402
+from serve_helpers import health_probed  # noqa: E402
 
 DEEP = "[" * 40 + "1" + "]" * 40
 # the issue's templates (n from messages|length), then more that multiply a size in one operation
@@ -61,20 +61,8 @@ def test_real_template_features_still_render():
 @pytest.mark.parametrize("name", ["power", "format-filter", "percent-star", "str-format-nested", "tojson-indent"])
 def test_the_server_refuses_them_in_time_flat_and_serves_meanwhile(smollm2_path, name):
     server = start_fake(smollm2_path, template=HOSTILE[name])
-    health, stop = [], threading.Event()
-
-    def probe():
-        with httpx.Client(base_url=server.url, timeout=10) as c:
-            while not stop.is_set():
-                started = time.monotonic()
-                assert c.get("/health").status_code == 200
-                health.append(time.monotonic() - started)
-                time.sleep(0.02)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
     try:
-        with httpx.Client(base_url=server.url, timeout=30) as c:
+        with health_probed(server.url, every=0.02) as health, httpx.Client(base_url=server.url, timeout=30) as c:
             chat = {"model": MODEL, "messages": MESSAGES, "stream": False}
             c.post("/api/chat", json=chat)  # warm up: imports, first allocations
             rss = psutil.Process().memory_info().rss
@@ -87,8 +75,6 @@ def test_the_server_refuses_them_in_time_flat_and_serves_meanwhile(smollm2_path,
             raw = c.post("/api/generate", json={"model": MODEL, "prompt": "x", "raw": True, "stream": False})
             assert raw.status_code == 200  # the same model, served meanwhile
     finally:
-        stop.set()
-        prober.join()
         server.stop()
     assert grown < 64 << 20, f"RSS grew {grown >> 20} MB over 9 requests"
     assert len(health) > 5 and max(health) < 1.0, max(health)

@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from serve_fakes import MODEL, FakeEngine, start_fake  # noqa: E402
-from serve_helpers import real_server  # noqa: E402
+from serve_helpers import health_probed, real_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -93,21 +93,8 @@ def test_tokenizing_stops_at_the_context_and_when_cancelled(llm, vocab):
 
 def test_the_server_refuses_them_fast_and_serves_meanwhile(smollm2_path):
     server = real_server(smollm2_path, n_ctx=512)
-    health = []
-    stop = threading.Event()
-
-    def probe():
-        with httpx.Client(base_url=server.url, timeout=10) as c:
-            while not stop.is_set():
-                started = time.monotonic()
-                assert c.get("/health").status_code == 200
-                health.append(time.monotonic() - started)
-                time.sleep(0.05)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
     try:
-        with httpx.Client(base_url=server.url, timeout=60) as c:
+        with health_probed(server.url) as health, httpx.Client(base_url=server.url, timeout=60) as c:
             started = time.monotonic()
             r = c.post("/api/generate", json={"model": MODEL, "prompt": "<|im_end|>x" * 32_000, "raw": True})
             assert r.status_code == 400 and "context" in r.json()["error"]
@@ -118,8 +105,6 @@ def test_the_server_refuses_them_fast_and_serves_meanwhile(smollm2_path):
             assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
             assert time.monotonic() - started < 20
     finally:
-        stop.set()
-        prober.join()
         server.stop()
     assert health and max(health) < 2.0, max(health)
 
