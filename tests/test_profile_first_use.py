@@ -89,6 +89,7 @@ def test_the_first_plan_measures_the_cpu_on_the_models_own_blocks(first_use, sha
     names = sorted(p.name for p in first_use.iterdir())
     assert [n.split("-")[0] for n in names] == ["cpu", "profile"]  # no slice left behind
     assert not any(p.name.startswith(".hypura-profile") for p in first_use.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", f"{shape}.gguf"]  # nothing beside the model
 
     again: list[str] = []
     assert measure.planning_profile(model, say=again.append).cpu == cpu and again == []  # cached

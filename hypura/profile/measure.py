@@ -70,6 +70,9 @@ def measure_profile(path: str | os.PathLike | None = None, model: str | os.PathL
 
     folder = Path(path or os.environ.get("HYPURA_MODELS") or Path.cwd())
     big = disk_file is not None and Path(disk_file).stat().st_size >= knobs.DISK_FILE_MIN_BYTES
+    if disk_file is not None and not big:
+        folder = cache_dir()  # nothing is ever written beside a model (an Ollama store's blobs, a read-only folder)
+        folder.mkdir(parents=True, exist_ok=True)
     progress(f"[3/4] storage: O_DIRECT reads {f'of {disk_file}' if big else f'in {folder}'}")
     disk = None
     if big:
