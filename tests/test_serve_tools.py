@@ -101,11 +101,10 @@ def test_ollama_tools_and_tool_message(server):
     assert r.message.content or r.message.tool_calls
     streamed = list(client.chat(model=MODEL, messages=history, tools=[WEATHER], stream=True,
                                 options={"num_predict": 24, "temperature": 0}))
-    # greedy both, but not bit for bit: the second reuses the first's prompt cells (the prefix cache), computed in
-    # another batch shape, and llama.cpp's kernels are not batch-invariant (a near-tie may part the texts)
+    # greedy both, but not the same text: the second reuses the first's prompt cells (the prefix cache), computed
+    # in another batch shape, and llama.cpp's kernels are not batch-invariant (seen: '{"tool_c…' against 'The weat…')
     text = "".join(p.message.content or "" for p in streamed)
     assert streamed[-1].done and (text or any(p.message.tool_calls for p in streamed))
-    assert text[:8] == (r.message.content or "")[:8]
     assert "tools" in client.show(MODEL).capabilities
 
 
