@@ -97,7 +97,7 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
         tail -3 "$RES/pytest-gpu.txt"
     fi
     ;;
-ab)  # the headline runs on this tree and on .oldtree, same library, same call: resident and dense streaming,
+ab)  # the headline runs on this tree and on .oldtree, same library, same run: resident and dense streaming,
     # one sequence and the batched engine at 1 and 16 (the MoE paging run with AB_MOE=1)
     models_done
     "$(libdir)/llama-bench" -m $M14 -ngl 99 -p 512 -n 64 -r 3 -o json > "$RES/vanilla-q14-ngl99.json" 2> /dev/null
