@@ -224,3 +224,36 @@ def test_prompts_over_cpu_weights_that_change_within_a_graph(moe_model, dense_mo
         assert not llm.context_params.op_offload  # so the CPU computes them for the prompt too
     finally:
         llm.close()
+
+
+def test_per_step_paths_on_the_gpu(dense_model):
+    """RAM blocks with a path per step: a prompt batch streams them into GPU slots (the logits of GPU-resident
+    weights), a one-token step computes them on the CPU from their pinned copy (the logits of the same blocks
+    resident in plain RAM, not repacked); then back, with graphs built anew at each change."""
+    def ram_blocks(t):
+        if t.layer >= 0:
+            return dataclasses.replace(t, tier="ram", compute="cpu")
+        return dataclasses.replace(t, tier="gpu", compute="gpu") if t.name.startswith("output") else t
+
+    kwargs = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=4)
+    resident = hypura.Llama(str(dense_model), n_gpu_layers=-1, **kwargs)
+    tokens = resident.tokenize(b"The quick brown fox jumps over the lazy dog. " * 6)
+    batch_want = _logits(resident, tokens)
+    resident.close()
+    cpu_plan = _design_plan(dense_model, ram_blocks)
+    plain = {"model_params": {"use_extra_bufts": False, "no_host": True}}
+    on_cpu = hypura.Llama(str(dense_model), plan=cpu_plan, param_overrides=plain, **kwargs)
+    tokens_want = _decode_logits(on_cpu, tokens[:6])
+    on_cpu.close()
+    blocks = tuple(sorted(t.name for t in cpu_plan.tensors if t.layer >= 0))
+    plan = dataclasses.replace(cpu_plan, step_paths=((4, (), 0.0), (512, blocks, 0.0)), pool_slots=3)
+    llm = hypura.Llama(str(dense_model), plan=plan, **kwargs)
+    try:
+        assert np.array_equal(_logits(llm, tokens), batch_want)
+        loads = llm.stats()["stream"]["loads"]
+        assert loads > 0
+        assert np.array_equal(_decode_logits(llm, tokens[:6]), tokens_want)
+        assert llm.stats()["stream"]["loads"] == loads
+        assert np.array_equal(_logits(llm, tokens), batch_want)
+    finally:
+        llm.close()

@@ -241,9 +241,10 @@ def test_hybrid_beats_partial_offload(model):
     vanilla = plan_model(h, H200, gpu_mem="8GiB", solver="greedy")
     assert hybrid.pool_slots == 3 and hybrid.pool_slot_bytes > 0
     assert {"cpu", "gpu"} <= {t.compute for t in hybrid.tensors if t.tier == "ram"}
-    # DESIGN.md hoped for 1.5x; with the hand-off cost measured under streaming (knobs.STREAM_SPLIT_S)
-    # the model predicts less, and the H200 measured 1.07x (bench/RESULTS.md)
-    assert hybrid.prediction.decode_tok_s > 1.2 * vanilla.prediction.decode_tok_s
+    # DESIGN.md hoped for 1.5x; with the hand-off cost measured under streaming (knobs.STREAM_SPLIT_S) and the
+    # RAM the CPU and the link share (knobs.RAM_SHARED_HEADROOM) the model predicts less: the H100 measured
+    # 1.10x (2.42 against -ngl 14's 2.19, bench/RESULTS.md)
+    assert hybrid.prediction.decode_tok_s > 1.05 * vanilla.prediction.decode_tok_s
     assert hybrid.prediction.decode_tok_s < 3.5 * 1.1
 
 
@@ -308,7 +309,8 @@ def test_greedy_is_a_layer_prefix(model):
 @pytest.mark.parametrize("ram", ["64GiB", "16GiB"])
 def test_plan_reserves_the_slots_the_runtime_lays_out(model, ram):
     """The planner's pool and disk-slot memory is exactly what runtime/stream_layout.py assigns:
-    layers round-robin over the slots in graph order, each slot as large as its largest layer."""
+    layers round-robin over the slots in graph order, every slot as large as the largest layer (a layer
+    may take any slot when a step's path changes)."""
     from collections import defaultdict
 
     from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
@@ -320,11 +322,8 @@ def test_plan_reserves_the_slots_the_runtime_lays_out(model, ram):
         for s in layout.tensors.values():
             if s.pool == pool:
                 per_layer[s.layer] += s.nbytes
-        per_slot = defaultdict(int)
-        for layer, nbytes in per_layer.items():
-            slot = layout.layer_slot[(pool, layer)]
-            per_slot[slot] = max(per_slot[slot], nbytes)
-        assert sum(per_slot.values()) == plan.memory[tier][part]
+        slots = {layout.layer_slot[(pool, layer)] for layer in per_layer}
+        assert len(slots) * max(per_layer.values(), default=0) == plan.memory[tier][part] == layout.pool_bytes(pool)
     assert layout.tensors  # the budgets make it stream
 
 

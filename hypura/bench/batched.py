@@ -125,7 +125,7 @@ def predicted(header, plan, b: int) -> Optional[dict]:
     mu = model_units(header)
     placed = [plan.placement(u.tensors[0]) for u in mu.units]
     tiers = [t.experts[u.expert] if u.expert >= 0 else t.tier for u, t in zip(mu.units, placed)]
-    compute = [t.expert_compute[u.expert] if u.expert >= 0 else t.compute for u, t in zip(mu.units, placed)]
+    compute = [t.expert_compute[u.expert] if u.expert >= 0 else plan.compute_at(t, b) for u, t in zip(mu.units, placed)]
     pr = predict(traffic(mu, tiers, compute, plan.kv_tier, plan.kv_bytes, plan.rates, plan.n_ubatch, b,
                          plan.traffic.op_offload), plan.rates)
     return {"decode_tok_s": pr.decode_tok_s, "decode_limit": pr.decode_limit, "prefill_tok_s": pr.prefill_tok_s,

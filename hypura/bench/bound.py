@@ -59,7 +59,7 @@ def bound(header, plan, rates, b: int = 1, on_gpu: Optional[bool] = None,
     for t in placed:
         if t.name == "token_embd.weight" and not tied:
             continue  # get_rows of b rows, not a pass over the tensor
-        units = [(t.tier, t.compute, t.nbytes)]
+        units = [(t.tier, plan.compute_at(t, b) if plan is not None else t.compute, t.nbytes)]
         if t.experts:
             n = len(t.experts)
             touched = 1.0 - (1.0 - min(k, n) / n) ** b

@@ -162,10 +162,14 @@ ffi.cdef(
     void ggml_backend_event_free(ggml_backend_event_t event);
     void ggml_backend_event_record(ggml_backend_event_t event, ggml_backend_t backend);
     void ggml_backend_event_synchronize(ggml_backend_event_t event);
+
+    int32_t hypura_stream_set_home(struct hypura_stream * stream, const struct ggml_tensor * weight,
+                                   ggml_backend_buffer_t buffer, void * data);
+    int32_t hypura_stream_place(struct hypura_stream * stream, const struct ggml_tensor * weight, int32_t slot);
     """
 )
 
-EXPECTED_API_VERSION = 10
+EXPECTED_API_VERSION = 11
 
 
 @functools.lru_cache(maxsize=None)

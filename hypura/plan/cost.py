@@ -5,7 +5,8 @@ token. Every path moves its bytes concurrently (copies and disk reads are issued
 prefetcher), but GPU and CPU compute run one after the other, because layer L+1 needs layer L's output:
 
     step = max(gpu time + cpu time + op-offload copies + fixed costs,  link_bytes/link_rate,
-               disk_bytes/disk_rate);   aggregate decode tok/s = parallel / step
+               disk_bytes/disk_rate, (cpu_bytes + link_bytes)/(RAM the two share));
+    aggregate decode tok/s = parallel / step
 
 A device's time is its weight bytes at its read rate (measured by one-token decode, that token's
 compute included) plus the FLOPs of the step's other tokens at its matmul rate: CPU matmuls turn
@@ -115,7 +116,7 @@ class Traffic:
 @dataclass(frozen=True)
 class Prediction:
     decode_tok_s: float  # aggregate: every sequence's tokens
-    decode_limit: str  # which path bounds a step: gpu | cpu | offload (op offload's copies) | link | disk
+    decode_limit: str  # which path bounds a step: gpu | cpu | offload (op offload's copies) | link | disk | ram
     prefill_tok_s: float
     prefill_limit: str  # compute | link | disk
     seconds: dict = field(default_factory=dict)  # per decode step, per path (+ "overhead")
@@ -154,7 +155,10 @@ def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, o
             "offload": _div(offload, r.pageable_rate),
             # op offload's pageable copies hold the link while they run, beside the streamed ones
             "link": _div(link, r.link_beside(cpu)) + _div(offload, r.pageable_rate),
-            "disk": r.disk_seconds(disk, expert_disk)}
+            "disk": r.disk_seconds(disk, expert_disk),
+            # both read RAM: with the CPU busy too, the two share its bandwidth (knobs.RAM_SHARED_HEADROOM)
+            "ram": _div(cpu + link, r.cpu_read * knobs.RAM_SHARED_HEADROOM) if cpu > 0 and link > 0
+            and not r.unified else 0.0}
 
 
 @dataclass
@@ -220,7 +224,7 @@ class StepLoad:
         """The step's time without fixed costs: what the solver's split minimises."""
         s = decode_seconds(**self.paths(), link=self.link, disk=self.disk, expert_disk=self.expert_disk,
                            r=self.rates, parallel=self.parallel)
-        return max(s[GPU] + s[CPU] + s["offload"], s["link"], s["disk"])
+        return max(s[GPU] + s[CPU] + s["offload"], s["link"], s["disk"], s["ram"])
 
 
 def predict(t: Traffic, r: Rates) -> Prediction:
@@ -229,7 +233,8 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
     streaming = t.link_bytes > 0 or t.disk_bytes > 0
     overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
-    paths = {"compute": s[GPU] + s[CPU] + s["offload"] + overhead, "link": s["link"], "disk": s["disk"]}
+    paths = {"compute": s[GPU] + s[CPU] + s["offload"] + overhead, "link": s["link"], "disk": s["disk"],
+             "ram": s["ram"]}
     limit = max(paths, key=paths.get)
     if limit == "compute":
         parts = {GPU: s[GPU] + gpu_fixed, CPU: s[CPU] + cpu_fixed, "offload": s["offload"]}
@@ -247,6 +252,8 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     batch_s = max(pre.values())
     nbytes = {"gpu": t.gpu_bytes, "cpu": t.cpu_bytes, "link": t.link_bytes, "disk": t.disk_bytes}
     seconds = {"gpu": s[GPU], "cpu": s[CPU], "link": s["link"], "disk": s["disk"], "overhead": overhead}
+    if s["ram"]:
+        seconds["ram"] = s["ram"]
     if t.offload_bytes:
         nbytes["offload"], seconds["offload"] = t.offload_bytes, s["offload"]
     return Prediction(

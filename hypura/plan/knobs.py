@@ -47,6 +47,11 @@ STREAM_SPLIT_S = 70e-6
 # (both read RAM): H200, 2026-12-03, 70B hybrid plan, 48.2 GB/s over the decode against 54.1 GB/s
 # for a lone 1 GiB copy in the same lease (bench/RESULTS.md)
 LINK_BESIDE_CPU = 0.89
+# the CPU's decode and the link's pinned copies read the same RAM: together at most this multiple of the
+# CPU's own decode rate. H100, 2026-12-06, 70B hybrid plan at 8 GiB (first-use profile: CPU 69 GB/s alone):
+# a token's 20.6 GB on the CPU took 9 ms a layer (44 GB/s) while the link moved 15.3 GB at 37 GB/s, 81 GB/s
+# together, 440 ms a token where the separate budgets predicted 323 (bench/RESULTS.md, house-ab)
+RAM_SHARED_HEADROOM = 1.2
 # an expert cache's host round trip per MoE layer and token (router result read, slot ids written, the
 # Python hook): measured on the H200 (2026-12-03, qwen3-30b-a3b shape, 18 slots a layer, routing that
 # spreads over the experts): router hooks beyond their waits for loads took 12.0 and 8.0 ms a token

@@ -2,7 +2,7 @@
 JSON-serialisable object. The loader hook asks `plan.placement(name)` for each tensor it loads:
 
     tier gpu  -> GPU buffer (resident)
-    tier ram  -> host buffer; pinned when `compute` is gpu (streamed into GPU slots), else plain
+    tier ram  -> host buffer; pinned when some step streams it into GPU slots (`step_paths`), else plain
     tier disk -> not loaded; streamed with O_DIRECT (into GPU slots or RAM staging by `compute`)
 
 A stacked expert tensor has a tier per expert (`experts`); its own `tier` is the slowest of them.
@@ -20,7 +20,7 @@ from pathlib import Path
 from hypura.errors import HypuraError
 from hypura.jsonfile import parse_json, read_json_file, write_atomic
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic
-from hypura.plan.solve import PlanSettings, Solution
+from hypura.plan.solve import PlanSettings, Solution, step_rates
 from hypura.plan.units import ModelUnits
 from hypura.tiers.names import TIERS  # noqa: F401  (re-exported)
 
@@ -67,6 +67,9 @@ class Plan:
     expert_slots: int = 0  # > 0: an expert cache of this many GPU slots a MoE layer (plan/experts.py)
     expert_hit_rate: float = 0.0  # the hit rate its prediction assumes
     routing_tokens: int = 0  # > 0: expert frequencies came from this many tokens of recorded routing
+    # per-step paths: ((tokens, RAM tensors streamed into GPU slots at steps of up to that many tokens, predicted
+    # aggregate tok/s), ...) in rising order; the CPU computes the other RAM tensors. Empty: `compute` at every step
+    step_paths: tuple = ()
 
     # --- what the loader and the runtime ask ------------------------------------------------
     def _index(self) -> dict[str, TensorPlacement]:
@@ -81,6 +84,22 @@ class Plan:
             return self._index()[name]
         except KeyError:
             raise HypuraError(f"tensor '{name}' is not in the plan (was it made for another model?)") from None
+
+    def streamed_at(self, tokens: int) -> tuple[str, ...]:
+        """The RAM tensors a step of `tokens` tokens streams into GPU slots (`step_paths`)."""
+        if not self.step_paths:
+            return ()
+        return next((step[1] for step in self.step_paths if tokens <= step[0]), self.step_paths[-1][1])
+
+    def compute_at(self, t: TensorPlacement, tokens: int) -> str:
+        """Where a step of `tokens` tokens computes t: a RAM tensor by the step's own path, where the plan
+        has per-step paths; else t.compute."""
+        if not self.step_paths or t.tier != RAM or t.experts:
+            return t.compute
+        sets = self.__dict__.setdefault("_streamed_sets", {})  # a cache, not state: frozen otherwise
+        names = self.streamed_at(tokens)
+        streamed = sets.get(id(names)) or sets.setdefault(id(names), frozenset(names))
+        return GPU if t.name in streamed else CPU
 
     def tier_of(self, name: str) -> str:
         return self.placement(name).tier
@@ -144,6 +163,7 @@ class Plan:
             kw["tensors"] = tuple(TensorPlacement(**{**t, "experts": tuple(t["experts"]),
                                                      "expert_compute": tuple(t["expert_compute"])})
                                   for t in d["tensors"])
+            kw["step_paths"] = tuple((int(k), tuple(names), float(r)) for k, names, r in d.get("step_paths", ()))
             kw["traffic"], kw["prediction"], kw["rates"] = (
                 Traffic(**d["traffic"]), Prediction(**d["prediction"]), Rates(**d["rates"]))
             return cls(**kw)
@@ -207,6 +227,8 @@ def build_plan(model: str, mu: ModelUnits, sol: Solution, settings: PlanSettings
         staging_slots=settings.prefetch_depth + 1 if sol.staging_bytes else 0, staging_slot_bytes=sol.staging_bytes,
         prefetch_depth=settings.prefetch_depth, expert_cache={t: experts.get(t, 0) for t in TIERS},
         memory=memory, unified=budgets.unified, traffic=sol.traffic, prediction=sol.prediction, rates=rates,
+        step_paths=tuple((k, tuple(sorted(name for i in moved for name in units[i].tensors)), rate)
+                         for (k, moved), rate in zip(sol.steps, step_rates(mu, sol, rates, settings))),
     )
     _check_budgets(plan)
     return plan

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hypura.modelfile import ModelHeader
 from hypura.plan.budget import fmt_size
-from hypura.plan.cost import DISK, GPU, RAM
+from hypura.plan.cost import CPU, DISK, GPU, RAM
 from hypura.plan import knobs
 from hypura.plan.plan import TIERS, Plan
 from hypura.plan.solve import turn_seconds
@@ -122,6 +122,7 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
         out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; the RAM slots "
                    "above hold the recently read ones")
     out += describe_prediction(plan)
+    out += describe_steps(plan)
     out.append("")
     out.append("layers   (G gpu, R ram, D disk; lower case: the block is split across tiers)")
     out += layer_map(plan)
@@ -144,6 +145,23 @@ def describe_prediction(plan: Plan) -> list[str]:
              f"prefill {rate(pr.prefill_tok_s)} tok/s (limited by {pr.prefill_limit})",
              f"         a chat turn ({knobs.OBJECTIVE_PROMPT_TOKENS} prompt + {knobs.OBJECTIVE_DECODE_TOKENS} "
              f"generated tokens, what plans minimise): {turn_seconds(pr):.1f} s"] + _table(rows))
+
+
+def describe_steps(plan: Plan) -> list[str]:
+    """Per step size: which path the RAM layers take (streamed into GPU slots, or computed by the CPU where
+    they are) and the predicted speed; a step is a decode step of that many sequences, a verification pass of
+    that many drafted tokens, or a prompt chunk."""
+    if not plan.step_paths:
+        return []
+    ram_layers = {t.layer for t in plan.tensors if t.tier == RAM and not t.experts and 0 <= t.layer < plan.n_layer}
+    rows = [["  tokens", "RAM layers streamed", "computed by the CPU", "tok/s", "s/step"]]
+    for k, names, rate in plan.step_paths:
+        streamed = {plan.placement(n).layer for n in names}
+        on_cpu = {t.layer for t in plan.tensors if t.layer in ram_layers and t.tier == RAM and not t.experts
+                  and plan.compute_at(t, k) == CPU}
+        rows.append([f"  {k}", str(len(streamed)), str(len(on_cpu)), f"{rate:.3g}", f"{k / rate:.3f}"])
+    return ["paths    each step's own: RAM layers the link streams into GPU slots, or the CPU computes in place "
+            "(a layer split between them counts in both)"] + _table(rows)
 
 
 def describe_tensors(plan: Plan) -> list[str]:

@@ -26,6 +26,7 @@ the GPU; no streaming slots.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,10 +65,33 @@ class Solution:
     prediction: Prediction
     solver: str
     config: str
+    steps: tuple = ()  # ((tokens, RAM units streamed at steps of up to that many tokens), ...)
+    one: Prediction | None = None  # one sequence's prediction, when the plan is made for several
 
     @property
     def turn_s(self) -> float:
-        return turn_seconds(self.prediction)
+        """A plan made for several sequences serves one too: both turns count."""
+        return turn_seconds(self.prediction) + (turn_seconds(self.one) if self.one is not None else 0.0)
+
+
+def step_rates(mu: ModelUnits, sol: Solution, rates: Rates, settings: PlanSettings) -> tuple[float, ...]:
+    """The predicted aggregate tok/s of each step size of the solution's table."""
+    kv = sol.memory[sol.kv_tier]["kv"]
+    return tuple(predict(traffic(mu, sol.tiers, path_at(sol.compute, sol.tiers, sol.steps, k), sol.kv_tier, kv, rates,
+                                 settings.n_ubatch, k, sol.traffic.op_offload), rates).decode_tok_s
+                 for k, _ in sol.steps)
+
+
+def path_at(base, tiers, steps: tuple, tokens: int | None) -> list[str]:
+    """Each unit's compute at a step of `tokens` tokens (None: GPU where any step streams it): RAM units
+    streamed where the step table says, computed by the CPU otherwise; the rest as the plan's split `base`."""
+    if not steps:
+        return list(base)
+    if tokens is None:
+        moved = {i for step in steps for i in step[1]}
+    else:
+        moved = set(next((step[1] for step in steps if tokens <= step[0]), steps[-1][1]))
+    return [GPU if i in moved else (CPU if t == RAM else c) for i, (c, t) in enumerate(zip(base, tiers))]
 
 
 def turn_seconds(pr: Prediction) -> float:
@@ -184,18 +208,22 @@ class _Problem:
                     tiers[i] = DISK
         return tiers
 
-    def split(self, tiers: list[str], kv_tier: str, op_offload: bool) -> list[str]:
-        """Move non-resident units to GPU compute (streamed into slots) while the step's time falls."""
+    def split(self, tiers: list[str], kv_tier: str, op_offload: bool, parallel: int | None = None,
+              base: list[str] | None = None) -> list[str]:
+        """Move non-resident units to GPU compute (streamed into slots) while the time of a step of `parallel`
+        tokens (the plan's) falls. base: the plan's split, whose disk units keep their path; then only RAM
+        units move (a step's own path, plan/steps.py)."""
         units = self.mu.units
-        compute = [GPU if t == GPU else CPU for t in tiers]
-        step = StepLoad(self.r, self.s.parallel, op_offload)
+        compute = [GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers)]
+        step = StepLoad(self.r, parallel or self.s.parallel, op_offload)
         for u, t, c in zip(units, tiers, compute):
             step.add(u, t, c)
         step.add_kv(kv_tier, self.kv)
         best = step.seconds()
         # experts never stream through layer slots (the runtime would copy whole stacked tensors):
         # an expert cache loads them one by one instead (plan/experts.py)
-        movable = [i for i, u in enumerate(units) if tiers[i] == DISK and not u.host_only and u.expert < 0]
+        movable = [] if base else [i for i, u in enumerate(units)
+                                   if tiers[i] == DISK and not u.host_only and u.expert < 0]
         ram = [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only and u.expert < 0]
         # layers spread out (any prefix interleaves with the rest), so the copy engine streams the
         # next GPU layer while the CPU computes the layers between; a layer's units stay together
@@ -239,8 +267,14 @@ class _Problem:
                                        pool, staging, host_buf)
             tiers = fill(gpu_cap, ram_cap)
             compute = self.split(tiers, kv_tier, op_offload) if stream else [GPU if t == GPU else CPU for t in tiers]
-            slots = self.slots_need(tiers, compute, lambda t, c: t != GPU and c == GPU)
+            # with a GPU to stream to, each step size has its own path for RAM units; slots hold any of them
+            steps = self.step_paths(tiers, kv_tier, op_offload, compute) if stream else ()
+            compute = path_at(compute, tiers, steps, self.s.parallel)
+            ever = path_at(compute, tiers, steps, None)
+            slots = self.slots_need(tiers, ever, lambda t, c: t != GPU and c == GPU)
+            slots = [max(slots)] * len(slots) if slots else slots  # every slot as large as the largest layer
             stages = self.slots_need(tiers, compute, lambda t, c: t == DISK)
+            stages = [max(stages)] * len(stages) if stages else stages
             cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
             # host-pool slots hold ggml's plain layout (the runtime turns llama.cpp's repacking off beside them),
@@ -266,8 +300,31 @@ class _Problem:
             DISK: {"weights": weights[DISK]},
         }
         tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch, self.s.parallel, op_offload)
-        return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, predict(tr, self.r),
-                        solver, config)
+        prediction = predict(tr, self.r)
+        if steps:  # a prompt's micro-batch is one more step, with its own path: all RAM layers streamed, mostly
+            batch = predict(traffic(self.mu, tiers, path_at(compute, tiers, steps, self.s.n_ubatch), kv_tier, self.kv,
+                                    self.r, self.s.n_ubatch, self.s.n_ubatch, op_offload), self.r)
+            prediction = dataclasses.replace(prediction, prefill_tok_s=batch.decode_tok_s,
+                                             prefill_limit="link" if batch.decode_limit in ("link", "disk") else "compute")
+        one = None
+        if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
+            one = predict(traffic(self.mu, tiers, path_at(compute, tiers, steps, 1), kv_tier, self.kv, self.r,
+                                  self.s.n_ubatch, 1, op_offload), self.r)
+        return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
+                        solver, config, steps, one)
+
+    def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str]) -> tuple:
+        """((tokens, RAM units streamed at that step size), ...) for steps of 1, 2, 4, ... n_ubatch tokens:
+        the CPU computes few tokens from RAM faster than the link streams the bytes, a batch the other way."""
+        if not any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers)):
+            return ()
+        out, k = [], 1
+        while True:
+            c = self.split(tiers, kv_tier, op_offload, k, base)
+            out.append((k, tuple(i for i, t in enumerate(tiers) if t == RAM and c[i] == GPU)))
+            if k >= self.s.n_ubatch:
+                return tuple(out)
+            k = min(2 * k, self.s.n_ubatch)
 
     def _shortfall(self, on_gpu: bool, use_gpu: bool, kv_tier: str, gpu_need: int, ram_need: int,
                    pool: int, staging: int, host_buf: int) -> _Shortfall:

@@ -140,9 +140,10 @@ class Runtime:
         return recorder
 
     def _start_streamer(self) -> None:
-        self.streamer = streamer = LayerStreamer(self.layout, self.files,
-                                                 self.plan.prefetch_depth if self.plan else 0, self.router,
-                                                 self.plan.rates.disk_readers if self.plan else 1)
+        plan = self.plan
+        self.streamer = streamer = LayerStreamer(self.layout, self.files, plan.prefetch_depth if plan else 0,
+                                                 self.router, plan.rates.disk_readers if plan else 1,
+                                                 plan.streamed_at if plan is not None and plan.step_paths else None)
         self._stack.callback(streamer.close)  # after the context: it calls into the stream until freed
         fn, user_data = streamer.eval_callback()
         self.params.need("context_params", "the compute hooks", cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn),
@@ -231,6 +232,8 @@ class Runtime:
         stats as decode or prefill (RunStats.timed); then each mechanism's after_decode: a streaming failure
         raises (the decode's results are void), what C answered alone is replayed. Returns llama_decode's
         status (0 ok, 1 no KV slot for the batch, < 0 error)."""
+        if self.streamer is not None:
+            self.streamer.set_step(batch.n_tokens)  # this step's path for RAM weights (per-step paths)
         with self.stats.timed(batch.n_tokens, decode):
             rc = llama_cpp.llama_decode(ctx, batch.c)
             llama_cpp.llama_synchronize(ctx)

@@ -4,7 +4,7 @@ Protocol
   The compute thread submits a layer (`Transfers.submit`, FIFO) and later waits on its `Ticket`.
   The loader thread alone reads the disk for streaming and issues copies on the copy backend (a
   second ggml backend of the GPU, so a CUDA stream of its own): neither needs a lock. Per layer:
-  - RAM source (GPU pool): queue async copies pinned RAM -> slot;
+  - RAM source (GPU pool): queue async copies pinned RAM -> slot; (host pool, no GPU) copy it there;
   - disk source, GPU pool: read request-sized chunks with O_DIRECT into pinned staging, copy each
     to the slot, and wait for that copy before the next read reuses the staging;
   - disk source, host pool: read straight into the slot (plain host memory), a few spans at once;
@@ -93,12 +93,19 @@ class Transfers:
 
     def pinned(self, nbytes: int, what: str):
         """A buffer of pinned host memory (the GPU's host buffer type), freed with this object."""
+        return self.host_buffer(nbytes, what)[1]
+
+    def host_buffer(self, nbytes: int, what: str):
+        """(ggml buffer, its first byte) of host memory freed with this object: pinned (the GPU's host buffer
+        type) with a GPU, plain without."""
         L = lib()
-        buf = L.ggml_backend_buft_alloc_buffer(L.ggml_backend_dev_host_buffer_type(self.gpu), nbytes)
+        buft = L.ggml_backend_dev_host_buffer_type(self.gpu) if self.gpu is not None else _cpu_buffer_type()
+        buf = L.ggml_backend_buft_alloc_buffer(buft, nbytes)
         if buf == ffi.NULL:
-            raise HypuraError(f"cannot pin {nbytes / 2**30:.2f} GiB of host memory for the {what}")
+            raise HypuraError(f"cannot {'pin' if self.gpu is not None else 'allocate'} {nbytes / 2**30:.2f} GiB "
+                              f"of host memory for the {what}")
         self._buffers.append(buf)
-        return ffi.cast("uint8_t *", L.ggml_backend_buffer_get_base(buf))
+        return buf, ffi.cast("uint8_t *", L.ggml_backend_buffer_get_base(buf))
 
     def submit(self, pool: str, slot: int, pieces: list[Piece]) -> Ticket:
         return self.submit_with(self.events[slot] if pool == GPU_POOL else ffi.NULL, pool, pieces)
@@ -133,6 +140,9 @@ class Transfers:
     def _load(self, pool: str, p: Piece) -> None:
         L = lib()
         if p.source != DISK:
+            if pool != GPU_POOL:  # a RAM tensor some steps stream through a host slot (no GPU to stream to)
+                ffi.memmove(ffi.cast("uint8_t *", L.ggml_get_data(p.tensor)) + p.at, p.pinned, p.nbytes)
+                return
             # whole tensors: pieces held back in a window did not shorten the hand-offs (H200, RESULTS.md)
             L.ggml_backend_tensor_set_async(self.backend, p.tensor, p.pinned, p.at, p.nbytes)
             return
@@ -198,3 +208,12 @@ class Transfers:
         if self.backend != ffi.NULL:
             L.ggml_backend_free(self.backend)
             self.backend = ffi.NULL
+
+
+def _cpu_buffer_type():
+    L = lib()
+    for i in range(L.ggml_backend_dev_count()):
+        dev = L.ggml_backend_dev_get(i)
+        if L.ggml_backend_dev_type(dev) == L.GGML_BACKEND_DEVICE_TYPE_CPU:
+            return L.ggml_backend_dev_buffer_type(dev)
+    raise HypuraError("llama.cpp has no CPU device")

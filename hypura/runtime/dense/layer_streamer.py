@@ -15,6 +15,10 @@ llama_decode, with the GIL taken by cffi)
     up to the plan's prefetch depth; submit each one not in its slot while its slot is free;
     stop at the first whose slot is busy, so loads stay in graph order.
   - routed(layer, ids), with a Router: the layer's chosen experts, handed to its callback.
+  - set_step(tokens), before each llama_decode, on the same thread (per-step paths): where the plan
+    has a table of paths by step size, each dual tensor (stream_layout.py) goes home, where the CPU
+    computes it, or into a slot, streamed. On a change, every load in flight is waited for first,
+    the layers streamed now take the slots round-robin again, and C builds the next graph anew.
   A Python error in a hook is stored, the hook returns -1 and C stops calling; the Llama raises it
   after the decode that hit it (`raise_pending`), so no logits computed from missing weights leak.
   One loader thread does the I/O (../transfers.py); the hooks only submit and wait.
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Optional
+from typing import Callable, Optional
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
@@ -40,9 +44,14 @@ _ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffe
 
 class LayerStreamer(Mechanism):
     def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None,
-                 readers: int = 1):
+                 readers: int = 1, streamed_at: Optional[Callable[[int], tuple]] = None):
+        """streamed_at(tokens): the dual tensors a step of that many tokens streams (the plan's step_paths)."""
         super().__init__()
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
+        self.streamed_at = streamed_at
+        self.dual = {name for name, s in layout.tensors.items() if s.dual}
+        self.streamed: Optional[frozenset] = None  # dual tensors in slots now; None: all (as loaded)
+        self.path_changes = 0
         self.stats = self.traffic  # bytes loaded into slots by source tier, loads, stall
         self.timeline: list = []  # this decode's hooks: (before|after, layer, perf_counter s)
         self.error: Optional[BaseException] = None
@@ -50,10 +59,13 @@ class LayerStreamer(Mechanism):
         self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk,
                                    readers=readers)
         pinned = layout.pinned_bytes() + _ALIGN * len(layout.tensors)
-        self._pinned = self.transfers.pinned(pinned, "RAM tier") if layout.pinned_bytes() else None
+        self._pinned_buf, self._pinned = (self.transfers.host_buffer(pinned, "RAM tier") if layout.pinned_bytes()
+                                          else (None, None))
         self._pinned_used = 0
         self.pieces: dict[tuple[str, int], list[Piece]] = defaultdict(list)  # (pool, layer) -> tensors
-        self.order = {pool: layout.layers(pool) for pool in layout.slots}
+        self.in_slots: dict[tuple[str, int], list[Piece]] = defaultdict(list)  # of those, the ones streamed now
+        self.order = {pool: layout.layers(pool) for pool in layout.slots}  # layers streamed now, graph order
+        self.slot = dict(layout.layer_slot)  # (pool, layer) -> its slot now
         self.owner = {pool: [None] * n for pool, n in layout.slots.items()}
         self.free = {pool: [True] * n for pool, n in layout.slots.items()}
         self.tickets: dict[tuple[str, int], object] = {}
@@ -79,7 +91,38 @@ class LayerStreamer(Mechanism):
         unit = self._unit(s.pool, s.layer)
         if lib().hypura_stream_add(self.c_stream, tensor, unit) != 0:
             raise HypuraError(f"cannot stream tensor '{info.name}' (more than 64 in one layer?)")
+        if s.dual and lib().hypura_stream_set_home(self.c_stream, tensor, self._pinned_buf, piece.pinned) != 0:
+            raise HypuraError(f"cannot give tensor '{info.name}' a home in host memory")
         self.pieces[(s.pool, s.layer)].append(piece)
+        self.in_slots[(s.pool, s.layer)].append(piece)
+
+    # --- per-step paths (set_step in the protocol above) --------------------------------------
+    def set_step(self, tokens: int) -> None:
+        if not self.dual or self.streamed_at is None:
+            return
+        streamed = frozenset(self.streamed_at(tokens))
+        if streamed == self.streamed:
+            return
+        for ticket in self.tickets.values():  # no load may land in a slot that changes hands
+            ticket.wait()
+        self.tickets.clear()
+        L, layout = lib(), self.layout
+        layers = {pool: sorted({s.layer for s in layout.tensors.values() if s.pool == pool
+                                and (not s.dual or s.name in streamed)}) for pool in layout.slots}
+        for pool, n in layout.slots.items():
+            self.order[pool] = layers[pool]
+            self.slot.update({(pool, layer): i % n for i, layer in enumerate(layers[pool])})
+            self.owner[pool], self.free[pool] = [None] * n, [True] * n
+        self.in_slots.clear()
+        for (pool, layer), pieces in self.pieces.items():
+            for p in pieces:
+                home = p.name in self.dual and p.name not in streamed
+                if L.hypura_stream_place(self.c_stream, p.tensor, -1 if home else self.slot[(pool, layer)]) != 0:
+                    raise HypuraError(f"cannot move tensor '{p.name}' {'home' if home else 'into its slot'}")
+                if not home:
+                    self.in_slots[(pool, layer)].append(p)
+        self.streamed = streamed
+        self.path_changes += 1
 
     def eval_callback(self) -> tuple[int, int]:
         """(function address, user data) for llama_context_params.cb_eval."""
@@ -98,7 +141,7 @@ class LayerStreamer(Mechanism):
     def _before(self, unit: int, _user_data) -> int:
         pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
         self.timeline.append(("before", layer, time.perf_counter()))
-        slot = self.layout.layer_slot[(pool, layer)]
+        slot = self.slot[(pool, layer)]
         if self.owner[pool][slot] != layer:
             if not self.free[pool][slot]:
                 raise HypuraError(f"layer {layer} needs slot {slot}, still used by layer {self.owner[pool][slot]}")
@@ -117,7 +160,7 @@ class LayerStreamer(Mechanism):
     def _after(self, unit: int, _user_data) -> int:
         pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
         self.timeline.append(("after", layer, time.perf_counter()))
-        self.free[pool][self.layout.layer_slot[(pool, layer)]] = True
+        self.free[pool][self.slot[(pool, layer)]] = True
         self._prefetch(pool, layer)
         return 0
 
@@ -127,7 +170,7 @@ class LayerStreamer(Mechanism):
         return 0
 
     def _submit(self, pool: str, layer: int, slot: int) -> None:
-        pieces = self.pieces[(pool, layer)]
+        pieces = self.in_slots[(pool, layer)]
         self.owner[pool][slot], self.free[pool][slot] = layer, False
         self.tickets[(pool, layer)] = self.transfers.submit(pool, slot, pieces)
         self.stats.loads += 1
@@ -139,7 +182,7 @@ class LayerStreamer(Mechanism):
         i = order.index(layer)
         for k in range(1, min(self.depth, len(order) - 1) + 1):
             nxt = order[(i + k) % len(order)]
-            slot = self.layout.layer_slot[(pool, nxt)]
+            slot = self.slot[(pool, nxt)]
             if self.owner[pool][slot] == nxt:
                 continue
             if not self.free[pool][slot]:

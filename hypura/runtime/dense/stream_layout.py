@@ -5,6 +5,10 @@ is: the GPU pool when the plan computes it on the GPU, the host pool when the CP
 disk-tier tensor. Its bytes come from RAM (a pinned copy made at load) or disk (read each time
 with O_DIRECT). Layers take slots round-robin in graph order, so the layers in flight at once
 (the one computing and up to prefetch-depth ahead) never share a slot.
+
+A RAM tensor that some step sizes stream and others compute on the CPU (the plan's `step_paths`) is
+`dual`: it has a pool slot and a home, its pinned copy, where the CPU computes it in place; the
+layer streamer moves it between them as the step size asks (dense/layer_streamer.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class Streamed:
     pool: str  # GPU_POOL | HOST_POOL
     source: str  # RAM | DISK
     nbytes: int
+    dual: bool = False  # streamed at some step sizes, computed in place by the CPU at others
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,12 @@ class StreamLayout:
     @classmethod
     def of(cls, plan: Plan, gpu: bool) -> StreamLayout:
         tensors = {}
+        dual = {name for step in plan.step_paths for name in step[1]}
         for t in plan.tensors:
+            if t.name in dual:
+                layer = t.layer if t.layer >= 0 else plan.n_layer
+                tensors[t.name] = Streamed(t.name, layer, GPU_POOL if gpu else HOST_POOL, RAM, t.nbytes, True)
+                continue
             if paged_by_expert(t):
                 continue  # read expert by expert as routers select them (../moe/expert_paging.py), not streamed whole
             # a stacked expert tensor is one buffer: some experts on the GPU beside others in RAM
@@ -63,16 +73,13 @@ class StreamLayout:
         return sorted(layer for p, layer in self.layer_slot if p == pool)
 
     def pool_bytes(self, pool: str) -> int:
-        """What a pool's slots take: each as large as the largest layer it holds."""
+        """What a pool's slots take: each as large as the largest layer (a layer may move to any slot)."""
         per_layer: dict = {}
         for t in self.tensors.values():
             if t.pool == pool:
                 per_layer[t.layer] = per_layer.get(t.layer, 0) + t.nbytes
-        per_slot: dict = {}
-        for layer, nbytes in per_layer.items():
-            slot = self.layer_slot[(pool, layer)]
-            per_slot[slot] = max(per_slot.get(slot, 0), nbytes)
-        return sum(per_slot.values())
+        slots = len({self.layer_slot[(pool, layer)] for layer in per_layer})
+        return slots * max(per_layer.values(), default=0)
 
     def pinned_bytes(self) -> int:
         """RAM-sourced streamed bytes: the pinned copy the GPU pool is filled from."""

@@ -1,0 +1,133 @@
+"""Per-step paths: one loaded model, each step's RAM layers streamed or computed in place as its size asks.
+
+On the CPU there is no link to stream over, so the planner never makes such a table here; these tests give a
+plan one by hand, the dual layers streamed through host-pool slots (a GPU plan streams them into GPU slots):
+the mechanism (homes, slots reassigned, graphs rebuilt) is the same, and so are the logits, bitwise (SmolLM2's
+Q4_1/Q8_0 are never repacked, and streamed or in place the CPU reads ggml's plain layout)."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import hypura
+from hypura.plan import PlanSettings, plan_model
+from hypura.plan.plan import Plan
+from hypura.profile import machine_profile
+from hypura.profile.store import resolve_profile
+from hypura.synth import writer
+
+from conftest import PLAN_PROMPT
+
+N_LAYER = 30  # SmolLM2-135M
+
+
+@pytest.fixture(scope="module")
+def ram_plan(smollm2_path):
+    return plan_model(smollm2_path, machine_profile(), ram="4GiB", settings=PlanSettings(n_ctx=256))
+
+
+def with_paths(plan: Plan, layers, first_streamed: int, slots: int = 2) -> Plan:
+    """`plan` whose RAM blocks in `layers` stream at steps of first_streamed tokens or more, in place below."""
+    names = tuple(sorted(t.name for t in plan.tensors if t.layer in layers and t.tier == "ram"))
+    table = ((first_streamed - 1, (), 0.0), (512, names, 0.0)) if first_streamed > 1 else ((512, names, 0.0),)
+    return dataclasses.replace(plan, step_paths=table, staging_slots=slots)
+
+
+def logits_by_steps(llm, step: int):
+    """Logits of every prompt position, the prompt decoded `step` tokens a llama_decode."""
+    tokens = llm.tokenize(PLAN_PROMPT)
+    llm.reset()
+    for i in range(0, len(tokens), step):
+        llm.eval(tokens[i:i + step])
+    return np.array(llm.scores[: len(tokens)], copy=True)
+
+
+def opened(path, plan, n_threads, n_batch=512):
+    return hypura.Llama(str(path), plan=plan, n_ctx=256, n_batch=n_batch, logits_all=True, n_threads=n_threads,
+                        verbose=False)
+
+
+@pytest.fixture(scope="module")
+def resident(smollm2_path, ram_plan, n_threads):
+    """The plan without paths: the logits of the prompt in one batch and one token at a time."""
+    llm = opened(smollm2_path, ram_plan, n_threads)
+    try:
+        return logits_by_steps(llm, 512), logits_by_steps(llm, 1)
+    finally:
+        llm.close()
+
+
+@pytest.mark.slow
+def test_each_step_takes_its_path_and_the_logits_stay_bitwise(smollm2_path, ram_plan, resident, n_threads):
+    batch_ref, token_ref = resident
+    plan = with_paths(ram_plan, range(0, N_LAYER, 2), first_streamed=8)
+    llm = opened(smollm2_path, plan, n_threads)
+    try:
+        streamer = llm._runtime.streamer
+        assert np.array_equal(logits_by_steps(llm, 512), batch_ref)  # a prompt batch: streamed through slots
+        loads = llm.stats()["stream"]["loads"]
+        assert loads >= N_LAYER // 2
+        assert streamer.streamed == frozenset(plan.step_paths[-1][1])
+        assert np.array_equal(logits_by_steps(llm, 1), token_ref)  # one token a step: computed in place
+        assert llm.stats()["stream"]["loads"] == loads  # nothing streamed for them
+        assert streamer.streamed == frozenset()
+        assert np.array_equal(logits_by_steps(llm, 512), batch_ref)  # and back: graphs built anew each change
+        assert streamer.path_changes == 3
+    finally:
+        llm.close()
+
+
+@pytest.mark.slow
+def test_every_step_streamed_gives_the_in_place_logits(smollm2_path, ram_plan, resident, n_threads):
+    plan = with_paths(ram_plan, range(N_LAYER), first_streamed=1, slots=3)
+    llm = opened(smollm2_path, plan, n_threads)
+    try:
+        assert np.array_equal(logits_by_steps(llm, 1), resident[1])
+        assert llm.stats()["stream"]["loads"] >= N_LAYER
+    finally:
+        llm.close()
+
+
+def test_greedy_text_is_the_same_on_either_path(smollm2_path, ram_plan, n_threads):
+    def greedy(plan):
+        llm = opened(smollm2_path, plan, n_threads)
+        try:
+            return llm.create_completion("The three laws of thermodynamics", max_tokens=12, temperature=0)["choices"][0]["text"]
+        finally:
+            llm.close()
+
+    # the prompt streams (7+ tokens), each generated token is computed in place
+    assert greedy(with_paths(ram_plan, range(N_LAYER), first_streamed=4)) == greedy(ram_plan)
+
+
+@pytest.fixture(scope="module")
+def gpu_plan(tmp_path_factory):
+    """A llama3.1-8b shape (header only) planned for a GPU machine that holds a third of it."""
+    path = tmp_path_factory.mktemp("paths") / "l8.gguf"
+    writer.write_synth("llama3.1-8b", path, ftype="q4_k_m", sparse=True)
+    return plan_model(path, resolve_profile("h200-design"), gpu_mem="3GiB", ram="32GiB",
+                      settings=PlanSettings(n_ctx=4096, parallel=16))
+
+
+def test_the_planner_streams_more_layers_as_steps_grow(gpu_plan):
+    steps = gpu_plan.step_paths
+    assert [k for k, _, _ in steps] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    sizes = [len(names) for _, names, _ in steps]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+    ram = {t.name for t in gpu_plan.tensors if t.tier == "ram" and 0 <= t.layer < gpu_plan.n_layer}
+    assert set(steps[-1][1]) == ram  # a prompt chunk streams every RAM block
+    rates = [r for _, _, r in steps]
+    assert rates == sorted(rates)  # aggregate tok/s grows with the step
+    # each unit's compute at the plan's own step size is the table's
+    for t in gpu_plan.tensors:
+        if t.name in ram:
+            assert t.compute == gpu_plan.compute_at(t, 16)
+    assert gpu_plan.prediction.prefill_tok_s == pytest.approx(steps[-1][2])
+
+
+def test_the_table_survives_a_plan_file(gpu_plan, tmp_path):
+    again = Plan.load(gpu_plan.save(tmp_path / "plan.json"))
+    assert again.step_paths == gpu_plan.step_paths
+    assert json.loads(gpu_plan.to_json())["step_paths"][0][0] == 1
