@@ -193,14 +193,14 @@ perstep)  # one load, every step at its path: the engine's plan for 32 sequences
     # of mmap, -lm none and -lm none with GGML_OP_OFFLOAD_MIN_BATCH=4; the cost of a pass by its tokens beside
     # llama-bench's; one and sixteen clients through `hypura serve -np 16` beside hypura-cli's one sequence
     models_done
+    hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-perstep-l70.json" \
+        2>&1 | tail -8 | tee -a "$RES/summary.txt"
     for cfg in mmap lmnone lmnone-mb4; do
         lm=""; [ $cfg = mmap ] || lm="-lm none"; mb=32; [ $cfg = lmnone-mb4 ] && mb=4
         GGML_OP_OFFLOAD_MIN_BATCH=$mb timeout 300 "$(libdir)/llama-batched-bench" -m $M70 -c 8192 -npp 128 -ntg 16 \
             -npl 1,4,16,32 -ngl 14 $lm 2>&1 | grep -E '^\|' > "$RES/vanilla-batched-l70-$cfg.txt"
         sed "s/^/vanilla $cfg: /" "$RES/vanilla-batched-l70-$cfg.txt" | tee -a "$RES/summary.txt"
     done
-    hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-perstep-l70.json" \
-        2>&1 | tail -8 | tee -a "$RES/summary.txt"
     for lm in "" "-lm none"; do
         "$(libdir)/llama-bench" -m $M70 -ngl 14 $lm -p 1,2,4,8,16,32,64 -n 0 -r 2 -o json \
             > "$RES/vanilla-passes-l70${lm:+-lmnone}.json" 2> /dev/null
