@@ -28,7 +28,7 @@ from hypura.tiers.names import DISK
 from hypura.profile.devices import first_gpu
 from hypura.tiers.direct_io import DIRECT_ALIGN, DirectReader
 from hypura.tiers.file_readers import FileReaders
-from hypura.runtime.pools import GPU_POOL
+from hypura.runtime.pools import GPU_POOL, HOST_POOL
 
 STREAM_REQUEST_BYTES = 16 << 20  # disk->GPU chunk: a read is ~10 ms at 1.5 GB/s, its copy ~0.3 ms
 
@@ -140,7 +140,7 @@ class Transfers:
     def _load(self, pool: str, p: Piece) -> None:
         L = lib()
         if p.source != DISK:
-            if pool != GPU_POOL:  # a RAM tensor some steps stream through a host slot (no GPU to stream to)
+            if pool == HOST_POOL:  # a RAM tensor some steps stream through a host slot (no GPU to stream to)
                 ffi.memmove(ffi.cast("uint8_t *", L.ggml_get_data(p.tensor)) + p.at, p.pinned, p.nbytes)
                 return
             # whole tensors: pieces held back in a window did not shorten the hand-offs (H200, RESULTS.md)
