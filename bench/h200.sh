@@ -7,8 +7,8 @@
 # llama-batched-bench from it are vanilla llama.cpp of the same source.
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
-#   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | serve | store |
-#           spec | pack
+#   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
+#           passes | serve-np16 | serve | store | spec | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -189,18 +189,23 @@ batched-l70|batched-q14|batched-q3)  # aggregate decode and prefill at 1/4/16/32
             2>&1 | tail -8 | tee -a "$RES/summary.txt" ;;
     esac
     ;;
-perstep)  # one load, every step at its path: the engine's plan for 32 sequences at 1/4/16/32 beside vanilla's best
-    # of mmap, -lm none and -lm none with GGML_OP_OFFLOAD_MIN_BATCH=4; the cost of a pass by its tokens beside
-    # llama-bench's; one and sixteen clients through `hypura serve -np 16` beside hypura-cli's one sequence
+perstep)  # one load, every step at its path: the engine's plan for 32 sequences at 1/4/16/32
     models_done
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-perstep-l70.json" \
         2>&1 | tail -8 | tee -a "$RES/summary.txt"
-    for cfg in mmap lmnone lmnone-mb4; do
-        lm=""; [ $cfg = mmap ] || lm="-lm none"; mb=32; [ $cfg = lmnone-mb4 ] && mb=4
+    ;;
+vanilla-best)  # vanilla's best at each size: mmap (its default), and -lm none with GGML_OP_OFFLOAD_MIN_BATCH=4 (pinned
+    # host weights, op offload from 4 tokens; at 1 token it is -lm none, at 32 the default min batch's)
+    models_done
+    for cfg in mmap lmnone-mb4; do
+        lm=""; mb=32; [ $cfg = mmap ] || { lm="-lm none"; mb=4; }
         GGML_OP_OFFLOAD_MIN_BATCH=$mb timeout 300 "$(libdir)/llama-batched-bench" -m $M70 -c 8192 -npp 128 -ntg 16 \
             -npl 1,4,16,32 -ngl 14 $lm 2>&1 | grep -E '^\|' > "$RES/vanilla-batched-l70-$cfg.txt"
         sed "s/^/vanilla $cfg: /" "$RES/vanilla-batched-l70-$cfg.txt" | tee -a "$RES/summary.txt"
     done
+    ;;
+passes)  # a pass's cost by its tokens (the verification curve) beside llama-bench's, one load each
+    models_done
     for lm in "" "-lm none"; do
         "$(libdir)/llama-bench" -m $M70 -ngl 14 $lm -p 1,2,4,8,16,32,64 -n 0 -r 2 -o json \
             > "$RES/vanilla-passes-l70${lm:+-lmnone}.json" 2> /dev/null
@@ -208,12 +213,15 @@ perstep)  # one load, every step at its path: the engine's plan for 32 sequences
     done
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 1,2,4,8,16,32,64 -n 0 -r 2 --json "$RES/hypura-passes-l70.json" 2>&1 \
         | tail -9 | tee -a "$RES/summary.txt"
+    ;;
+serve-np16)  # one and sixteen clients through `hypura serve -np 16` beside hypura-cli's one sequence (`hypura bench`)
+    models_done
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 16 -r 2 --json "$RES/hypura-single-l70.json" 2>&1 | tail -2 \
         | sed "s/^/l70 one sequence: /" | tee -a "$RES/summary.txt"
-    for c in 1 16; do
+    for c in ${CLIENTS:-1 16}; do
         timeout 300 python3 bench/serve_throughput.py $M70 --clients $c --parallel 16 --tokens 16 --gpu-mem 8GiB \
-            --ram 64GiB --json "$RES/serve-perstep-l70-c$c.json" > "$RES/serve-perstep-l70-c$c.txt" 2>&1
-        tail -6 "$RES/serve-perstep-l70-c$c.txt" | sed "s/^/serve -np 16, $c clients: /" | tee -a "$RES/summary.txt"
+            --ram 64GiB --json "$RES/serve-np16-l70-c$c.json" > "$RES/serve-np16-l70-c$c.txt" 2>&1
+        tail -6 "$RES/serve-np16-l70-c$c.txt" | sed "s/^/serve -np 16, $c clients: /" | tee -a "$RES/summary.txt"
     done
     ;;
 serve)  # the same through `hypura serve`: 16 concurrent openai clients beside the engine alone
