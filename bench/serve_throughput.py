@@ -77,7 +77,8 @@ async def _clients(url: str, args) -> dict:
                                                  stream=True, stream_options={"include_usage": True},
                                                  extra_body={"ignore_eos": True, "seed": 0})
         async for chunk in stream:
-            if chunk.choices and chunk.choices[0].text and first is None:
+            # the first token's event, text or not (a piece that ends inside a UTF-8 character is held back)
+            if chunk.choices and first is None:
                 first = time.perf_counter() - started
             if chunk.usage:
                 n = chunk.usage.completion_tokens
@@ -89,7 +90,7 @@ async def _clients(url: str, args) -> dict:
     elapsed = time.perf_counter() - started
     await client.close()
     return {"elapsed_s": elapsed, "tokens": sum(n for _, n in results),
-            "ttft_s": statistics.median(f for f, _ in results if f is not None),
+            "ttft_s": statistics.median([f for f, _ in results if f is not None] or [float("nan")]),
             **_decode_since(before, args.engine.metrics())}
 
 
@@ -133,7 +134,9 @@ def main() -> None:
     args = p.parse_args()
     args.model = args.model or str(default_model_path())
     args.parallel = args.parallel or args.clients
-    runs = {"engine": engine_run(args), "served": served_run(args)}
+    runs = {"engine": engine_run(args)}
+    print(json.dumps({"engine": runs["engine"]}), file=sys.stderr, flush=True)  # kept if the served run fails
+    runs["served"] = served_run(args)
     for r in runs.values():
         r.update(generated_tok_s=r["tokens"] / r["elapsed_s"], requests_s=args.clients / r["elapsed_s"])
     result = {"model": args.model, "clients": args.clients, "parallel": args.parallel, "tokens": args.tokens,
