@@ -34,6 +34,7 @@ from llama_cpp.llama import set_verbose  # noqa: E402
 from hypura.bindings.batch import Batch  # noqa: E402
 from hypura.bindings.chat_formats import chat_formats  # noqa: E402
 from hypura.bindings.llama_params import context_params, llama_keywords, model_params, set_fields, threads  # noqa: E402
+from hypura.bindings.model import load_model, new_context  # noqa: E402
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.bindings.vocab import Vocab  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
@@ -46,9 +47,6 @@ from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
 from hypura.store import resolve_path  # noqa: E402
 
-_backend_ready = False  # llama_backend_init, once per process
-
-
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -57,7 +55,7 @@ class _Context(internals.LlamaContext):
     """llama-cpp-python's context, whose decode (eval's and embed's) is Runtime.decode: timed for stats(), and a
     streaming failure raises right after it."""
 
-    def __init__(self, runtime: Runtime, **kwargs):
+    def __init__(self, *, runtime: Runtime, **kwargs):
         super().__init__(**kwargs)
         self.runtime = runtime
         self.last_decode_seconds = 0.0
@@ -196,12 +194,8 @@ class Llama(llama_cpp.Llama):
     def _load(self, model_path: str, k: dict, fields: dict) -> None:
         """llama.cpp's model, context and batch, built as llama_cpp.Llama builds them from keywords `k`, with
         Hypura's `fields` set over its params structs (hypura.runtime.params), owned by self._stack."""
-        global _backend_ready
         self.verbose, self.model_path = k["verbose"], model_path
         set_verbose(self.verbose)
-        if not _backend_ready:
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
         self.numa = k["numa"] if not isinstance(k["numa"], bool) else (
             llama_cpp.GGML_NUMA_STRATEGY_DISTRIBUTE if k["numa"] else llama_cpp.GGML_NUMA_STRATEGY_DISABLED)
         if self.numa != llama_cpp.GGML_NUMA_STRATEGY_DISABLED:
@@ -214,13 +208,12 @@ class Llama(llama_cpp.Llama):
         log = LogCapture()  # llama.cpp says why a load failed only in its log
         try:
             with log:
-                self._model = self._stack.enter_context(contextlib.closing(internals.LlamaModel(
-                    path_model=model_path, params=self.model_params, verbose=self.verbose)))
+                self._model = load_model(self._stack, model_path, self.model_params, self.verbose)
                 self.context_params = context_params(k, self._model.n_ctx_train())
                 set_fields(self.context_params, fields["context_params"])
                 self.n_batch = self.context_params.n_batch
-                self._ctx = self._stack.enter_context(contextlib.closing(_Context(
-                    self._runtime, model=self._model, params=self.context_params, verbose=self.verbose)))
+                self._ctx = new_context(self._stack, self._model, self.context_params, self.verbose, _Context,
+                                        runtime=self._runtime)
             log.replay()
         except Exception as e:
             clearer = log.failure(e, model_path)
