@@ -7,7 +7,8 @@ every tensor's placement goes through `hypura.runtime.placement.LoaderHooks`.
 The constructor is Hypura's own: it takes llama_cpp.Llama's keywords (hypura.bindings.llama_params), makes
 the one decision (hypura.plan.decision), sets what the Runtime needs over llama.cpp's params structs, and
 builds the state llama_cpp.Llama's methods read: the model and context as its `_internals` owners, in
-`self._stack` (which the Runtime closes first of its lifetimes), the batch, generation state and chat formats.
+`self._stack` (the Runtime closes it before the layer stream and the expert caches), the batch, generation
+state and chat formats (hypura.bindings.model, llama_params, chat_formats).
 The context's decode is Runtime.decode, so eval() and embed() are timed and checked as every other decode.
 """
 
