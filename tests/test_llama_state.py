@@ -45,6 +45,7 @@ def test_every_attribute_their_methods_read_is_set(llm):
     assert sorted(name for name in read if name not in vars(llm)) == []
 
 
+@pytest.mark.slow
 def test_chat_stream_state_and_cache_as_llama_cpp(llm, theirs):
     messages = [{"role": "user", "content": "Name two colours."}]
     assert llm.chat_format == theirs.chat_format and set(llm._chat_handlers) == set(theirs._chat_handlers)
@@ -75,6 +76,7 @@ def test_chat_stream_state_and_cache_as_llama_cpp(llm, theirs):
     assert llm.stats()["decode"]["tokens"] > 0  # llama_cpp's own eval decoded through the runtime
 
 
+@pytest.mark.slow
 def test_embeddings_as_llama_cpp(smollm2_path, n_threads):
     texts = ["a red apple", "the stock market fell"]
     out = []
@@ -88,6 +90,7 @@ def test_embeddings_as_llama_cpp(smollm2_path, n_threads):
     assert out[0] == out[1] and len(out[0][1]) == len(texts)  # bitwise: the same kernels, the same state
 
 
+@pytest.mark.slow
 def test_unknown_keywords_ignored_and_bad_ones_refused(smollm2_path, n_threads):
     with pytest.raises(TypeError):
         hypura.Llama(str(smollm2_path), "positional", n_threads=n_threads, verbose=False)
