@@ -3,12 +3,24 @@
 Same constructor, methods and return shapes as `llama_cpp.Llama` (it is a subclass), so code
 written for llama-cpp-python runs unchanged. The model file is checked in Python first, and
 every tensor's placement goes through `hypura.runtime.placement.LoaderHooks`.
+
+The constructor is Hypura's own: it takes llama_cpp.Llama's keywords (hypura.bindings.llama_params), makes
+the one decision (hypura.plan.decision), sets what the Runtime needs over llama.cpp's params structs, and
+builds the state llama_cpp.Llama's methods read: the model and context as its `_internals` owners, in
+`self._stack` (the Runtime closes it before the layer stream and the expert caches), the batch, generation
+state and chat formats (hypura.bindings.model, llama_params, chat_formats).
+The context's decode is Runtime.decode, so eval() and embed() are timed and checked as every other decode.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import sys
 import time
 from typing import Callable, Iterable, Optional, Union
+
+import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.bindings.library import point_llama_cpp_at_our_library
@@ -16,8 +28,14 @@ from hypura.bindings.library import point_llama_cpp_at_our_library
 point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
 
 import llama_cpp  # noqa: E402
+import llama_cpp._internals as internals  # noqa: E402  (the model and context owners llama_cpp.Llama's methods use)
+from llama_cpp import LlamaTokenizer  # noqa: E402
+from llama_cpp.llama import set_verbose  # noqa: E402
 
 from hypura.bindings.batch import Batch  # noqa: E402
+from hypura.bindings.chat_formats import chat_formats  # noqa: E402
+from hypura.bindings.llama_params import context_params, llama_keywords, model_params, set_fields, threads  # noqa: E402
+from hypura.bindings.model import load_model, new_context  # noqa: E402
 from hypura.bindings.llama_log import LogCapture  # noqa: E402
 from hypura.bindings.vocab import Vocab  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
@@ -30,39 +48,36 @@ from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
 from hypura.store import resolve_path  # noqa: E402
 
-
-def _params_with_overrides(name: str) -> property:
-    """A params struct attribute whose fields in `self._param_overrides[name]` are re-applied on
-    every read: llama_cpp.Llama.__init__ fills the struct with its own defaults and reads it back
-    when it creates the model and the context, so those reads see the overrides."""
-    slot = "_" + name
-
-    def get(self):
-        params = self.__dict__[slot]
-        for key, value in self.__dict__.get("_param_overrides", {}).get(name, {}).items():
-            setattr(params, key, value)
-        return params
-
-    def set_(self, value):
-        self.__dict__[slot] = value
-
-    return property(get, set_)
-
-
 def _stderr(line: str) -> None:
-    import sys
-
     print(line, file=sys.stderr, flush=True)
 
 
+class _Context(internals.LlamaContext):
+    """llama-cpp-python's context, whose decode (eval's and embed's) is Runtime.decode: timed for stats(), and a
+    streaming failure raises right after it."""
+
+    def __init__(self, *, runtime: Runtime, **kwargs):
+        super().__init__(**kwargs)
+        self.runtime = runtime
+        self.last_decode_seconds = 0.0
+
+    def decode(self, batch: internals.LlamaBatch) -> None:
+        t0 = time.perf_counter()
+        rc = self.runtime.decode(self.ctx, Batch.view(batch.batch))
+        self.last_decode_seconds = time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+
 class Llama(llama_cpp.Llama):
-    model_params = _params_with_overrides("model_params")
-    context_params = _params_with_overrides("context_params")
+    # what close() and __del__ read, before __init__ sets them (it may raise first)
+    _runtime: Optional[Runtime] = None
+    draft_model = None
 
     def __init__(
         self,
         model_path: str,
-        *args,
+        *,
         override_tensor: Union[str, Iterable[str], None] = None,
         placement_policy: Optional[PlacementPolicy] = None,
         gpu_mem: Union[int, str, None] = None,
@@ -116,7 +131,9 @@ class Llama(llama_cpp.Llama):
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
         """
+        self._stack = contextlib.ExitStack()  # llama.cpp's model, context and batch, closed by the runtime
         model_path = str(resolve_path(model_path))  # a path, or a model's name (hypura.store)
+        k = llama_keywords(model_path, kwargs)  # raises TypeError for an argument llama_cpp.Llama does not take
         self.header = read_header(model_path)
         lib()  # fail clearly now if the library lacks the hooks
         self.gpu_mem, self.ram = gpu_mem, ram
@@ -127,38 +144,34 @@ class Llama(llama_cpp.Llama):
         fit = fit if isinstance(fit, Fit) else Fit(enabled=bool(fit))
         if placement_policy is not None and override_tensor is not None:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
-        self.decision = decision = self._decide(kwargs, param_overrides, plan, placement_policy is not None or
+        self.decision = decision = self._decide(k, param_overrides, plan, placement_policy is not None or
                                                 override_tensor is not None, expert_cache is not None, fit, profile)
         self.fit_decision = decision if decision.line else None  # what the default path or the budgets chose
         self.plan = decision.plan
         context = param_overrides.setdefault("context_params", {})
-        kwargs = dict(kwargs, n_ctx=decision.n_ctx)
+        k["n_ctx"] = decision.n_ctx
         if "n_ctx" in context:
             context["n_ctx"] = decision.n_ctx
         for key, value in decision.context_params.items():
             context.setdefault(key, value)
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)
-        self._runtime = runtime = Runtime(self.header, str(model_path), self.plan,
+        self._runtime = runtime = Runtime(self.header, model_path, self.plan,
                                           placement_policy or overrides_policy(override_tensor),
                                           param_overrides, expert_cache, on_route)
-        # None: llama-cpp-python's default
-        kwargs["n_threads"], kwargs["n_threads_batch"] = runtime.threads(kwargs.get("n_threads"),
-                                                                         kwargs.get("n_threads_batch"))
-        self._param_overrides = runtime.params.merged()
-        runtime.own(self._unload)
+        k["n_threads"], k["n_threads_batch"] = runtime.threads(k["n_threads"], k["n_threads_batch"])
+        runtime.own(self._stack.close)  # first at close: before the layer stream and expert caches
         with runtime.loading() as hooks:
-            self._load_llama(model_path, args, kwargs)
+            self._load(model_path, k, runtime.params.merged())
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
         runtime.attach(self._c_model())
-        self.vocab = Vocab(self.model)
-        self._wrap_decode()
+        self._init_state(k)
         if self.draft_model is not None:  # after the load: a draft model's vocabulary is checked against ours
             from hypura.speculative.llama_draft import SpecDraft
 
             self.draft_model = SpecDraft(self.draft_model, self)
 
-    def _decide(self, kwargs: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
+    def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
                 profile) -> Decision:
         """The one decision (hypura.plan.decision) from these keywords; its line said where verbose."""
         from hypura.profile.free import free_memory
@@ -166,11 +179,10 @@ class Llama(llama_cpp.Llama):
         from hypura.runtime.moe.coactivation import routing_frequencies
 
         model, context = overrides.get("model_params", {}), overrides.get("context_params", {})
-        say = fit.say or (_stderr if kwargs.get("verbose", True) else None)
-        ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram,
-                  n_ctx=context.get("n_ctx", kwargs.get("n_ctx", 512)) or 0,  # llama-cpp-python's default context
-                  n_ubatch=context.get("n_ubatch", kwargs.get("n_ubatch", 512)),
-                  n_gpu_layers=model.get("n_gpu_layers", kwargs.get("n_gpu_layers", 0)),
+        say = fit.say or (_stderr if k["verbose"] else None)
+        ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
+                  n_ubatch=context.get("n_ubatch", k["n_ubatch"]),
+                  n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
                   placement=placed, expert_cache=expert_cache, fit=fit)
         decision = decide(self.header, ask, lambda: fit.free or free_memory(),
                           profile or (lambda: planning_profile(self.header.path, say, measure=fit.measure_profile)),
@@ -180,39 +192,94 @@ class Llama(llama_cpp.Llama):
             say(decision.line)
         return decision
 
-    def _load_llama(self, model_path, args, kwargs) -> None:
+    def _load(self, model_path: str, k: dict, fields: dict) -> None:
+        """llama.cpp's model, context and batch, built as llama_cpp.Llama builds them from keywords `k`, with
+        Hypura's `fields` set over its params structs (hypura.runtime.params), owned by self._stack."""
+        self.verbose, self.model_path = k["verbose"], model_path
+        set_verbose(self.verbose)
+        self.numa = k["numa"] if not isinstance(k["numa"], bool) else (
+            llama_cpp.GGML_NUMA_STRATEGY_DISTRIBUTE if k["numa"] else llama_cpp.GGML_NUMA_STRATEGY_DISABLED)
+        if self.numa != llama_cpp.GGML_NUMA_STRATEGY_DISABLED:
+            llama_cpp.llama_numa_init(self.numa)
+        self._param_arrays = model_params(k)  # the struct and the arrays it points into, alive as long
+        self.model_params = self._param_arrays.params
+        set_fields(self.model_params, fields["model_params"])
+        self.tensor_split, self.kv_overrides = k["tensor_split"], k["kv_overrides"]
+        self.n_threads, self.n_threads_batch = threads(k)
         log = LogCapture()  # llama.cpp says why a load failed only in its log
         try:
             with log:
-                super().__init__(model_path, *args, **kwargs)
+                self._model = load_model(self._stack, model_path, self.model_params, self.verbose)
+                self.context_params = context_params(k, self._model.n_ctx_train())
+                set_fields(self.context_params, fields["context_params"])
+                self.n_batch = self.context_params.n_batch
+                self._ctx = new_context(self._stack, self._model, self.context_params, self.verbose, _Context,
+                                        runtime=self._runtime)
             log.replay()
         except Exception as e:
             clearer = log.failure(e, model_path)
             if clearer is not None:
                 raise clearer from None
             raise
+        self._batch = self._stack.enter_context(contextlib.closing(internals.LlamaBatch(
+            n_tokens=self.n_batch, embd=0, n_seq_max=self.context_params.n_ctx, verbose=self.verbose)))
+        self._load_lora(k)
 
-    def _unload(self) -> None:
-        if "_stack" in self.__dict__:  # llama_cpp.Llama.__init__ got as far as its ExitStack
-            super().close()
+    def _load_lora(self, k: dict) -> None:
+        self.lora_base, self.lora_scale, self.lora_path = k["lora_base"], k["lora_scale"], k["lora_path"]
+        self._lora_adapter = None
+        if not self.lora_path:
+            return
+        self._lora_adapter = llama_cpp.llama_adapter_lora_init(self._model.model, self.lora_path.encode("utf-8"))
+        if self._lora_adapter is None:
+            raise RuntimeError(f"Failed to initialize LoRA adapter from lora path: {self.lora_path}")
+        self._stack.callback(llama_cpp.llama_adapter_lora_free, self._lora_adapter)  # first at close, as theirs
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._lora_adapter)
+        if llama_cpp.llama_set_adapters_lora(self._ctx.ctx, adapters, 1, (ctypes.c_float * 1)(self.lora_scale)):
+            raise RuntimeError(f"Failed to set LoRA adapter from lora path: {self.lora_path}")
+
+    def _init_state(self, k: dict) -> None:
+        """What llama_cpp.Llama's methods read besides the model and context: generation state, tokenizer,
+        chat formats, sampling settings (tests/test_llama_state.py lists them from its source)."""
+        if self.verbose:
+            print(llama_cpp.llama_print_system_info().decode("utf-8"), file=sys.stderr)
+        self.vocab = Vocab(self.model)
+        self.tokenizer_ = k["tokenizer"] or LlamaTokenizer(self)
+        self.draft_model, self.cache = k["draft_model"], None
+        self._seed = k["seed"] or llama_cpp.LLAMA_DEFAULT_SEED
+        self._logits_all = k["logits_all"] if k["draft_model"] is None else True
+        self.last_n_tokens_size, self.spm_infill = k["last_n_tokens_size"], k["spm_infill"]
+        self._n_vocab, self._n_ctx = self.n_vocab(), self.n_ctx()
+        self._token_nl, self._token_eos = self.token_nl(), self.token_eos()
+        self._candidates = internals.LlamaTokenDataArray(n_vocab=self._n_vocab)
+        self.n_tokens, self._requires_eval = 0, True  # a restored or trimmed state decodes before it samples
+        n_ctx = self.context_params.n_ctx
+        self.input_ids = np.ndarray((n_ctx,), dtype=np.intc)
+        self.scores = np.ndarray((n_ctx if k["logits_all"] else self.n_batch, self._n_vocab), dtype=np.single)
+        self._mirostat_mu = ctypes.c_float(2.0 * 5.0)  # llama-cpp-python's: 2 tau, its default tau
+        self._sampler = None
+        try:
+            self.metadata = self._model.metadata()
+        except Exception as e:
+            self.metadata = {}
+            if self.verbose:
+                print(f"Failed to load metadata: {e}", file=sys.stderr)
+        if self.verbose:
+            print(f"Model metadata: {self.metadata}", file=sys.stderr)
+        formats = chat_formats(self.metadata, k["chat_format"], k["chat_handler"], self.token_eos(),
+                               self.token_bos(), self._model.token_get_text, self.verbose)
+        self.chat_format, self.chat_handler, self._chat_handlers = formats.chat_format, k["chat_handler"], formats.handlers
+        self._is_recurrent = llama_cpp.llama_model_is_recurrent(self._model.model)
+        self._is_hybrid = llama_cpp.llama_model_is_hybrid(self._model.model)
 
     @property
     def _pager(self):
-        return self._runtime.pager if "_runtime" in self.__dict__ else None
+        return self._runtime.pager if self._runtime is not None else None
 
-    def _wrap_decode(self) -> None:
-        """llama-cpp-python's own generation (eval, embed) decodes through its context object: that goes through
-        Runtime.decode too, so it is timed for stats() and a streaming failure raises right after it."""
-        ctx, runtime = self._ctx, self._runtime
-
-        def decode(batch):  # llama_cpp._internals.LlamaBatch
-            t0 = time.perf_counter()
-            rc = runtime.decode(ctx.ctx, Batch.view(batch.batch))
-            self.last_decode_seconds = time.perf_counter() - t0  # a verification pass's cost, for drafting
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc}")
-
-        ctx.decode = decode
+    @property
+    def last_decode_seconds(self) -> float:
+        """The last llama_decode of eval (a verification pass's cost, for drafting)."""
+        return self._ctx.last_decode_seconds
 
     def decode_tokens(self, tokens: list[int], decode: Optional[bool] = None) -> bool:
         """llama_decode `tokens` after those in the KV cache, then synchronize, as llama-bench and the
@@ -245,7 +312,7 @@ class Llama(llama_cpp.Llama):
         each tier, stall ms per token, achieved GB/s per link, the plan's prediction, and memory
         (RSS now and at peak, GPU memory taken since load began) beside the plan's budgets."""
         out = self._runtime.summary(reset)
-        draft = self.__dict__.get("draft_model")
+        draft = self.draft_model
         if getattr(draft, "stats", None) is not None:
             out["speculative"] = draft.stats.summary()
             if reset:
@@ -259,15 +326,14 @@ class Llama(llama_cpp.Llama):
 
     def close(self) -> None:
         """Hypura's threads and reads stop, then llama.cpp's context and model go, then the pools; twice is safe."""
-        close_draft = getattr(self.__dict__.get("draft_model"), "close", None)
+        close_draft = getattr(self.draft_model, "close", None)
         if close_draft is not None:
             close_draft()
-        runtime = self.__dict__.get("_runtime")  # absent: the load never began (llama.cpp holds nothing)
-        if runtime is not None:
-            runtime.close()  # llama_cpp.Llama.close runs inside, in its place
+        if self._runtime is not None:  # None: the load never began (llama.cpp holds nothing)
+            self._runtime.close()  # self._stack (model, context, batch) closes inside, in its place
 
     def __del__(self):
-        # raising before llama_cpp.Llama.__init__ ran (bad file, bad -ot) leaves nothing to free
+        # raising before the runtime was built (bad file, bad -ot) leaves nothing to free
         self.close()
 
     def _c_model(self):

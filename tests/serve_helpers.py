@@ -28,6 +28,22 @@ def real_server(model_path, parallel=4, n_ctx=512, **settings) -> Server:
     return server
 
 
+def serving(model_path, **settings):
+    """A module fixture's body, `yield from serving(path, n_ctx=...)`: the real server, stopped after the module."""
+    server = real_server(model_path, **settings)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def openai_client(server):
+    """The official `openai` client of `server`, which must not retry: a test sees the first answer."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
 def engine_of(server):
     return next(iter(server.state.registry)).engine
 

@@ -165,3 +165,26 @@ def test_one_prompt_token_and_a_sweep_run_as_llama_bench_runs_them():
     assert [row["n_prompt"] for row in out["prefill_sweep"]] == [1, 2, 4]
     assert [len(b) for b in llm.batches[3:]] == [1, 2, 4, 1, 1] * 2  # after the warm-up: the passes, then decode
     assert all(row["pass_s"]["median"] > 0 for row in out["prefill_sweep"])
+
+
+def test_sweeps_print_a_row_a_size_as_llama_bench(smollm2_path, tmp_path):
+    out = tmp_path / "bench.json"
+    r = _bench(str(smollm2_path), "-p", "1,2,4,8", "-n", "2,4", "-r", "2", "-t", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line[:2] in ("pp", "tg")}
+    assert list(rows) == ["pp1", "pp2", "pp4", "pp8", "tg2", "tg4"]
+    assert all("s a pass" in rows[f"pp{n}"] for n in (1, 2, 4, 8)) and "s a token" in rows["tg4"]
+    res = json.loads(out.read_text())
+    passes = [row["pass_s"]["median"] for row in res["prefill_sweep"]]
+    assert [row["n_prompt"] for row in res["prefill_sweep"]] == [1, 2, 4, 8] and min(passes) > 0
+    assert [row["n_gen"] for row in res["decode_sweep"]] == [2, 4] and res["decode_tok_s"]["median"] > 0
+    assert res["stats"]["decode"]["tokens"] == 2 * (2 + 4)  # each size r times, the warm-up not counted
+    assert "measured/bound" in r.stdout  # the longest decode against the bound
+
+
+def test_one_prompt_token_without_decode_runs_as_llama_bench_runs_pp1(gemma_path):
+    r = _bench(str(gemma_path), "-p", "1", "-n", "0", "-r", "1", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "prefill" in r.stdout and "tok/s" in r.stdout and "decode " not in r.stdout
+    r = _bench(str(gemma_path), "-p", "4", "-n", "2,4", "--parallel", "1,2", "-r", "1", "-t", "1")
+    assert r.returncode == 1 and "--parallel takes one -p and one -n" in r.stderr

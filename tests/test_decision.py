@@ -27,7 +27,13 @@ def test_each_ask_decides_its_own_way(tiny_llama):
     header, profile = read_header(tiny_llama), resolve_profile("h200-design")
     # fits the free memory: llama.cpp's placement, and neither the profile nor the routing is read
     fits = decide(header, Ask(n_ctx=256, n_gpu_layers=0), free(8 * GiB), never, routing=never)
-    assert fits.plan is None and fits.n_ctx == 256 and fits.line.startswith("hypura: fits")
+    assert fits.plan is None and fits.n_ctx == 256 and fits.line.startswith("hypura: fits") and fits.fits
+    # asked to plan anyway (`hypura list --plan`, inspect): the plan within the same memory, still said to fit
+    both = decide(header, Ask(n_ctx=256, n_gpu_layers=0, always_plan=True), free(8 * GiB), profile, routing=Routing())
+    assert both.fits and both.plan is not None and both.n_ctx == 256 and both.line == fits.line
+    tight = decide(header, Ask(n_ctx=256, n_gpu_layers=0, fit=Fit(ram_margin=0)), free(256 * MiB), profile,
+                   routing=Routing())  # room for a plan, not for llama.cpp's resident placement
+    assert tight.plan is not None and not tight.fits
     # llama.cpp's placement given, or --fit off: nothing decided, nothing measured
     for ask in (Ask(n_ctx=256, n_gpu_layers=3), Ask(n_ctx=256, placement=True), Ask(n_ctx=256, expert_cache=True),
                 Ask(n_ctx=256, fit=Fit(enabled=False))):

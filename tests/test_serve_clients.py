@@ -12,7 +12,7 @@ openai = pytest.importorskip("openai")
 
 import llama_cpp  # noqa: E402
 
-from serve_helpers import MODEL, ONE_THREAD, engine_of, real_server, wait_idle  # noqa: E402
+from serve_helpers import MODEL, ONE_THREAD, engine_of, openai_client, real_server, serving, wait_idle  # noqa: E402
 
 GREEDY = {"temperature": 0, "num_predict": 12}
 MESSAGES = [{"role": "user", "content": "Name one planet."}]
@@ -20,14 +20,12 @@ MESSAGES = [{"role": "user", "content": "Name one planet."}]
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    s = real_server(smollm2_path, prefix_cache=False)  # a reply depends on its prompt alone: replies compare
-    yield s
-    s.stop()
+    yield from serving(smollm2_path, prefix_cache=False)  # a reply depends on its prompt alone: replies compare
 
 
 @pytest.fixture(scope="module")
 def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +153,7 @@ def test_served_under_a_streamed_plan(smollm2_path, oai):
     try:
         llm = next(iter(streamed.state.registry)).llm
         assert llm.plan.tensors_by_tier()["disk"] > 0
-        client = openai.OpenAI(base_url=streamed.url + "/v1", api_key="unused", max_retries=0)
+        client = openai_client(streamed)
         got = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8)
         want = oai.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8)
         assert got.choices[0].message.content == want.choices[0].message.content

@@ -15,7 +15,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
-from serve_helpers import MODEL, engine_of, real_server, wait_idle  # noqa: E402
+from serve_helpers import MODEL, engine_of, openai_client, real_server, serving, wait_idle  # noqa: E402
 
 CLIENTS = 64
 LOAD_LIMIT_S = 60  # the whole load test, on 2 busy cores
@@ -25,9 +25,7 @@ LEAVER_ASKS = 400  # tokens a leaving client asks for: if its request outlived i
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    s = real_server(smollm2_path, parallel=4, n_ctx=512)
-    yield s
-    s.stop()
+    yield from serving(smollm2_path, parallel=4, n_ctx=512)
 
 
 def _request(i: int, leaves: bool) -> tuple[str, dict, bool]:
@@ -168,8 +166,8 @@ def test_metrics_report_the_engine(server):
 
 
 def test_time_to_first_token(server):
-    openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    pytest.importorskip("openai")
+    client = openai_client(server)
     wait_idle(engine_of(server))
     ttft = []
     for i in range(5):

@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
 from hypura.serve.chat_template import ChatTemplate  # noqa: E402
-from serve_helpers import MODEL, engine_of, real_server, wait_idle  # noqa: E402
+from serve_helpers import MODEL, engine_of, openai_client, serving, wait_idle  # noqa: E402
 
 N_EMBD = 576  # SmolLM2-135M's llama.embedding_length
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags", "role"], "properties": {
@@ -31,14 +31,12 @@ ASK = [{"role": "user", "content": "Describe a person as JSON."}]
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    s = real_server(smollm2_path, n_ctx=1024)
-    yield s
-    s.stop()
+    yield from serving(smollm2_path, n_ctx=1024)
 
 
 @pytest.fixture(scope="module")
 def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 @pytest.mark.slow

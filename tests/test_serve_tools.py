@@ -15,7 +15,7 @@ ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import MODEL, real_server  # noqa: E402
+from serve_helpers import MODEL, openai_client, serving  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
@@ -29,14 +29,12 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    s = real_server(smollm2_path, n_ctx=2048)
-    yield s
-    s.stop()
+    yield from serving(smollm2_path, n_ctx=2048)
 
 
 @pytest.fixture(scope="module")
 def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 def _valid_weather(arguments: dict) -> None:

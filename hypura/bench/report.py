@@ -1,5 +1,5 @@
-"""What `hypura bench` prints: one sequence's prefill (or the sweep's ppN rows) and decode beside the bound,
-or the batched engine's table (one row a size)."""
+"""What `hypura bench` prints: one sequence's prefill and decode beside the bound (a sweep of -p or -n: llama-bench's
+ppN and tgN rows, with seconds a pass or a token), or the batched engine's table (one row a size)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ def single_report(r: dict) -> list[str]:
     lines = []
     for row in r.get("prefill_sweep", []):  # llama-bench's ppN rows: what a pass of N tokens costs
         m, t = row["tok_s"], row["pass_s"]
-        lines.append(f"pp{row['n_prompt']:<6d}{m['median']:9.2f} tok/s  {1e3 * t['median']:9.2f} ms a pass  (median of "
+        lines.append(f"pp{row['n_prompt']:<6d}{m['median']:9.2f} tok/s  {t['median']:9.4f} s a pass   (median of "
                      f"{len(m['runs'])}: min {m['min']:.2f}, max {m['max']:.2f} tok/s)")
-    for phase in ("prefill", "decode")[1 if "prefill_sweep" in r else 0:]:
+    for row in r.get("decode_sweep", []):  # tgN rows: N tokens decoded one at a time from an empty context
+        m = row["tok_s"]
+        lines.append(f"tg{row['n_gen']:<6d}{m['median']:9.2f} tok/s  {1 / m['median']:9.4f} s a token  (median of "
+                     f"{len(m['runs'])}: min {m['min']:.2f}, max {m['max']:.2f} tok/s)")
+    for phase in ("prefill", "decode") if "decode_sweep" not in r else ():
         m = r[f"{phase}_tok_s"]
         if m:
             lines.append(f"{phase:8s} {m['median']:9.2f} tok/s  (median of {len(m['runs'])}: min {m['min']:.2f}, "

@@ -28,7 +28,7 @@ class BenchArgs:
     ram: Optional[str] = None
     plan_file: Optional[str] = None
     n_prompt: tuple[int, ...] = (512,)  # -p; several: a sweep (one sequence only)
-    n_gen: int = 128
+    n_gen: tuple[int, ...] = (128,)  # -n; several: a sweep (one sequence only)
     ctx_size: int = 0  # 0: as hypura-cli chooses it (at least fit_ctx and what the runs need)
     fit_ctx: int = 4096
     repetitions: int = 3
@@ -43,8 +43,8 @@ class BenchArgs:
     def __post_init__(self):
         if self.plan_file and (self.gpu_mem or self.ram):
             raise HypuraError("give --plan or --gpu-mem/--ram budgets (which make a plan), not both")
-        if self.parallel and len(self.n_prompt) > 1:
-            raise HypuraError("--parallel takes one -p (prompt tokens per sequence)")
+        if self.parallel and (len(self.n_prompt) > 1 or len(self.n_gen) > 1):
+            raise HypuraError("--parallel takes one -p and one -n (tokens per sequence)")
         if self.expert_slots is not None and (self.plan_file or self.ram):
             raise HypuraError("--expert-slots sizes the GPU cache itself: give --gpu-mem only")
         if self.expert_slots is not None and self.expert_slots < 0 and not self.gpu_mem:
@@ -63,9 +63,9 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     header = read_header(a.model)
     single = BenchSettings(a.n_prompt, a.n_gen, a.repetitions, 0, a.seed)
     if a.ctx_size and a.ctx_size < single.n_ctx:
-        raise HypuraError(f"-c {a.ctx_size} is too small for -p {max(a.n_prompt)} and -n {a.n_gen}: give at least "
+        raise HypuraError(f"-c {a.ctx_size} is too small for -p {max(a.n_prompt)} and -n {max(a.n_gen)}: give at least "
                           f"{single.n_ctx}")
-    batched = BatchBenchSettings(a.n_prompt[0], a.n_gen, a.parallel, a.repetitions, a.seed) if a.parallel else None
+    batched = BatchBenchSettings(a.n_prompt[0], a.n_gen[0], a.parallel, a.repetitions, a.seed) if a.parallel else None
     profile = resolve_profile(a.profile) if a.profile else None
     # the bound of a run without a plan: the profile named, else this machine's (measured now if it has none)
     rates = lambda: rates_for(profile or planning_profile(a.model))  # noqa: E731

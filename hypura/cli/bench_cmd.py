@@ -26,9 +26,10 @@ def parse_sizes(flag: str, text: str, least: int) -> tuple[int, ...]:
 @click.option("--ram", metavar="SIZE", help="RAM budget (simulates less RAM), e.g. 16GiB.")
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), help="Plan file (hypura inspect --json).")
 @click.option("-p", "--n-prompt", metavar="N[,N,...]", default="512", show_default=True,
-              help="Prompt tokens; several (1,2,4,8): one prefill pass of each, as llama-bench's -p (what verifying N "
-                   "drafted tokens costs).")
-@click.option("-n", "--n-gen", type=click.IntRange(0), default=128, show_default=True, help="Generated tokens.")
+              help="Prompt tokens; several (1,2,4,8): one prefill pass of each, as llama-bench's -p, a row each with its "
+                   "seconds a pass (what verifying N drafted tokens costs).")
+@click.option("-n", "--n-gen", metavar="N[,N,...]", default="128", show_default=True,
+              help="Generated tokens; several: one decode run of each from an empty context, as llama-bench's -n.")
 @click.option("-c", "--ctx-size", type=click.IntRange(0), default=0, show_default=True,
               help="Context; 0: as hypura-cli chooses it (at least --fit-ctx and what the runs need).")
 @click.option("-fitc", "--fit-ctx", type=click.IntRange(1), default=4096, show_default=True,
@@ -60,8 +61,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
     from hypura.bench.report import report
     from hypura.bench.run import BenchArgs, run
 
-    args = BenchArgs(model, gpu_mem, ram, plan_file, parse_sizes("-p", n_prompt, 0), n_gen, ctx_size, fit_ctx, repetitions,
-                     threads, n_gpu_layers, flash_attn, profile_spec, expert_slots, seed,
+    args = BenchArgs(model, gpu_mem, ram, plan_file, parse_sizes("-p", n_prompt, 0), parse_sizes("-n", n_gen, 0),
+                     ctx_size, fit_ctx, repetitions, threads, n_gpu_layers, flash_attn, profile_spec, expert_slots, seed,
                      parse_sizes("--parallel", parallel, 1) if parallel else ())
     result = run(args, say=lambda msg: click.echo(msg, err=True))
     for line in report(result):

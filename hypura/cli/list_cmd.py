@@ -19,13 +19,10 @@ def plan_now(header, profile):
     from hypura.runtime.moe.coactivation import routing_frequencies
 
     routing = lambda: Routing(*routing_frequencies(header))  # noqa: E731  (as a run plans: recorded routing)
-    decision = decide(header, Ask(fit=Fit(measure_profile=False)), free_memory(), profile, routing=routing)
+    decision = decide(header, Ask(fit=Fit(measure_profile=False), always_plan=True), free_memory(), profile,
+                      routing=routing)
     plan = decision.plan
-    if plan is None:  # the plan within the same free memory
-        plan = decide(header, Ask(n_ctx=decision.n_ctx, fit=Fit(measure_profile=False), always_plan=True),
-                      decision.free, profile, routing=routing).plan
-    mode = f"fits ({plan.mode})" if decision.plan is None else plan.mode
-    return mode, decision.n_ctx, plan.prediction.decode_tok_s
+    return (f"fits ({plan.mode})" if decision.fits else plan.mode), decision.n_ctx, plan.prediction.decode_tok_s
 
 
 @click.command("list")

@@ -136,10 +136,11 @@ class Caps:
 
 def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, free: FreeMemory, unified: bool,
                  profile: Callable[[], object], plan_within: Callable[[object, Caps, int], Plan],
-                 always_plan: bool = False) -> tuple[Plan | None, int, str]:
-    """The default path's (plan, context, line) for `header` (module docstring); n_ctx 0: unset. plan_within(
-    profile, budgets, n_ctx) makes a plan; profile() is called only where the model does not fit (a first use
-    measures one). always_plan: the plan within the free memory even where llama.cpp's placement fits."""
+                 always_plan: bool = False) -> tuple[Plan | None, int, str, bool]:
+    """The default path's (plan, context, line, fits) for `header` (module docstring); n_ctx 0: unset; fits:
+    llama.cpp's placement fits. plan_within(profile, budgets, n_ctx) makes a plan; profile() is called only where
+    the model does not fit (a first use measures one). always_plan: the plan within the free memory even where
+    llama.cpp's placement fits."""
     m = _Model(header, n_ubatch)
     on_gpu = use_gpu and free.gpu is not None
     gpu_cap = max(0, (free.gpu or 0) - fit.gpu_margin) if on_gpu else 0
@@ -155,7 +156,7 @@ def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, fre
                     + ("" if n_ctx or c == m.n_train else f" (training context {m.n_train} does not fit)")
                     + f"; needs {fmt_size(gpu + ram)} of {free.describe()} {margins}")
             plan = plan_within(profile(), Caps(gpu_cap if on_gpu else 0, ram_cap), c) if always_plan else None
-            return plan, c, line
+            return plan, c, line, True
 
     machine = profile()
     caps = Caps(gpu_cap if on_gpu and machine.gpu is not None else 0, ram_cap)
@@ -172,7 +173,7 @@ def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, fre
         note = "" if plan.n_ctx == m.n_train else f" (training context {m.n_train}: more would slow decode or not fit)"
     why = (f"needs {fmt_size(sum(m.resident_need(plan.n_ctx, on_gpu, unified)))} as llama.cpp would hold it, "
            f"{free.describe()} {margins}") + _disk_note(plan, machine)
-    return plan, plan.n_ctx, f"hypura: plan: {summary(plan)}{note}; why: {why}"
+    return plan, plan.n_ctx, f"hypura: plan: {summary(plan)}{note}; why: {why}", False
 
 
 def _disk_note(plan: Plan, profile) -> str:

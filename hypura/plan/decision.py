@@ -78,6 +78,7 @@ class Decision:
     context_params: Mapping[str, object] = field(default_factory=dict)  # fields the plan needs, unless the user set them
     line: str = ""  # what the user is told; "" where the ask decided it (a plan given, llama.cpp's placement)
     free: Optional[FreeMemory] = None  # the free memory the decision was made within, where it was needed
+    fits: bool = False  # the default path found llama.cpp's placement fits (the plan, if any: Ask.always_plan's)
 
 
 Source = Union[FreeMemory, MachineProfile, Callable[[], object], None]
@@ -122,10 +123,10 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
         return Decision(None, ask.n_ctx)
     mem = free_now()
     on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None
-    plan, n_ctx, line = default_path(
+    plan, n_ctx, line, fits = default_path(
         header, ask.n_ctx, ask.n_ubatch, ask.n_gpu_layers != 0, ask.fit, mem, on_gpu and unified_memory(), machine,
         lambda prof, b, c: plan_within(prof, b.gpu, b.ram, c), ask.always_plan)
-    return dataclasses.replace(_applied(plan, n_ctx, line), free=mem)
+    return dataclasses.replace(_applied(plan, n_ctx, line), free=mem, fits=fits)
 
 
 def _applied(plan: Optional[Plan], n_ctx: int, line: str = "") -> Decision:

@@ -68,14 +68,14 @@ class _Steps:
         import llama_cpp
 
         from hypura.bindings.batch import Batch
-        from hypura.llama import Llama
+        from hypura.bindings.model import Loaded
 
         n = knobs.LLAMA_PROMPT_TOKENS
         with _quiet_stderr():  # on a GPU build too: the CPU alone computes, from plain (not pinned) memory
-            self.llm = Llama(str(path), n_gpu_layers=0, fit=False, n_ctx=knobs.LLAMA_CTX, n_batch=n, n_ubatch=n,
-                             n_threads=threads, n_threads_batch=threads, offload_kqv=False, op_offload=False,
-                             verbose=False, param_overrides={"model_params": {
-                                 "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE, "no_host": True}})
+            self.llm = Loaded(str(path), {"n_gpu_layers": 0, "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE,
+                                          "no_host": True},
+                              {"n_ctx": knobs.LLAMA_CTX, "n_batch": n, "n_ubatch": n, "n_threads": threads,
+                               "n_threads_batch": threads, "offload_kqv": False, "op_offload": False})
         self.batch = Batch(n)
         self.pos, self.name = 0, path.name
 

@@ -1,0 +1,158 @@
+"""The batched engine's sampling on SmolLM2-135M: stop strings, seeds, penalties, the batched argmax, grammars,
+logprobs and embeddings, each sequence with its own sampler in a shared step."""
+
+import llama_cpp
+import pytest
+
+from hypura.engine import SamplingParams
+from hypura.errors import HypuraError
+
+from engine_helpers import PARALLEL, N_CTX, GREEDY, PROMPT, running, engine_alone_text, engine_llm
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path, n_threads):
+    yield from engine_llm(smollm2_path, n_threads)
+
+
+def test_stop_strings_end_before_them_and_are_never_sent(llm):
+    with running(llm) as engine:
+        tokens = engine.tokenize(PROMPT)
+        full = engine.submit(tokens, SamplingParams(max_tokens=24, temperature=0.0)).result(60)
+        stop = full.text[12:17]  # spans tokens, well inside the text
+        events = []
+        r = engine.submit(tokens, SamplingParams(max_tokens=24, temperature=0.0, stop=("NEVER", stop)),
+                          on_event=events.append).result(60)
+    assert r.finish_reason == "stop" and r.text == full.text[: full.text.index(stop)]
+    assert "".join(e.text for e in events) == r.text and r.completion_tokens < 24
+    assert all(stop not in e.text for e in events) and events[-1].finish_reason == "stop"
+
+
+def test_seeds_reproduce_samples_alone_and_in_a_batch(llm):
+    tokens = llm.tokenize(PROMPT.encode())
+    def warm(seed):
+        return SamplingParams(max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+
+    with running(llm) as engine:
+        alone = engine.submit(tokens, warm(3)).result(60)
+        batch = [engine.submit(tokens, warm(s)) for s in (3, 4, 3)]
+        r3, r4, r3b = [r.result(60) for r in batch]
+    assert alone.tokens == r3.tokens == r3b.tokens  # each sequence has its own sampler
+    assert r4.tokens != r3.tokens
+
+
+def test_penalties_see_the_prompt(llm):
+    tokens = llm.tokenize(b"1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3,")
+    with running(llm) as engine:
+        plain = engine.submit(tokens, SamplingParams(max_tokens=6, temperature=0.0)).result(60)
+        penalized = engine.submit(tokens, SamplingParams(max_tokens=6, temperature=0.0, repeat_penalty=5.0)).result(60)
+    assert plain.text.startswith(" 1, 2,")
+    assert penalized.tokens[0] != plain.tokens[0]  # the first sample already avoids the prompt's tokens
+
+
+def test_the_batched_argmax_picks_what_llama_cpps_greedy_sampler_picks(llm):
+    """Plain greedy sequences take their token from one argmax over the step's logits: the first maximum,
+    as llama.cpp's greedy scan; ties, infinities and NaN included (a NaN maximum goes to llama.cpp)."""
+    import numpy as np
+
+    from hypura.engine.sampler import Sampler, greedy_rows
+
+    ctx, n = llm.ctx, 8
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model))
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    batch = llama_cpp.llama_batch_init(2 * n, 0, 1)
+    try:
+        for i in range(2 * n):  # every other token has logits: output row k is batch index 2k + 1
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = 100 + i, i // 4, 1
+            batch.seq_id[i][0], batch.logits[i] = i % PARALLEL, i % 2
+        batch.n_tokens = 2 * n
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        m = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n, n_vocab))
+        m[1, :] = 0.0  # all equal: the first
+        m[2, [7, 300, n_vocab - 1]] = 1e9  # a three-way tie
+        m[3, :] = -np.inf
+        m[3, 5] = np.inf
+        m[3, 9] = np.inf
+        m[4, 0], m[4, 1:] = -0.0, 0.0  # -0.0 == 0.0: a tie, the first
+        m[5, 0] = np.nan  # llama.cpp keeps index 0 when it is NaN
+        m[6, 3] = np.nan  # and never picks a NaN after it
+        samplers = [Sampler(GREEDY, n_vocab, N_CTX) for _ in range(n)]
+        want = [s.sample(ctx, 2 * k + 1) for k, s in enumerate(samplers)]
+        got = greedy_rows(ctx, n_vocab, n, list(range(n)))
+        assert [g if g >= 0 else s.sample(ctx, 2 * k + 1) for k, (g, s) in enumerate(zip(got, samplers))] == want
+        assert got[5] == got[6] == -1 and want[1] == 0 and want[2] == 7 and want[3] == 5 and want[4] == 0
+        assert greedy_rows(ctx, n_vocab, n, [0, 2, 7]) == [want[0], want[2], want[7]]
+        for s in samplers:
+            s.close()
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+
+@pytest.mark.slow
+def test_greedy_and_sampled_sequences_in_one_step_each_give_what_they_give_alone(llm):
+    """A step's plain greedy rows go through one argmax, the others through their llama.cpp chains."""
+    tokens = llm.tokenize(PROMPT.encode())
+    warm = SamplingParams(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+    penalized = SamplingParams(max_tokens=16, temperature=0.0, repeat_penalty=1.3)
+    kinds = (GREEDY, warm, penalized, GREEDY)
+    with running(llm, prefix_cache=False) as engine:
+        alone = [engine.submit(tokens, p).result(60).tokens for p in kinds]
+        together = [engine.submit(tokens, p) for p in kinds]
+        assert [r.result(60).tokens for r in together] == alone
+    assert alone[0] == alone[3] and alone[1] != alone[0] and alone[2] != alone[0]
+
+
+def test_a_grammar_constrains_its_sequence_only_even_greedy_and_penalized(llm):
+    tokens = llm.tokenize(PROMPT.encode())
+    yes_no = 'root ::= ("yes" | "no") " " [0-9] [0-9]'
+    with running(llm) as engine:
+        plain = engine.submit(tokens, SamplingParams(max_tokens=8, temperature=0.0))
+        greedy = engine.submit(tokens, SamplingParams(max_tokens=8, temperature=0.0, grammar=yes_no))
+        penalized = engine.submit(tokens, SamplingParams(max_tokens=8, temperature=1.0, repeat_penalty=1.3,
+                                                         grammar=yes_no))  # the prompt is not fed to the grammar
+        results = [r.result(60) for r in (plain, greedy, penalized)]
+        with pytest.raises(HypuraError, match="grammar"):
+            engine.submit(tokens, SamplingParams(grammar="root ::= ("))
+        assert engine.submit(tokens, SamplingParams(max_tokens=2)).result(60).finish_reason == "length"
+    assert results[0].text == engine_alone_text(llm, tokens)  # the greedy fast path beside a grammar's sequence
+    for r in results[1:]:
+        assert r.finish_reason == "stop" and r.text.split(" ")[0] in ("yes", "no") and r.text[-2:].isdigit()
+    with pytest.raises(HypuraError, match="grammar"):
+        SamplingParams(grammar=yes_no, ignore_eos=True)
+
+
+def test_json_strings_admit_no_control_characters(llm):
+    """The schema grammars' string character (llama.cpp's): after an opening quote, a newline is masked."""
+    import ctypes
+
+    from hypura.engine.sampler import grammar_sampler
+    from hypura.serve.grammars import ANY_OBJECT, schema_rules
+
+    assert r'[^"\\\x7F\x00-\x1F]' in schema_rules(ANY_OBJECT, "format")
+    (quote,), (newline,), (letter,) = (llm.tokenize(t, add_bos=False) for t in (b'"', b"\n", b"a"))
+    sampler = grammar_sampler(llm._model.vocab, schema_rules({"type": "string"}, "format"))
+    try:
+        llama_cpp.llama_sampler_accept(sampler, quote)
+        data = (llama_cpp.llama_token_data * 2)(llama_cpp.llama_token_data(newline, 1.0, 0.0),
+                                                llama_cpp.llama_token_data(letter, 1.0, 0.0))
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(llama_cpp.llama_token_data_array(data, 2, -1, False)))
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+    assert data[0].logit == float("-inf") and data[1].logit == 1.0
+
+
+def test_logprobs_are_the_models_and_embeddings_use_the_spare_sequence(llm):
+    import numpy as np
+
+    tokens = llm.tokenize(PROMPT.encode())
+    with running(llm) as engine:
+        request = engine.submit(tokens, SamplingParams(max_tokens=4, temperature=0.0, logprobs=2))
+        events = [e for e in request.events(60) if e.token is not None]
+        vectors = engine.embed([tokens, tokens[:3], tokens])
+        assert engine.submit(tokens, SamplingParams(max_tokens=2)).result(60).finish_reason == "length"
+    for e in events:
+        (best, best_lp), (_, second_lp) = e.logprob.top
+        assert best == e.token and e.logprob.logprob == pytest.approx(best_lp) and second_lp <= best_lp <= 0
+    assert vectors[0].shape == (llama_cpp.llama_model_n_embd(llm.model),) and np.allclose(vectors[0], vectors[2])
+    assert not np.allclose(vectors[0], vectors[1])
