@@ -23,6 +23,13 @@ from hypura.speculative.verify import SpecStats
 
 
 class SpecDraft(LlamaDraftModel):
+    def __new__(cls, drafter, target):
+        if cls is SpecDraft and hasattr(drafter, "context_params"):  # a DraftTree: verified as a tree
+            from hypura.speculative.llama_tree import TreeSpecDraft
+
+            cls = TreeSpecDraft
+        return super().__new__(cls)
+
     def __init__(self, drafter, target):
         if isinstance(drafter, (str, Path)):
             from hypura.speculative.draft_model import DraftModel
