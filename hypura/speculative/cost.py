@@ -6,7 +6,8 @@ Online, per generation, three things are measured:
   measured elsewhere (`hypura bench -p 1,2,4,...`) may seed it;
 - acceptance by position: for a drafted token at depth d that was its parent's r-th candidate by draft
   probability (r = 1 in a chain), how often the target's own token was it, once its parent was reached
-  (decayed counts; each cell leans on its rank's pooled rate while it has few trials);
+  (decayed counts; while a cell has few recent trials it leans on the rate one level up, so deep
+  positions, rarely reached once acceptance falls, fall with it);
 - drafting time per level (one draft-model decode, or one n-gram lookup).
 
 With those, a node at depth d is accepted with the product of its path's rates, and a pass yields
@@ -22,8 +23,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-DECAY = 0.95  # per pass: acceptance follows the last ~20 passes
-PRIOR_TRIALS = 2.0  # a (depth, rank) cell's weight on its rank's pooled rate, in trials
+DECAY = 0.9  # per pass: acceptance follows the last ~10 passes (0.95 kept stale deep rates for ~40 passes)
+PRIOR_TRIALS = 2.0  # a (depth, rank) cell's weight on the rate one level up (depth 1: its rank's pooled rate)
 PRIOR_RATE = 0.5  # the top candidate's acceptance before any pass (Beta(1, 1)); the r-th's is this / r^2
 
 
@@ -86,15 +87,25 @@ class Acceptance:
         t = sum(v for (_, r), v in self.trials.items() if r == rank)
         return (h + PRIOR_RATE / rank ** 2) / (t + 1.0)
 
-    def rate(self, depth: int, rank: int = 1, pooled: Optional[float] = None) -> float:
-        key, pooled = (depth, rank), self.pooled(rank) if pooled is None else pooled
-        return (self.hits.get(key, 0.0) + PRIOR_TRIALS * pooled) / (self.trials.get(key, 0.0) + PRIOR_TRIALS)
+    def _shrunk(self, depth: int, rank: int, prior: float) -> float:
+        key = (depth, rank)
+        return (self.hits.get(key, 0.0) + PRIOR_TRIALS * prior) / (self.trials.get(key, 0.0) + PRIOR_TRIALS)
+
+    def rates(self, depth_max: int, width: int) -> dict[tuple[int, int], float]:
+        out = {}
+        for r in range(1, width + 1):
+            prior = self.pooled(r)
+            for d in range(1, depth_max + 1):
+                out[(d, r)] = prior = self._shrunk(d, r, prior)
+        return out
+
+    def rate(self, depth: int, rank: int = 1) -> float:
+        return self.rates(depth, rank)[(depth, rank)]
 
     def expected(self, n_max: int, width: int, depth_max: int) -> tuple[list[float], list[int]]:
         """E[n]: expected accepted drafted tokens of the best n-node tree (children per node <= width,
         depth <= depth_max), and levels[n]: its depth; for n = 0..n_max."""
-        pooled = [self.pooled(r) for r in range(1, width + 1)]
-        rates = {(d, r): self.rate(d, r, pooled[r - 1]) for d in range(1, depth_max + 1) for r in range(1, width + 1)}
+        rates = self.rates(depth_max, width)
         e, levels = [0.0], [0]
         heap = [(-rates[(1, r)], 1) for r in range(1, width + 1)] if depth_max > 0 else []
         heapq.heapify(heap)
