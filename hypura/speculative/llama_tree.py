@@ -69,8 +69,9 @@ class TreeSpecDraft(SpecDraft):
         n = len(input_ids)
         limit = self.target.n_ctx() - n - 1
         t0 = time.perf_counter()
-        tree = self.drafter.draft_tree(np.asarray(input_ids).tolist(), self.length.choose(limit),
-                                       min(limit, self.length.depth_max))
+        depth = min(limit, self.length.depth_max)
+        tree = self.drafter.draft_tree(np.asarray(input_ids).tolist(), self.length.choose(limit), depth,
+                                       self.length.accept.rates(depth, self.length.width))
         self._pending = (tree, n - 1, time.perf_counter() - t0)
         return np.array([], dtype=np.intc)
 

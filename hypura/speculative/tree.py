@@ -147,7 +147,8 @@ class TreeVerifier:
         the target's token from the batch's i-th logits; at most `limit` tokens are emitted."""
         n = self.length.choose(limit - 1)
         t0 = time.perf_counter()
-        tree = self.drafter.draft_tree(history, n, min(limit - 1, self.length.depth_max or n))
+        depth = min(limit - 1, self.length.depth_max or n)
+        tree = self.drafter.draft_tree(history, n, depth, self.length.accept.rates(depth, self.length.width))
         t1 = time.perf_counter()
         sets = tree.seq_sets()
         n_branches = max(s[-1] for s in sets) + 1

@@ -1,6 +1,9 @@
 """A draft model proposing a tree of candidates (SpecExec's search, level by level).
 
-Each node scores the product of the draft's probabilities along its path. Level d's candidates are the
+Each node scores the product along its path of its acceptance estimates: the cost model's measured rate
+for its (depth, rank) when given (the draft's probabilities are not the acceptance of greedy verification:
+a model drafting for itself has every top candidate accepted, however unsure it is), else the draft's
+probability (SpecExec's); ties go to the draft's probabilities. Level d's candidates are the
 top children of the level's expanded nodes by draft probability (the top one always; the others only
 above p_split, llama.cpp's --spec-draft-p-split). The tree sent to the target is the n best-scoring
 candidates with at most `branches` leaves; a candidate is expanded (decoded by the draft, to score its
@@ -14,6 +17,8 @@ target accepted.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import llama_cpp
 import numpy as np
@@ -51,15 +56,15 @@ class TreeDrafter:
         z = np.exp(logits - logits[top[0]])
         return [(int(t), float(p)) for t, p in zip(top, z[top] / z.sum())]
 
-    def draft_tree(self, history, n_nodes: int, depth_max: int) -> Tree:
+    def draft_tree(self, history, n_nodes: int, depth_max: int, rates: Optional[dict] = None) -> Tree:
         """A tree of at most n_nodes drafted tokens after history (whose last token is the root), depth
-        at most depth_max."""
+        at most depth_max; rates: {(depth, rank): acceptance} (hypura.speculative.cost.Acceptance.rates)."""
         d = self.draft
         if n_nodes <= 0 or depth_max <= 0 or not history:
             return Tree([history[-1]])
         d._sync(history)
         n_past = len(history) - 1
-        tok, parent, depth, rank, score = [history[-1]], [-1], [0], [0], [1.0]
+        tok, parent, depth, rank, score, qs = [history[-1]], [-1], [0], [0], [1.0], [1.0]
         seq = {0: 0}  # expanded candidate -> its draft sequence
         chain0: list[int] = []  # seq 0's decoded nodes: the draft's cache after this call
         frontier = [(0, -1)]  # (candidate, its logits' output index)
@@ -70,13 +75,15 @@ class TreeDrafter:
                 for r, (t, q) in enumerate(self._top(out), 1):
                     if r > 1 and q <= self.p_split:
                         break
-                    tok.append(t), parent.append(c), depth.append(level), rank.append(r), score.append(score[c] * q)
+                    tok.append(t), parent.append(c), depth.append(level), rank.append(r), qs.append(qs[c] * q)
+                    score.append(score[c] * (rates.get((level, r), q) if rates else q))
                     new.append(len(tok) - 1)
             if level == depth_max or not new:
                 break
             best = sorted(score[1:], reverse=True)
             bar = best[n_nodes - 1] if len(best) >= n_nodes else 0.0
-            expand = sorted((i for i in new if score[i] >= bar and score[i] > 0.0), key=lambda i: -score[i])[:self.branches]
+            expand = sorted((i for i in new if score[i] >= bar and score[i] > 0.0),
+                            key=lambda i: (-score[i], -qs[i]))[:self.branches]
             if not expand:
                 break
             inherited = {}
@@ -101,16 +108,18 @@ class TreeDrafter:
         for s in range(1, self.branches):
             llama_cpp.llama_memory_seq_rm(mem, s, -1, -1)
         d.cached = list(history) + chain0
-        return _select(tok, parent, depth, rank, score, n_nodes, self.branches)
+        return _select(tok, parent, depth, rank, score, n_nodes, self.branches, qs)
 
     def close(self) -> None:
         self._batch.close()
         self.draft.close()
 
 
-def _select(tok, parent, depth, rank, score, n_nodes: int, branches: int) -> Tree:
-    """The best-scoring candidates as a tree of at most n_nodes nodes and `branches` leaves, in depth order."""
-    order = sorted(range(1, len(tok)), key=lambda i: (-score[i], depth[i]))
+def _select(tok, parent, depth, rank, score, n_nodes: int, branches: int, qs=None) -> Tree:
+    """The best-scoring candidates (ties: the likelier to the draft) as a tree of at most n_nodes nodes and
+    `branches` leaves, in depth order."""
+    qs = qs or score
+    order = sorted(range(1, len(tok)), key=lambda i: (-score[i], -qs[i], depth[i]))
     kept, n_kids, leaves = {0}, {0: 0}, 1
     for i in order:
         if len(kept) > n_nodes:
