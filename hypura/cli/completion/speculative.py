@@ -41,25 +41,18 @@ SPEC_OPTIONS = [
 _INTS = (("spec_draft_n_max", "n_max", "--spec-draft-n-max"), ("spec_draft_n_min", "n_min", "--spec-draft-n-min"),
          ("spec_ngram_n", "ngram_size_n", "--spec-ngram-simple-size-n"),
          ("spec_ngram_m", "ngram_size_m", "--spec-ngram-simple-size-m"), ("spec_tree", "tree", "--spec-tree"))
+_FLOATS = (("spec_draft_p_min", "p_min", "--spec-draft-p-min"), ("spec_draft_p_split", "p_split", "--spec-draft-p-split"))
 
 
 def spec_settings(kw: dict) -> Optional[SpecSettings]:
     """The --spec-* flags (popped from kw) as SpecSettings; None without -md or --spec-type."""
     model, kind = kw.pop("spec_draft_model"), kw.pop("spec_type")
     fields: dict = {}
-    for key, field, flag in _INTS:
+    for key, field, flag, parse in [(*x, stoi) for x in _INTS] + [(*x, stof) for x in _FLOATS]:
         value = kw.pop(key)
         if value is not None:
             try:
-                fields[field] = stoi(value)
-            except ValueError as e:
-                raise value_error(flag, str(e)) from None
-    for key, field, flag in (("spec_draft_p_min", "p_min", "--spec-draft-p-min"),
-                             ("spec_draft_p_split", "p_split", "--spec-draft-p-split")):
-        value = kw.pop(key)
-        if value is not None:
-            try:
-                fields[field] = stof(value)
+                fields[field] = parse(value)
             except ValueError as e:
                 raise value_error(flag, str(e)) from None
     if model is None and kind is None:
