@@ -60,7 +60,8 @@ class TreeSpecDraft(SpecDraft):
         self.target = target
         self.drafter = TreeDrafter.load(spec.model, target, spec.branches, spec.p_split,
                                         n_threads=target.n_threads, n_threads_batch=target.n_threads_batch)
-        self.length = DraftLength(spec.branches * spec.n_max, 0, spec.branches, spec.n_max)
+        # a pass is one batch
+        self.length = DraftLength(min(spec.branches * spec.n_max, target.n_batch - 1), 0, spec.branches, spec.n_max)
         self.stats = SpecStats()
         self._batch = Batch(self.length.n_max + 1, spec.branches)
         self._pending = None  # (tree, n_past, drafting seconds): drafted, not yet verified

@@ -140,6 +140,7 @@ class TreeVerifier:
         n_seq = llama_cpp.llama_n_seq_max(llm.ctx)
         if n_seq < drafter.branches:
             raise ValueError(f"a tree of {drafter.branches} branches needs n_seq_max >= {drafter.branches} ({n_seq})")
+        length.n_max = min(length.n_max, llama_cpp.llama_n_batch(llm.ctx) - 1)  # a pass is one batch
         self._batch = Batch(length.n_max + 1, drafter.branches)
 
     def step(self, history: Sequence[int], n_past: int, sample: Callable[[int], int], limit: int) -> Optional[list[int]]:
