@@ -50,3 +50,8 @@ def test_spec_flags_checked():
     assert p.stderr.decode().strip().splitlines() == [
         'error while handling argument "--spec-tree": --spec-tree N takes a draft model (-md FNAME) and 2 <= N <= 64 '
         'branches']
+    p = subprocess.run([sys.executable, "-m", "hypura.cli.completion", "--spec-type", "ngram-simple", "--spec-pass-ms",
+                        "1:40,2", "-p", "x"], capture_output=True, timeout=TIMEOUT)
+    assert p.returncode == 1
+    assert p.stderr.decode().strip().splitlines() == [
+        'error while handling argument "--spec-pass-ms": expected N:MS[,N:MS...], not \'1:40,2\'']

@@ -17,14 +17,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import llama_cpp
 import numpy as np
 
 from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
-from hypura.speculative.cost import DraftLength
+from hypura.speculative.cost import DraftLength, PassTimes
 from hypura.speculative.llama_draft import SpecDraft
 from hypura.speculative.tree import context_params, fill_batch, keep_path, open_branches
 from hypura.speculative.tree_draft import P_SPLIT, TreeDrafter
@@ -34,12 +34,14 @@ from hypura.speculative.verify import SpecStats
 @dataclass(frozen=True)
 class DraftTree:
     """A draft GGUF (the target's vocabulary) proposing trees of up to `branches` leaves, n_max deep; the
-    node budget (up to branches x n_max) follows the passes' cost. p_split: llama.cpp's --spec-draft-p-split."""
+    node budget (up to branches x n_max) follows the passes' cost. p_split: llama.cpp's --spec-draft-p-split;
+    pass_ms: {tokens carried: ms} measured beforehand (`hypura bench -p 1,2,4,...`)."""
 
     model: Union[str, Path]
     branches: int = 4
     n_max: int = 16
     p_split: float = P_SPLIT
+    pass_ms: Optional[dict] = None
 
     def __post_init__(self):
         if not 1 < self.branches <= 64 or self.n_max < 1:
@@ -61,7 +63,8 @@ class TreeSpecDraft(SpecDraft):
         self.drafter = TreeDrafter.load(spec.model, target, spec.branches, spec.p_split,
                                         n_threads=target.n_threads, n_threads_batch=target.n_threads_batch)
         # a pass is one batch
-        self.length = DraftLength(min(spec.branches * spec.n_max, target.n_batch - 1), 0, spec.branches, spec.n_max)
+        self.length = DraftLength(min(spec.branches * spec.n_max, target.n_batch - 1), 0, spec.branches, spec.n_max,
+                                  PassTimes.given({n: ms / 1e3 for n, ms in (spec.pass_ms or {}).items()}))
         self.stats = SpecStats()
         self._batch = Batch(self.length.n_max + 1, spec.branches)
         self._pending = None  # (tree, n_past, drafting seconds): drafted, not yet verified

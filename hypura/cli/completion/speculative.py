@@ -32,6 +32,9 @@ SPEC_OPTIONS = [
     (("--spec-draft-p-split", "--draft-p-split", "spec_draft_p_split"),
      dict(metavar="P", help=f"--spec-tree: a lower draft candidate opens a branch above this probability "
                             f"(default: {SpecSettings.p_split:.2f})")),
+    (("--spec-pass-ms", "spec_pass_ms"),
+     dict(metavar="N:MS,...", help="verification pass costs by tokens carried, measured beforehand "
+                                   "(`hypura bench -p 1,2,4,...`'s ms a pass); without them the first passes measure")),
     (("--spec-ngram-simple-size-n", "spec_ngram_n"),
      dict(metavar="N", help=f"ngram-simple: length of the looked-up n-gram (default: {SpecSettings.ngram_size_n})")),
     (("--spec-ngram-simple-size-m", "spec_ngram_m"),
@@ -55,6 +58,12 @@ def spec_settings(kw: dict) -> Optional[SpecSettings]:
                 fields[field] = parse(value)
             except ValueError as e:
                 raise value_error(flag, str(e)) from None
+    pass_ms = kw.pop("spec_pass_ms")
+    if pass_ms is not None:
+        try:
+            fields["pass_ms"] = tuple((stoi(n), stof(ms)) for n, ms in (x.split(":") for x in pass_ms.split(",")))
+        except ValueError:
+            raise value_error("--spec-pass-ms", f"expected N:MS[,N:MS...], not '{pass_ms}'") from None
     if model is None and kind is None:
         return None
     if model is not None and not Path(model).is_file():
