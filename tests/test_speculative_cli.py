@@ -44,8 +44,8 @@ def test_spec_flags_checked():
     assert p.returncode == 1
     assert p.stderr.decode().strip().splitlines() == [
         'error while handling argument "--spec-type": --spec-type draft-simple needs a draft model (-md FNAME)']
-    p = subprocess.run([sys.executable, "-m", "hypura.cli.completion", "--spec-type", "ngram-simple", "--spec-tree", "4",
-                        "-p", "x"], capture_output=True, timeout=TIMEOUT)
+    p = subprocess.run([sys.executable, "-m", "hypura.cli.completion", "--spec-type", "ngram-simple",
+                        "--spec-tree", "4", "-p", "x"], capture_output=True, timeout=TIMEOUT)
     assert p.returncode == 1
     assert p.stderr.decode().strip().splitlines() == [
         'error while handling argument "--spec-tree": --spec-tree N takes a draft model (-md FNAME) and 2 <= N <= 64 '

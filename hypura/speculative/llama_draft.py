@@ -35,7 +35,8 @@ class SpecDraft(LlamaDraftModel):
             from hypura.speculative.draft_model import DraftModel
 
             # the draft's threads are the target's, as llama.cpp's -td/-tbd default to -t/-tb
-            drafter = DraftModel.load(drafter, target, n_threads=target.n_threads, n_threads_batch=target.n_threads_batch)
+            drafter = DraftModel.load(drafter, target, n_threads=target.n_threads,
+                                      n_threads_batch=target.n_threads_batch)
         self.drafter, self.target = drafter, target
         # the longest draft: the drafter's own (LlamaPromptLookupDecoding's num_pred_tokens), else --spec-draft-n-max's
         n_max = getattr(drafter, "num_pred_tokens", None) or SpecSettings.n_max

@@ -24,7 +24,7 @@ class SpecSettings:
     ngram_size_m: int = 48  # ngram-simple's longest draft
     tree: int = 0  # > 1: a draft model's tree of up to this many branches, n_max deep (hypura.speculative.tree)
     p_split: float = 0.1  # a tree's lower candidates branch off above this draft probability (llama.cpp's)
-    pass_ms: tuple = ()  # ((tokens carried, ms), ...) measured beforehand (`hypura bench -p 1,2,4,...`); runs add theirs
+    pass_ms: tuple = ()  # ((tokens carried, ms), ...) measured beforehand (`hypura bench -p 1,2,4,...`)
 
     def __post_init__(self):
         if self.type not in SPEC_TYPES:

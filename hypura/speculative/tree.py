@@ -143,7 +143,8 @@ class TreeVerifier:
         length.n_max = min(length.n_max, llama_cpp.llama_n_batch(llm.ctx) - 1)  # a pass is one batch
         self._batch = Batch(length.n_max + 1, drafter.branches)
 
-    def step(self, history: Sequence[int], n_past: int, sample: Callable[[int], int], limit: int) -> Optional[list[int]]:
+    def step(self, history: Sequence[int], n_past: int, sample: Callable[[int], int],
+             limit: int) -> Optional[list[int]]:
         """As Verifier.step: history holds the KV cache's tokens then the last sampled token; sample(i) is
         the target's token from the batch's i-th logits; at most `limit` tokens are emitted."""
         n = self.length.choose(limit - 1)

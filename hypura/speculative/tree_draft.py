@@ -37,7 +37,8 @@ class TreeDrafter:
         self.draft, self.branches, self.p_split = draft, branches, p_split
         n_seq = llama_cpp.llama_n_seq_max(draft.llm.ctx)
         if n_seq < branches:
-            raise ValueError(f"the draft model's context has n_seq_max {n_seq}, a tree of {branches} branches needs more")
+            raise ValueError(f"the draft model's context has n_seq_max {n_seq}; a tree of {branches} branches "
+                             f"needs {branches}")
         self._batch = Batch(branches, 1)
 
     @classmethod

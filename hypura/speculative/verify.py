@@ -67,7 +67,8 @@ class SpecStats:
             f"speculative: pass {s['pass_ms']:.1f} ms, drafting {s['draft_ms']:.2f} ms per pass",
             f"speculative: pass time by tokens carried: {by or 'n/a'}",
             "speculative: drafted tokens a pass over time: "
-            + (" ".join(f"{n}x{k}" for n, k in self.chosen[-40:]) or "n/a") + (" (last 40 runs)" if len(self.chosen) > 40 else ""),
+            + (" ".join(f"{n}x{k}" for n, k in self.chosen[-40:]) or "n/a")
+            + (" (last 40 runs)" if len(self.chosen) > 40 else ""),
         ]
 
 

@@ -44,7 +44,8 @@ SPEC_OPTIONS = [
 _INTS = (("spec_draft_n_max", "n_max", "--spec-draft-n-max"), ("spec_draft_n_min", "n_min", "--spec-draft-n-min"),
          ("spec_ngram_n", "ngram_size_n", "--spec-ngram-simple-size-n"),
          ("spec_ngram_m", "ngram_size_m", "--spec-ngram-simple-size-m"), ("spec_tree", "tree", "--spec-tree"))
-_FLOATS = (("spec_draft_p_min", "p_min", "--spec-draft-p-min"), ("spec_draft_p_split", "p_split", "--spec-draft-p-split"))
+_FLOATS = (("spec_draft_p_min", "p_min", "--spec-draft-p-min"),
+           ("spec_draft_p_split", "p_split", "--spec-draft-p-split"))
 
 
 def spec_settings(kw: dict) -> Optional[SpecSettings]:
