@@ -29,6 +29,7 @@ from typing import Callable, Optional, Sequence
 import llama_cpp
 
 from hypura.bindings.batch import Batch
+from hypura.errors import HypuraError
 from hypura.speculative.cost import DraftLength
 from hypura.speculative.verify import SpecStats
 
@@ -139,7 +140,7 @@ class TreeVerifier:
         self.stats = SpecStats()
         n_seq = llama_cpp.llama_n_seq_max(llm.ctx)
         if n_seq < drafter.branches:
-            raise ValueError(f"a tree of {drafter.branches} branches needs n_seq_max >= {drafter.branches} ({n_seq})")
+            raise HypuraError(f"a tree of {drafter.branches} branches needs n_seq_max >= {drafter.branches} ({n_seq})")
         length.n_max = min(length.n_max, llama_cpp.llama_n_batch(llm.ctx) - 1)  # a pass is one batch
         self._batch = Batch(length.n_max + 1, drafter.branches)
 

@@ -24,6 +24,7 @@ import llama_cpp
 import numpy as np
 
 from hypura.bindings.batch import Batch
+from hypura.errors import HypuraError
 from hypura.speculative.draft_model import DraftModel
 from hypura.speculative.tree import Tree, context_params
 
@@ -37,7 +38,7 @@ class TreeDrafter:
         self.draft, self.branches, self.p_split = draft, branches, p_split
         n_seq = llama_cpp.llama_n_seq_max(draft.llm.ctx)
         if n_seq < branches:
-            raise ValueError(f"the draft model's context has n_seq_max {n_seq}; a tree of {branches} branches "
+            raise HypuraError(f"the draft model's context has n_seq_max {n_seq}; a tree of {branches} branches "
                              f"needs {branches}")
         self._batch = Batch(branches, 1)
 
@@ -100,11 +101,10 @@ class TreeDrafter:
                     llama_cpp.llama_memory_seq_rm(mem, seq[i], -1, -1)
                     llama_cpp.llama_memory_seq_cp(mem, seq[parent[i]], seq[i], -1, -1)
                 b.set(j, tok[i], n_past + level, [seq[i]], True)
-                if seq[i] == 0:
-                    chain0.append(tok[i])
             b.c.n_tokens = len(expand)
             if d.llm.decode_batch(b) != 0:
                 break
+            chain0 += [tok[i] for i in expand if seq[i] == 0]
             frontier = [(i, j) for j, i in enumerate(expand)]
         for s in range(1, self.branches):
             llama_cpp.llama_memory_seq_rm(mem, s, -1, -1)
