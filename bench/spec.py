@@ -1,14 +1,15 @@
 """Speculative decoding: tok/s, tokens per pass and pass cost by tokens carried, beside plain decoding
 and beside vanilla llama.cpp's `llama-speculative-simple` with the same pair.
 
-    python3 bench/spec.py TARGET.gguf [--draft DRAFT.gguf | --spec-type ngram-simple|prompt-lookup]
+    python3 bench/spec.py TARGET.gguf [--draft DRAFT.gguf [--tree N] | --spec-type ngram-simple|prompt-lookup]
         [--tokens 128] [--n-max 16] [--prompt TEXT] [--threads N] [--gpu-mem 8GiB --ram 64GiB]
         [--vanilla-dir DIR] [--vanilla-spec-args '-ngl 14 -ngld 99'] [--vanilla-bench-args '-ngl 14'] [--json FILE]
     python3 bench/spec.py --copy-prompts MODEL.gguf [...]   # n-gram drafting on copy-heavy prompts
 
 Hypura's runs load the target through hypura.Llama (a plan when --gpu-mem/--ram are given), the
 draft beside it (resident), and generate greedily: plain (one llama_decode a token) and speculative
-(one verification pass a step, the draft length chosen from the passes' measured cost). Greedy
+(one verification pass a step, the draft length chosen from the passes' measured cost; --tree N: a
+tree of up to N branches, its node budget chosen the same way). Greedy
 outputs must match; the script says so. Where DIR (default: beside our libllama) holds
 `llama-speculative-simple` (and `llama-bench`), the same pair runs there too: its decode t/s and
 acceptance, and llama-bench's plain tg t/s. --copy-prompts runs three copy-heavy prompts (edit,
@@ -42,7 +43,11 @@ DEFAULT_PROMPT = "The history of the printing press begins"
 def _load(path, args, **kw):
     from hypura import Llama
 
+    from hypura.speculative.tree import context_params
+
     budgets = {k: v for k, v in (("gpu_mem", args.gpu_mem), ("ram", args.ram)) if v}
+    if args.tree:  # the tree's branches are sequences of one KV cache
+        kw.setdefault("param_overrides", {"context_params": context_params(args.tree)})
     return Llama(str(path), n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
                  verbose=False, **budgets, **kw)
 
@@ -52,7 +57,8 @@ def _verifier(args, target):
     import llama_cpp
 
     s = SpecSettings(type="draft-simple" if args.draft else args.spec_type, draft_model=args.draft, n_max=args.n_max,
-                     n_min=args.n_max if args.fixed else 0, ngram_size_n=args.ngram_n, ngram_size_m=args.n_max)
+                     n_min=args.n_max if args.fixed else 0, ngram_size_n=args.ngram_n, ngram_size_m=args.n_max,
+                     tree=args.tree)
     return make_verifier(s, target, lambda t: llama_cpp.llama_vocab_is_eog(target._model.vocab, t),
                          n_threads=args.threads, n_threads_batch=args.threads)
 
@@ -127,6 +133,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--n-max", type=int, default=16)
     ap.add_argument("--fixed", action="store_true", help="always draft --n-max tokens (no cost model)")
+    ap.add_argument("--tree", type=int, default=0, help="--draft: verify trees of up to N branches, --n-max deep")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=None)

@@ -120,8 +120,9 @@ class Llama(llama_cpp.Llama):
         draft_model: speculative decoding, verified in one pass by llama-cpp-python's generate loop: a
             llama_cpp.llama_speculative.LlamaDraftModel (e.g. LlamaPromptLookupDecoding(num_pred_tokens=10)),
             a Hypura drafter (hypura.speculative: NgramSimple, PromptLookup, DraftModel) or a draft GGUF's
-            path (its vocabulary must be this model's); the draft length follows the passes' measured cost
-            (hypura.speculative.llama_draft), and stats()["speculative"] reports them.
+            path (its vocabulary must be this model's), or a hypura.speculative.DraftTree (a draft GGUF's
+            trees of candidates, verified in one pass); the draft length or tree size follows the passes'
+            measured cost (hypura.speculative.llama_draft), and stats()["speculative"] reports them.
         profile: the hypura.profile.MachineProfile plans are made with (default: this machine's cached one,
             measured now on first use).
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
@@ -142,6 +143,8 @@ class Llama(llama_cpp.Llama):
         # copies, never the caller's: the decision's context goes into them
         param_overrides = {name: dict(fields) for name, fields in (param_overrides or {}).items()}
         fit = fit if isinstance(fit, Fit) else Fit(enabled=bool(fit))
+        for key, value in getattr(kwargs.get("draft_model"), "context_params", {}).items():  # a DraftTree's
+            param_overrides.setdefault("context_params", {}).setdefault(key, value)
         if placement_policy is not None and override_tensor is not None:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
         self.decision = decision = self._decide(k, param_overrides, plan, placement_policy is not None or
@@ -293,6 +296,12 @@ class Llama(llama_cpp.Llama):
         decode when `decode` (one new token per sequence) else as prefill. Returns llama_decode's status (0 ok,
         1 no KV slot, < 0 error); raises when weights could not be streamed."""
         return self._runtime.decode(self.ctx, batch, decode)
+
+    def eval(self, tokens) -> None:
+        """llama_cpp.Llama.eval, unless a draft tree verifies its tree in this pass (hypura.speculative.llama_tree)."""
+        eval_tree = getattr(self.__dict__.get("draft_model"), "eval_tree", None)
+        if eval_tree is None or not eval_tree(tokens):
+            super().eval(tokens)
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """llama_cpp.Llama.tokenize with a buffer sized by the text (hypura.bindings.vocab)."""

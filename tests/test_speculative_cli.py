@@ -1,4 +1,4 @@
-"""`hypura-cli --spec-type ... / -md ...`: greedy stdout byte for byte the vendored llama-completion's
+"""`hypura-cli --spec-type ... / -md ... [--spec-tree N]`: greedy stdout byte for byte the vendored llama-completion's
 without speculation; --stats reports the passes; a draft with another vocabulary is refused in one
 line."""
 
@@ -11,16 +11,18 @@ from test_cli import HYPURA_CLI, TIMEOUT, _pair, llama_completion  # noqa: F401 
 
 COPY = ("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
         "Pack my box with five dozen liquor jugs. Pack my box with five dozen liquor jugs. The quick")
-BASE = ["-n", "48", "--temp", "0", "-no-cnv", "-t", "1", "-c", "512", "-p", COPY]
+BASE = ["--temp", "0", "-no-cnv", "-t", "1", "-c", "512", "-p", COPY]
 
 
-@pytest.mark.parametrize("spec", [["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2"],
-                                  ["--spec-type", "prompt-lookup", "--spec-draft-n-max", "8"],
-                                  ["-md", "SELF"]])
-def test_greedy_stdout_is_llama_completions(spec, llama_completion, smollm2_path):  # noqa: F811
+# the 26th token is a near-tie (22.62 against 22.35) that a tree's varying pass sizes may tip (docs/speculative.md)
+@pytest.mark.parametrize("spec, n", [(["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2"], 48),
+                                     (["--spec-type", "prompt-lookup", "--spec-draft-n-max", "8"], 48),
+                                     (["-md", "SELF"], 48), (["-md", "SELF", "--spec-tree", "4"], 24)])
+def test_greedy_stdout_is_llama_completions(spec, n, llama_completion, smollm2_path):  # noqa: F811
     spec = [str(smollm2_path) if a == "SELF" else a for a in spec]
-    ref, hyp = _pair([str(llama_completion), "-m", str(smollm2_path), *BASE],
-                     HYPURA_CLI + ["-m", str(smollm2_path), *BASE, *spec, "--stats"])
+    base = ["-n", str(n), *BASE]
+    ref, hyp = _pair([str(llama_completion), "-m", str(smollm2_path), *base],
+                     HYPURA_CLI + ["-m", str(smollm2_path), *base, *spec, "--stats"])
     assert ref[0] == 0 and hyp[0] == 0, hyp[2][-2000:]
     assert hyp[1] == ref[1]
     line = next(x for x in hyp[2].splitlines() if x.startswith("hypura: speculative:") and "tokens per pass" in x)
@@ -42,3 +44,14 @@ def test_spec_flags_checked():
     assert p.returncode == 1
     assert p.stderr.decode().strip().splitlines() == [
         'error while handling argument "--spec-type": --spec-type draft-simple needs a draft model (-md FNAME)']
+    p = subprocess.run([sys.executable, "-m", "hypura.cli.completion", "--spec-type", "ngram-simple",
+                        "--spec-tree", "4", "-p", "x"], capture_output=True, timeout=TIMEOUT)
+    assert p.returncode == 1
+    assert p.stderr.decode().strip().splitlines() == [
+        'error while handling argument "--spec-tree": --spec-tree N takes a draft model (-md FNAME) and 2 <= N <= 64 '
+        'branches']
+    p = subprocess.run([sys.executable, "-m", "hypura.cli.completion", "--spec-type", "ngram-simple", "--spec-pass-ms",
+                        "1:40,2", "-p", "x"], capture_output=True, timeout=TIMEOUT)
+    assert p.returncode == 1
+    assert p.stderr.decode().strip().splitlines() == [
+        'error while handling argument "--spec-pass-ms": expected N:MS[,N:MS...], not \'1:40,2\'']

@@ -12,10 +12,11 @@ import llama_cpp  # noqa: E402
 
 
 class Batch:
-    def __init__(self, capacity: int):
-        """Room for `capacity` tokens, each of one sequence (a shared prefix is copied, never decoded twice)."""
+    def __init__(self, capacity: int, n_seq_max: int = 1):
+        """Room for `capacity` tokens, each of one sequence (a shared prefix is copied, never decoded twice), or
+        of up to n_seq_max (a draft tree's node belongs to every branch through it)."""
         self.capacity = capacity
-        self.c = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self.c = llama_cpp.llama_batch_init(capacity, 0, n_seq_max)
         self._owned = True
         for i in range(capacity):
             self.c.n_seq_id[i] = 1
@@ -34,6 +35,13 @@ class Batch:
         batch = cls.__new__(cls)
         batch.c, batch.capacity, batch._owned = c, c.n_tokens, False
         return batch
+
+    def set(self, i: int, token: int, pos: int, seq_ids, logits: bool) -> None:
+        """Token i of the batch."""
+        c = self.c
+        c.token[i], c.pos[i], c.logits[i], c.n_seq_id[i] = token, pos, logits, len(seq_ids)
+        for j, s in enumerate(seq_ids):
+            c.seq_id[i][j] = s
 
     @property
     def n_tokens(self) -> int:

@@ -23,11 +23,20 @@ from hypura.speculative.verify import SpecStats
 
 
 class SpecDraft(LlamaDraftModel):
+    def __new__(cls, drafter, target):
+        if cls is SpecDraft and hasattr(drafter, "context_params"):  # a DraftTree: verified as a tree
+            from hypura.speculative.llama_tree import TreeSpecDraft
+
+            cls = TreeSpecDraft
+        return super().__new__(cls)
+
     def __init__(self, drafter, target):
         if isinstance(drafter, (str, Path)):
             from hypura.speculative.draft_model import DraftModel
 
-            drafter = DraftModel.load(drafter, target)
+            # the draft's threads are the target's, as llama.cpp's -td/-tbd default to -t/-tb
+            drafter = DraftModel.load(drafter, target, n_threads=target.n_threads,
+                                      n_threads_batch=target.n_threads_batch)
         self.drafter, self.target = drafter, target
         # the longest draft: the drafter's own (LlamaPromptLookupDecoding's num_pred_tokens), else --spec-draft-n-max's
         n_max = getattr(drafter, "num_pred_tokens", None) or SpecSettings.n_max

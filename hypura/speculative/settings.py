@@ -22,6 +22,9 @@ class SpecSettings:
     p_min: float = 0.0  # a draft model stops drafting below this probability
     ngram_size_n: int = 12  # ngram-simple's lookup length (llama.cpp's default)
     ngram_size_m: int = 48  # ngram-simple's longest draft
+    tree: int = 0  # > 1: a draft model's tree of up to this many branches, n_max deep (hypura.speculative.tree)
+    p_split: float = 0.1  # a tree's lower candidates branch off above this draft probability (llama.cpp's)
+    pass_ms: tuple = ()  # ((tokens carried, ms), ...) measured beforehand (`hypura bench -p 1,2,4,...`)
 
     def __post_init__(self):
         if self.type not in SPEC_TYPES:
@@ -31,6 +34,8 @@ class SpecSettings:
         if self.n_max < 1 or self.n_min < 0 or self.n_min > self.n_max:
             raise HypuraError(f"draft lengths must satisfy 0 <= n_min <= n_max, n_max >= 1 "
                               f"(n_min {self.n_min}, n_max {self.n_max})")
+        if self.tree and (self.type != "draft-simple" or not 1 < self.tree <= 64):
+            raise HypuraError("--spec-tree N takes a draft model (-md FNAME) and 2 <= N <= 64 branches")
 
 
 def make_drafter(s: SpecSettings, target, **draft_kwargs):
@@ -47,7 +52,15 @@ def make_drafter(s: SpecSettings, target, **draft_kwargs):
 
 
 def make_verifier(s: SpecSettings, target, is_eog, **draft_kwargs):
-    from hypura.speculative.cost import DraftLength
+    from hypura.speculative.cost import DraftLength, PassTimes
     from hypura.speculative.verify import Verifier
 
-    return Verifier(target, make_drafter(s, target, **draft_kwargs), DraftLength(s.n_max, s.n_min), is_eog)
+    times = PassTimes.given({n: ms / 1e3 for n, ms in s.pass_ms})
+
+    if s.tree:
+        from hypura.speculative.tree import TreeVerifier
+        from hypura.speculative.tree_draft import TreeDrafter
+
+        drafter = TreeDrafter.load(s.draft_model, target, s.tree, s.p_split, **draft_kwargs)
+        return TreeVerifier(target, drafter, DraftLength(s.tree * s.n_max, s.n_min, s.tree, s.n_max, times), is_eog)
+    return Verifier(target, make_drafter(s, target, **draft_kwargs), DraftLength(s.n_max, s.n_min, times=times), is_eog)

@@ -30,6 +30,7 @@ class SpecStats:
     pass_s: float = 0.0
     draft_s: float = 0.0
     by_tokens: dict[int, list[float]] = field(default_factory=dict)  # tokens carried -> [passes, seconds]
+    chosen: list[list[int]] = field(default_factory=list)  # drafted tokens (nodes) pass after pass: [n, passes] runs
 
     def add(self, n_draft: int, n_accepted: int, pass_s: float, draft_s: float) -> None:
         self.passes += 1
@@ -41,6 +42,10 @@ class SpecStats:
         c = self.by_tokens.setdefault(n_draft + 1, [0, 0.0])
         c[0] += 1
         c[1] += pass_s
+        if self.chosen and self.chosen[-1][0] == n_draft:
+            self.chosen[-1][1] += 1
+        else:
+            self.chosen.append([n_draft, 1])
 
     def summary(self) -> dict:
         p = max(self.passes, 1)
@@ -61,6 +66,9 @@ class SpecStats:
             f"{s['tok_s']:.2f} tok/s",
             f"speculative: pass {s['pass_ms']:.1f} ms, drafting {s['draft_ms']:.2f} ms per pass",
             f"speculative: pass time by tokens carried: {by or 'n/a'}",
+            "speculative: drafted tokens a pass over time: "
+            + (" ".join(f"{n}x{k}" for n, k in self.chosen[-40:]) or "n/a")
+            + (" (last 40 runs)" if len(self.chosen) > 40 else ""),
         ]
 
 

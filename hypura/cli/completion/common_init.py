@@ -46,6 +46,10 @@ def load_model(s: Settings, model_path: str, say=None) -> Llama:
         "offload_kqv": s.kv_offload, "op_offload": s.op_offload, "no_perf": not s.perf,
         "swa_full": s.swa_full, "kv_unified": False, "embeddings": False,
     }
+    if s.speculative is not None and s.speculative.tree:  # a draft tree's branches are sequences of one KV cache
+        from hypura.speculative.tree import context_params
+
+        context_overrides.update(context_params(s.speculative.tree))
     with _quiet_python_stderr():  # llama_cpp.Llama prints its metadata dump; llama.cpp logs still flow
         return Llama(
             model_path,

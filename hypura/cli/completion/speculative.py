@@ -1,6 +1,7 @@
 """common/speculative.cpp's side of `hypura-cli`: the speculative decoding flags, spelled as the vendored
-llama.cpp spells them (common/arg.cpp): -md/--spec-draft-model, --spec-type, --spec-draft-n-max/-n-min/-p-min
-and the ngram-simple sizes (no -md and no --spec-type: no speculation), and the SpecDecoder the loop runs."""
+llama.cpp spells them (common/arg.cpp): -md/--spec-draft-model, --spec-type, --spec-draft-n-max/-n-min/-p-min/
+-p-split and the ngram-simple sizes, plus --spec-tree (the speculative example's -np); no -md and no
+--spec-type: no speculation. And the SpecDecoder the loop runs."""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ SPEC_OPTIONS = [
     (("--spec-draft-n-min", "spec_draft_n_min"), dict(metavar="N", help="fewest tokens to draft (default: 0)")),
     (("--spec-draft-p-min", "--draft-p-min", "spec_draft_p_min"),
      dict(metavar="P", help="draft model: stop drafting below this probability (default: 0.00)")),
+    (("--spec-tree", "spec_tree"),
+     dict(metavar="N", help="draft model: verify a tree of up to N branches in one pass (llama.cpp's speculative "
+                            "example: -np N); the node budget, up to N x --spec-draft-n-max, follows pass costs "
+                            "(default: 0, a chain)")),
+    (("--spec-draft-p-split", "--draft-p-split", "spec_draft_p_split"),
+     dict(metavar="P", help=f"--spec-tree: a lower draft candidate opens a branch above this probability "
+                            f"(default: {SpecSettings.p_split:.2f})")),
+    (("--spec-pass-ms", "spec_pass_ms"),
+     dict(metavar="N:MS,...", help="verification pass costs by tokens carried, measured beforehand "
+                                   "(`hypura bench -p 1,2,4,...`'s ms a pass); without them the first passes measure")),
     (("--spec-ngram-simple-size-n", "spec_ngram_n"),
      dict(metavar="N", help=f"ngram-simple: length of the looked-up n-gram (default: {SpecSettings.ngram_size_n})")),
     (("--spec-ngram-simple-size-m", "spec_ngram_m"),
@@ -32,26 +43,28 @@ SPEC_OPTIONS = [
 
 _INTS = (("spec_draft_n_max", "n_max", "--spec-draft-n-max"), ("spec_draft_n_min", "n_min", "--spec-draft-n-min"),
          ("spec_ngram_n", "ngram_size_n", "--spec-ngram-simple-size-n"),
-         ("spec_ngram_m", "ngram_size_m", "--spec-ngram-simple-size-m"))
+         ("spec_ngram_m", "ngram_size_m", "--spec-ngram-simple-size-m"), ("spec_tree", "tree", "--spec-tree"))
+_FLOATS = (("spec_draft_p_min", "p_min", "--spec-draft-p-min"),
+           ("spec_draft_p_split", "p_split", "--spec-draft-p-split"))
 
 
 def spec_settings(kw: dict) -> Optional[SpecSettings]:
     """The --spec-* flags (popped from kw) as SpecSettings; None without -md or --spec-type."""
     model, kind = kw.pop("spec_draft_model"), kw.pop("spec_type")
     fields: dict = {}
-    for key, field, flag in _INTS:
+    for key, field, flag, parse in [(*x, stoi) for x in _INTS] + [(*x, stof) for x in _FLOATS]:
         value = kw.pop(key)
         if value is not None:
             try:
-                fields[field] = stoi(value)
+                fields[field] = parse(value)
             except ValueError as e:
                 raise value_error(flag, str(e)) from None
-    p_min = kw.pop("spec_draft_p_min")
-    if p_min is not None:
+    pass_ms = kw.pop("spec_pass_ms")
+    if pass_ms is not None:
         try:
-            fields["p_min"] = stof(p_min)
-        except ValueError as e:
-            raise value_error("--spec-draft-p-min", str(e)) from None
+            fields["pass_ms"] = tuple((stoi(n), stof(ms)) for n, ms in (x.split(":") for x in pass_ms.split(",")))
+        except ValueError:
+            raise value_error("--spec-pass-ms", f"expected N:MS[,N:MS...], not '{pass_ms}'") from None
     if model is None and kind is None:
         return None
     if model is not None and not Path(model).is_file():
@@ -59,7 +72,8 @@ def spec_settings(kw: dict) -> Optional[SpecSettings]:
     try:
         return SpecSettings(type=kind or "draft-simple", draft_model=Path(model) if model else None, **fields)
     except HypuraError as e:
-        raise value_error("--spec-type" if kind else "-md", str(e)) from None
+        raise value_error("--spec-tree" if "--spec-tree" in str(e) else "--spec-type" if kind else "-md",
+                          str(e)) from None
 
 
 def speculation(s: SpecSettings, llm, vocab, sampler, interactive: bool, con):
@@ -72,9 +86,11 @@ def speculation(s: SpecSettings, llm, vocab, sampler, interactive: bool, con):
     if interactive:
         con.wrn("speculative decoding is off in interactive mode: one-shot runs (-no-cnv, or -st with -p) use it\n")
         return None
-    verifier = make_verifier(s, llm, vocab.is_eog)
+    # the draft's threads are the target's, as llama.cpp's -td/-tbd default to -t/-tb
+    verifier = make_verifier(s, llm, vocab.is_eog, n_threads=llm.n_threads, n_threads_batch=llm.n_threads_batch)
     con.inf(f"speculative: {s.type}" + (f" with {s.draft_model}" if s.draft_model else "")
-            + f", up to {s.n_max} drafted tokens a pass\n")
+            + (f", a tree of up to {s.tree} branches, {s.n_max} deep\n" if s.tree
+               else f", up to {s.n_max} drafted tokens a pass\n"))
 
     def sample(i: int) -> int:  # into the chain now, into the loop's history when the loop takes it
         tok = sampler.sample(llm.ctx, i)
