@@ -299,7 +299,7 @@ class Llama(llama_cpp.Llama):
 
     def eval(self, tokens) -> None:
         """llama_cpp.Llama.eval, unless a draft tree verifies its tree in this pass (hypura.speculative.llama_tree)."""
-        eval_tree = getattr(self.__dict__.get("draft_model"), "eval_tree", None)
+        eval_tree = getattr(self.draft_model, "eval_tree", None)
         if eval_tree is None or not eval_tree(tokens):
             super().eval(tokens)
 
