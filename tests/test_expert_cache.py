@@ -176,7 +176,7 @@ def test_recorded_routing_plans_often_chosen_experts_into_ram(tiny_qwen3moe):
 
     header = read_header(tiny_qwen3moe)
     layers = moe_layers(header)
-    budgets = dict(gpu_mem=0, ram="138.5MiB", settings=PlanSettings(n_ctx=256))  # RAM for 2 of 16 experts a layer
+    budgets = dict(gpu_mem=0, ram="138.8MiB", settings=PlanSettings(n_ctx=256))  # RAM for 2 of 16 experts (every disk slot as large as the largest)
     cold = plan_with_routing(header, resolve_profile("h200-design"), **budgets)
     assert cold.routing_tokens == 0 and routing_frequencies(header) == (None, 0)
     recorder = CoactivationRecorder(CoactivationPredictor(len(layers), 16), layers)
