@@ -167,12 +167,19 @@ class Llama(llama_cpp.Llama):
         with runtime.loading() as hooks:
             self._load(model_path, k, runtime.params.merged())
         self.placement: dict[str, Placement] = {name: p for name, (_, p) in hooks.placed.items()}
-        runtime.attach(self._c_model())
-        self._init_state(k)
-        if self.draft_model is not None:  # after the load: a draft model's vocabulary is checked against ours
-            from hypura.speculative.llama_draft import SpecDraft
+        try:
+            runtime.attach(self._c_model())
+            self._init_state(k)
+            if self.draft_model is not None:  # after the load: a draft model's vocabulary is checked against ours
+                from hypura.speculative.llama_draft import SpecDraft
 
-            self.draft_model = SpecDraft(self.draft_model, self)
+                self.draft_model = SpecDraft(self.draft_model, self)
+        except BaseException as e:
+            runtime.close()  # the model, context and streams go with the failed constructor
+            clearer = LogCapture().failure(e, model_path) if isinstance(e, Exception) else None
+            if clearer is not None:  # llama-cpp-python parses the file's chat templates while loading too
+                raise clearer from None
+            raise
 
     def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
                 profile) -> Decision:
