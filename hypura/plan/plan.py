@@ -98,8 +98,9 @@ class Plan:
             return t.compute
         sets = self.__dict__.setdefault("_streamed_sets", {})  # a cache, not state: frozen otherwise
         names = self.streamed_at(tokens)
-        streamed = sets.get(id(names)) or sets.setdefault(id(names), frozenset(names))
-        return GPU if t.name in streamed else CPU
+        if id(names) not in sets:
+            sets[id(names)] = frozenset(names)
+        return GPU if t.name in sets[id(names)] else CPU
 
     def tier_of(self, name: str) -> str:
         return self.placement(name).tier
