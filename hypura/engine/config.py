@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from hypura.errors import HypuraError
+
+if TYPE_CHECKING:  # hypura.speculative loads llama.cpp; the engine's types need none
+    from hypura.speculative.settings import SpecSettings
+
+
+ENGINE_SPEC_TYPES = ("ngram-simple", "prompt-lookup")  # drafters without a model of their own
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,8 @@ class EngineConfig:
     # prefix of any slot's KV into a new sequence instead of evaluating it again
     prefix_cache: bool = True
     n_ctx_per_seq: Optional[int] = None  # cap a sequence below what the context gives it (None: no cap)
+    # each decoding sequence drafts tokens verified in the step (speculate.py); None: one token a step
+    speculative: Optional[SpecSettings] = None
 
     def __post_init__(self):
         bad = []
@@ -33,5 +41,8 @@ class EngineConfig:
                        "sequence's token goes into each step)")
         if self.n_ctx_per_seq is not None and self.n_ctx_per_seq < 2:
             bad.append(f"n_ctx_per_seq {self.n_ctx_per_seq} (want >= 2: a prompt token and a generated one)")
+        if self.speculative is not None and self.speculative.type not in ENGINE_SPEC_TYPES:
+            bad.append(f"speculative type {self.speculative.type} (the engine drafts with "
+                       f"{' or '.join(ENGINE_SPEC_TYPES)}: a draft model is not supported yet)")
         if bad:
             raise HypuraError("bad engine settings: " + "; ".join(bad))

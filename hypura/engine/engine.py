@@ -7,9 +7,11 @@ Threading protocol:
   the loop; a request still waiting leaves the queue at once. Both hold the lock for bookkeeping only.
 - The engine thread, between steps: ends cancelled requests (llama_memory_seq_rm frees their KV), gives
   free slots to waiting requests (oldest first; shared prefix copied, see prefix_cache.py), then runs one
-  step: a batch of every decoding sequence's next token and prompt chunks (scheduler.py), one
-  `llm.decode_batch`, and a sample for each sequence with logits in it. Every Event is emitted from this
-  thread, outside the lock. It sleeps when nothing is queued or running.
+  step: a batch of every decoding sequence's next token (and its draft when speculating, speculate.py) and
+  prompt chunks (scheduler.py), one `llm.decode_batch`, and a sample for each sequence with logits in it
+  (a speculating sequence's samples verify its draft; the rejected tokens' KV cells are removed before the
+  next step). Every Event is emitted from this thread, outside the lock. It sleeps when nothing is queued
+  or running.
 - A failed llama_decode, or weights that could not be streamed, ends the requests of that step with
   finish_reason "error" (their KV freed); the engine keeps serving the others.
 - `metrics()` reads the request counts in one hold of the lock (active is derived from them, so an idle
@@ -32,15 +34,17 @@ from hypura.bindings.batch import Batch
 from hypura.engine.batch import fill
 from hypura.engine.config import EngineConfig
 from hypura.engine.embed import embed
-from hypura.engine.metrics import Counters
+from hypura.engine.metrics import Counters, SpecCounters
 from hypura.engine.prefix_cache import Slots
 from hypura.engine.request import Request
 from hypura.engine.sampler import Sampler, check_grammar, greedy_rows, token_logprob
 from hypura.engine.scheduler import Step, plan_step
 from hypura.engine.sequence import Sequence
+from hypura.engine.speculate import Speculation
 from hypura.engine.text import TextStream
 from hypura.engine.types import EngineClosed, Event, PromptTooLong, QueueFull, Result, SamplingParams
 from hypura.errors import HypuraError
+from hypura.speculative.verify import accept
 
 log = logging.getLogger("hypura.engine")
 
@@ -79,6 +83,11 @@ class Engine:
         self._cancelled: list[Request] = []  # left the queue before a slot: the engine thread ends them
         self._active: list[Sequence] = []
         self._counters = Counters()
+        self._spec: Optional[Speculation] = None
+        if config.speculative is not None:
+            # the decode part of a step stays one micro-batch: a second one is a second pass over the weights
+            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, llama_cpp.llama_n_ubatch(self._ctx)))
+            self._counters.spec = SpecCounters()
         self._closing = False
         self._stopped: Optional[str] = None  # why the loop ended (None while it may run)
         self._thread: Optional[threading.Thread] = None
@@ -205,7 +214,9 @@ class Engine:
                     for request in admit:
                         self._admit(request)
                     if self._active:
-                        self._step(plan_step(self._active, self.step_tokens))
+                        t0 = time.perf_counter()
+                        drafts, draft_s = self._spec.drafts(self._active) if self._spec else ({}, 0.0)
+                        self._step(plan_step(self._active, self.step_tokens, drafts), t0, draft_s)
         except BaseException as e:  # a bug: every request learns of it, and submit() refuses new ones
             log.exception("the engine loop failed")
             reason = f"engine failed: {type(e).__name__}: {e}"
@@ -276,11 +287,11 @@ class Engine:
             return 0
         return reuse
 
-    def _step(self, step: Step) -> None:
-        t0 = time.perf_counter()
+    def _step(self, step: Step, t0: float, draft_s: float = 0.0) -> None:
         for chunk in step.chunks:
             chunk.seq.t_scheduled = chunk.seq.t_scheduled or t0
-        last = fill(self._batch, step)
+        first = fill(self._batch, step)
+        t_decode = time.perf_counter()
         try:
             rc = self.llm.decode_batch(self._batch, decode=step.decode_only)
             error = None if rc == 0 else f"llama_decode returned {rc} ({DECODE_STATUS.get(rc, 'fatal error')})"
@@ -292,10 +303,16 @@ class Engine:
             for seq in {c.seq: None for c in step.chunks}:
                 self._finish(seq, "error", error)
             return
-        picks = self._greedy_picks(step)
-        generated = 0
-        for chunk, index in zip(step.chunks, last):
+        decode_s = time.perf_counter() - t_decode
+        picks = self._greedy_picks(step, first)
+        generated, spec = 0, SpecCounters()
+        seq_draft_s = draft_s / max(sum(not c.prompt for c in step.chunks), 1)  # drafting time, per sequence
+        for chunk, start in zip(step.chunks, first):
             seq = chunk.seq
+            if chunk.draft or (self._spec and not chunk.prompt):
+                generated += self._verify(chunk, start, picks, spec, decode_s, seq_draft_s)
+                continue
+            index = start + len(chunk.tokens) - 1
             seq.n_past += len(chunk.tokens)
             self._slots.kv[seq.slot].extend(chunk.tokens)
             seq.next_token = None
@@ -309,17 +326,49 @@ class Engine:
                     self._finish(seq, seq.finish_reason)
         with self._cond:
             self._counters.step(time.perf_counter() - t0, step.prompt_tokens, generated)
+            if spec.passes:
+                s = self._counters.spec
+                s.steps, s.passes = s.steps + 1, s.passes + spec.passes
+                s.drafted, s.accepted = s.drafted + spec.drafted, s.accepted + spec.accepted
+                s.draft_seconds += draft_s
 
-    def _greedy_picks(self, step: Step) -> dict[int, int]:
+    def _verify(self, chunk, start: int, picks: dict[int, int], spec: SpecCounters, decode_s: float,
+                draft_s: float) -> int:
+        """A decoding sequence's next token and draft, decoded at `start`: keep what verify.accept keeps
+        (the tokens before the last emitted one stay in the KV cache), remove the rest's KV cells, emit the
+        tokens until one ends the sequence. Returns the tokens sampled."""
+        seq, ctx = chunk.seq, self._ctx
+
+        def sample(i: int) -> int:
+            token = picks.get(start + i, -1)
+            return token if token >= 0 else seq.sampler.sample(ctx, start + i)
+
+        out = accept(chunk.draft, sample, self._is_eog)
+        llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, seq.n_past + len(out), -1)
+        self._slots.kv[seq.slot].extend(chunk.tokens[:len(out)])
+        seq.n_past += len(out)
+        seq.next_token = None
+        self._spec.record(seq, len(chunk.draft), len(out) - 1, decode_s, draft_s)
+        if chunk.draft:
+            spec.passes, spec.drafted, spec.accepted = spec.passes + 1, spec.drafted + len(chunk.draft), \
+                spec.accepted + len(out) - 1
+        top_n = seq.request.params.logprobs
+        for i, token in enumerate(out):
+            seq.on_token(token, None if top_n is None else token_logprob(ctx, start + i, token, top_n))
+            if seq.finish_reason is not None:
+                self._finish(seq, seq.finish_reason)
+                break
+        return len(out)
+
+    def _greedy_picks(self, step: Step, first: list[int]) -> dict[int, int]:
         """The tokens of the step's plain greedy sequences, by batch index, from one argmax over the
         logits matrix (sampler.greedy_rows); the other sequences sample with their llama.cpp chain."""
-        rows, indices, n_out, i = [], [], 0, -1
-        for chunk in step.chunks:
-            i += len(chunk.tokens)
-            if chunk.sample:
+        rows, indices, n_out = [], [], 0
+        for chunk, start in zip(step.chunks, first):
+            for k in chunk.outputs:
                 if chunk.seq.sampler.greedy:
                     rows.append(n_out)
-                    indices.append(i)
+                    indices.append(start + k)
                 n_out += 1
         if not rows:
             return {}

@@ -5,6 +5,7 @@ a step's time runs from building its batch to the last sampled token's event).""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from hypura.engine.types import FINISH_REASONS
 
@@ -21,6 +22,24 @@ class Phase:
 
 
 @dataclass
+class SpecCounters:
+    """Speculative decoding: a pass is one sequence's draft verified in a step (a step verifies several)."""
+
+    steps: int = 0  # steps that carried a draft
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0  # drafted tokens the target's own samples confirmed
+    draft_seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        p = max(self.passes, 1)
+        return {"steps": self.steps, "passes": self.passes, "drafted_tokens": self.drafted,
+                "accepted_tokens": self.accepted, "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+                "accepted_per_pass": self.accepted / p, "tokens_per_pass": (self.accepted + self.passes) / p,
+                "draft_seconds": self.draft_seconds}
+
+
+@dataclass
 class Counters:
     submitted: int = 0
     finished: dict = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
@@ -30,6 +49,7 @@ class Counters:
     prefill: Phase = field(default_factory=Phase)
     decode: Phase = field(default_factory=Phase)
     failed_steps: int = 0  # llama_decode failed or weights could not be streamed
+    spec: Optional[SpecCounters] = None  # with speculative decoding on
 
     def step(self, seconds: float, prompt_tokens: int, generated: int) -> None:
         phase = self.prefill if prompt_tokens else self.decode
@@ -39,7 +59,8 @@ class Counters:
         self.generated_tokens += generated
 
     def as_dict(self, active: int, queued: int) -> dict:
-        return {
+        spec = {} if self.spec is None else {"speculative": self.spec.as_dict()}
+        return spec | {
             "requests": {"total": self.submitted, "active": active, "queued": queued,
                          "finished": sum(self.finished.values()), "by_reason": dict(self.finished)},
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,

@@ -1,15 +1,17 @@
 """What one step (one llama_decode) carries, under a token budget:
 
-    [ next token of every decoding sequence ][ prompt chunks, oldest request first, while budget lasts ]
+    [ next token of every decoding sequence, + its draft ][ prompt chunks, oldest request first, while budget lasts ]
 
 Decode tokens go first, so a long prompt never stalls the running sequences: it is evaluated in chunks
 over several steps, each taking the budget they leave. Logits are asked for only where a token is
-sampled: each decode token, and a prompt's last token (the chunk that completes it).
+sampled: each decode token, each drafted token (speculate.py), and a prompt's last token (the chunk that
+completes it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from hypura.engine.sequence import Sequence
 
@@ -21,6 +23,13 @@ class Chunk:
     pos: int  # position of tokens[0] in the sequence
     sample: bool  # sample from the logits of its last token
     prompt: bool  # a prompt chunk (else a sequence's next generated token)
+    draft: tuple[int, ...] = ()  # drafted tokens after the next token (in `tokens`), each verified
+
+    @property
+    def outputs(self) -> range:
+        """Offsets in `tokens` of the tokens whose logits are asked for."""
+        n = len(self.tokens)
+        return range(n) if self.draft else range(n - 1, n if self.sample else n - 1)
 
 
 @dataclass(frozen=True)
@@ -41,10 +50,13 @@ class Step:
         return sum(len(c.tokens) for c in self.chunks if c.prompt)
 
 
-def plan_step(sequences: list[Sequence], budget: int) -> Step:
-    """`sequences` in admission order; `budget` >= their number (every decode token fits)."""
-    chunks = [Chunk(s, [s.next_token], s.n_past, True, False) for s in sequences if s.next_token is not None]
-    left = budget - len(chunks)
+def plan_step(sequences: list[Sequence], budget: int, drafts: Optional[dict] = None) -> Step:
+    """`sequences` in admission order; `budget` >= their number plus the drafts' tokens (every decode token
+    fits); `drafts`: a decoding sequence's drafted tokens (speculate.py, already cut to the budget)."""
+    drafts = drafts or {}
+    chunks = [Chunk(s, [s.next_token, *drafts.get(s, ())], s.n_past, True, False, tuple(drafts.get(s, ())))
+              for s in sequences if s.next_token is not None]
+    left = budget - sum(len(c.tokens) for c in chunks)
     for s in sequences:
         if left <= 0:
             break

@@ -33,6 +33,13 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
 
+    @property
+    def tokens_left(self) -> int:
+        """Tokens it may still generate: before max_tokens, and before its context is full (on_token's rules)."""
+        room = self.n_ctx - len(self.prompt) - len(self.generated)
+        p = self.request.params
+        return room if p.max_tokens == -1 else min(room, p.max_tokens - len(self.generated))
+
     def on_token(self, token: int, logprob: Optional[TokenLogprob] = None) -> None:
         """Take a sampled token: emit its text, or end the request (finish_reason set)."""
         now = time.perf_counter()

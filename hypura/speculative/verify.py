@@ -72,6 +72,18 @@ class SpecStats:
         ]
 
 
+def accept(draft: Sequence[int], sample: Callable[[int], int], is_eog: Callable[[int], bool]) -> list[int]:
+    """The tokens a pass of [last token, *draft] emits: the target's sample at position 0, 1, ... while it
+    equals the draft's token there (and is no end of generation), the first mismatch included."""
+    out: list[int] = []
+    for i in range(len(draft) + 1):
+        tok = sample(i)
+        out.append(tok)
+        if i == len(draft) or tok != draft[i] or is_eog(tok):
+            break
+    return out
+
+
 class Verifier:
     """Drafts, verifies in one pass, trims the KV cache; one sequence (seq 0) of a hypura.Llama."""
 
@@ -97,12 +109,7 @@ class Verifier:
         if self.llm.decode_batch(self._batch, decode=True) != 0:
             return None
         t2 = time.perf_counter()
-        out: list[int] = []
-        for i in range(len(draft) + 1):
-            tok = sample(i)
-            out.append(tok)
-            if i == len(draft) or tok != draft[i] or self.is_eog(tok):
-                break
+        out = accept(draft, sample, self.is_eog)
         mem = llama_cpp.llama_get_memory(self.llm.ctx)
         llama_cpp.llama_memory_seq_rm(mem, 0, n_past + len(out), -1)  # the rejected drafts' cells
         self.length.record(len(draft), len(out) - 1, t2 - t1, t1 - t0)

@@ -1,0 +1,56 @@
+"""Speculative decoding in the engine: several sequences' drafts verified in one step.
+
+Before a step, every decoding sequence drafts from its own history (prompt and generated tokens, the next
+token last) with hypura.speculative's drafters; its draft length comes from its own DraftLength (the
+acceptance of its drafts, the step times by the tokens it carried). The drafts are cut so that the decode
+part of the step (every next token plus the drafts) fits one micro-batch (n_ubatch, and the step's
+budget): a step over streamed weights that spills into a second micro-batch pays a second weight pass.
+The scheduler puts each draft after its sequence's next token, logits at every position; after the step
+the engine keeps, per sequence, what hypura.speculative.verify.accept keeps and removes the KV cells of
+the rest. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+from hypura.engine.sequence import Sequence
+from hypura.speculative.cost import DraftLength
+from hypura.speculative.settings import SpecSettings, make_drafter
+
+
+def share(wants: list[int], room: int) -> list[int]:
+    """Each want cut to one common cap, the largest whose total fits `room` (short drafts stay whole)."""
+    got, left = [0] * len(wants), max(room, 0)
+    order = sorted(range(len(wants)), key=wants.__getitem__)
+    for j, i in enumerate(order):
+        got[i] = min(wants[i], left // (len(order) - j))
+        left -= got[i]
+    return got
+
+
+class Speculation:
+    def __init__(self, settings: SpecSettings, llm, max_tokens: int):
+        """max_tokens: the most tokens the decode part of a step carries (next tokens and drafts)."""
+        self.settings, self.max_tokens = settings, max_tokens
+        self.drafter = make_drafter(settings, llm)
+        self._lengths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftLength
+
+    def drafts(self, sequences: list[Sequence]) -> tuple[dict[Sequence, list[int]], float]:
+        """Each decoding sequence's draft (maybe empty), cut to the step; and the seconds drafting took."""
+        t0 = time.perf_counter()
+        decoding = [s for s in sequences if s.next_token is not None]
+        wants = []
+        for s in decoding:
+            length = self._lengths.setdefault(s, DraftLength(self.settings.n_max, self.settings.n_min))
+            k = length.choose(s.tokens_left - 1)  # a pass emits up to its draft plus one
+            wants.append(list(self.drafter.draft(s.prompt + s.generated, k))[:k] if k > 0 else [])
+        cut = share([len(w) for w in wants], self.max_tokens - len(decoding))
+        return {s: w[:n] for s, w, n in zip(decoding, wants, cut)}, time.perf_counter() - t0
+
+    def record(self, seq: Sequence, n_drafted: int, n_accepted: int, step_s: float, draft_s: float) -> None:
+        """What a step did with `seq`'s draft, for its next draft length."""
+        length = self._lengths.get(seq)
+        if length is not None:
+            length.record(n_drafted, n_accepted, step_s, draft_s)
