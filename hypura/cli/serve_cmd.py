@@ -8,9 +8,35 @@ from pathlib import Path
 
 import click
 
+from hypura.cli.completion.speculative import SPEC_OPTIONS
 from hypura.errors import HypuraError
 from hypura.serve.settings import DEFAULT_HOST, DEFAULT_MAX_LOADED, DEFAULT_PORT
 from hypura.store.catalog import MODELS_DIR_ENV
+
+
+def _spec_options(command):
+    """llama-server's speculative decoding flags (hypura-cli's, one definition); -md is refused."""
+    for decls, kw in reversed(SPEC_OPTIONS):
+        if "spec_draft_model" in decls:
+            kw = dict(metavar=kw["metavar"], help="draft model: not supported by hypura serve yet (refused; the "
+                                                  "engine drafts with --spec-type ngram-simple or prompt-lookup)")
+        command = click.option(*decls, **kw)(command)
+    return command
+
+
+def _speculative(spec: dict):
+    """The --spec-* flags as the engine's SpecSettings; None (no speculation) without --spec-type."""
+    from hypura.cli.completion.arg_values import ArgvError
+    from hypura.cli.completion.speculative import spec_settings
+    from hypura.engine.config import ENGINE_SPEC_TYPES
+
+    if spec["spec_draft_model"] is not None or spec["spec_type"] == "draft-simple":
+        raise HypuraError("hypura serve: draft models (-md, --spec-type draft-simple) are not supported yet; "
+                          f"speculate with --spec-type {' or '.join(ENGINE_SPEC_TYPES)}")
+    try:
+        return spec_settings(dict(spec))
+    except ArgvError as e:
+        raise HypuraError(str(e)) from None
 
 
 @click.command("serve")
@@ -55,11 +81,12 @@ from hypura.store.catalog import MODELS_DIR_ENV
               help="CPU threads for steps of one token per sequence (default: hypura.Llama's, physical cores).")
 @click.option("-tb", "--threads-batch", type=click.IntRange(1), default=None,
               help="CPU threads for steps of several tokens: prompts, several sequences (default: same as -t).")
+@_spec_options
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key,
           allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, threads, threads_batch,
-          log_level) -> None:
+          log_level, **spec) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
     Without -m, every model in Ollama's store ($OLLAMA_MODELS or ~/.ollama/models), LM Studio's and
@@ -92,7 +119,7 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
                              host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
-                             cors_origins=cors_origins, timeout_s=timeout_s,
+                             cors_origins=cors_origins, timeout_s=timeout_s, speculative=_speculative(spec),
                              llama_kwargs={**_threads(threads, threads_batch),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr

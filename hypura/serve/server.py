@@ -45,7 +45,8 @@ def start_engine(path: Path, settings: ServeSettings):
     from the budgets when given, and its batched engine, started."""
     from hypura.engine import EngineConfig, load
 
-    config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache)
+    config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache,
+                          speculative=settings.speculative)
     return load(path, settings.parallel, settings.n_ctx, config=config, gpu_mem=settings.gpu_mem, ram=settings.ram,
                 **settings.llama_kwargs)
 

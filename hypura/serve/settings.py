@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from hypura.errors import HypuraError
 from hypura.serve.keep_alive import DEFAULT_S as DEFAULT_KEEP_ALIVE_S
+
+if TYPE_CHECKING:
+    from hypura.speculative.settings import SpecSettings
 
 DEFAULT_HOST = "127.0.0.1"  # closed by default: reachable from this machine only unless --host says otherwise
 DEFAULT_PORT = 11434  # Ollama's port, so that Ollama clients find the server without configuration
@@ -39,6 +42,7 @@ class ServeSettings:
     timeout_s: float = 60.0
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback and --host (origins.py)
     cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the server, besides loopback pages
+    speculative: Optional["SpecSettings"] = None  # each sequence's drafts verified in the engine's steps; None: off
     llama_kwargs: dict = field(default_factory=dict)  # further hypura.Llama keyword arguments (n_threads, ...)
 
     def __post_init__(self):
