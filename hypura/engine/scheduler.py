@@ -53,9 +53,11 @@ class Step:
 def plan_step(sequences: list[Sequence], budget: int, drafts: Optional[dict] = None) -> Step:
     """`sequences` in admission order; `budget` >= their number plus the drafts' tokens (every decode token
     fits); `drafts`: a decoding sequence's drafted tokens (speculate.py, already cut to the budget)."""
-    drafts = drafts or {}
-    chunks = [Chunk(s, [s.next_token, *drafts.get(s, ())], s.n_past, True, False, tuple(drafts.get(s, ())))
-              for s in sequences if s.next_token is not None]
+    chunks = []
+    for s in sequences:
+        if s.next_token is not None:
+            draft = tuple(drafts.get(s, ())) if drafts else ()
+            chunks.append(Chunk(s, [s.next_token, *draft], s.n_past, True, False, draft))
     left = budget - sum(len(c.tokens) for c in chunks)
     for s in sequences:
         if left <= 0:
