@@ -1,4 +1,5 @@
-"""Speculative decoding in the batched engine: several sequences' drafts verified in one step.
+"""Speculative decoding in the batched engine: several sequences' drafts (n-gram lookup, a draft model drafting
+for all of them at once) verified in one step.
 
 What equals what: each sequence's tokens from an engine with n-gram drafting equal its tokens from the same
 engine without it, four sequences batched in both (SmolLM2-135M, one thread, flash attention: prompts and
@@ -57,11 +58,6 @@ def test_a_draft_rides_after_its_next_token_with_logits_at_every_position():
         assert [c.pos[i] for i in range(5)] == [2, 3, 4, 5, 1] and [c.seq_id[i][0] for i in range(5)] == [0] * 4 + [1]
     finally:
         batch.close()
-
-
-def test_a_draft_model_is_refused_in_one_line(tmp_path):
-    with pytest.raises(HypuraError, match="a draft model is not supported yet"):
-        EngineConfig(speculative=SpecSettings(type="draft-simple", draft_model=tmp_path / "d.gguf"))
 
 
 # --- the engine on SmolLM2 -----------------------------------------------------------------------
@@ -129,3 +125,23 @@ def test_a_sequence_ends_inside_a_pass(smollm2_path):
     stop = full[0].text[12:16]
     got, _, _ = _run(smollm2_path, spec, SamplingParams(max_tokens=24, temperature=0, stop=(stop,)), prompt, 1)
     assert got[0].text == full[0].text[:full[0].text.index(stop)] and got[0].finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_a_draft_model_drafts_for_every_sequence_at_once(smollm2_path, plain):
+    """SmolLM2 drafting for itself: its drafts are the target's own greedy tokens (up to the kernels)."""
+    spec = SpecSettings(type="draft-simple", draft_model=smollm2_path, n_min=4, n_max=4)
+    results, metrics, kv = _run(smollm2_path, spec, SamplingParams(max_tokens=N_GEN, temperature=0))
+    assert [r.tokens for r in results] == [r.tokens for r in plain[0]]
+    assert all(pos == n for pos, n in kv), kv
+    s = metrics["speculative"]
+    assert s["acceptance"] > 0.9 and s["accepted_per_pass"] > 3, s
+    assert s["passes"] > s["steps"]  # several sequences' drafts verified in one step
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(smollm2_path, gemma_path):
+    from hypura.engine import load
+
+    spec = SpecSettings(type="draft-simple", draft_model=gemma_path)
+    with pytest.raises(HypuraError, match="does not share the target's vocabulary"):
+        load(smollm2_path, 2, 256, config=EngineConfig(speculative=spec), **ONE_THREAD)

@@ -15,24 +15,17 @@ from hypura.store.catalog import MODELS_DIR_ENV
 
 
 def _spec_options(command):
-    """llama-server's speculative decoding flags (hypura-cli's, one definition); -md is refused."""
+    """llama-server's speculative decoding flags (hypura-cli's, one definition)."""
     for decls, kw in reversed(SPEC_OPTIONS):
-        if "spec_draft_model" in decls:
-            kw = dict(metavar=kw["metavar"], help="draft model: not supported by hypura serve yet (refused; the "
-                                                  "engine drafts with --spec-type ngram-simple or prompt-lookup)")
         command = click.option(*decls, **kw)(command)
     return command
 
 
 def _speculative(spec: dict):
-    """The --spec-* flags as the engine's SpecSettings; None (no speculation) without --spec-type."""
+    """The --spec-* flags as the engine's SpecSettings; None (no speculation) without -md or --spec-type."""
     from hypura.cli.completion.arg_values import ArgvError
     from hypura.cli.completion.speculative import spec_settings
-    from hypura.engine.config import ENGINE_SPEC_TYPES
 
-    if spec["spec_draft_model"] is not None or spec["spec_type"] == "draft-simple":
-        raise HypuraError("hypura serve: draft models (-md, --spec-type draft-simple) are not supported yet; "
-                          f"speculate with --spec-type {' or '.join(ENGINE_SPEC_TYPES)}")
     try:
         return spec_settings(dict(spec))
     except ArgvError as e:

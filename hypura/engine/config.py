@@ -11,9 +11,6 @@ if TYPE_CHECKING:  # hypura.speculative loads llama.cpp; the engine's types need
     from hypura.speculative.settings import SpecSettings
 
 
-ENGINE_SPEC_TYPES = ("ngram-simple", "prompt-lookup")  # drafters without a model of their own
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """How many sequences share a step, how many tokens a step carries, how many requests may wait."""
@@ -41,8 +38,5 @@ class EngineConfig:
                        "sequence's token goes into each step)")
         if self.n_ctx_per_seq is not None and self.n_ctx_per_seq < 2:
             bad.append(f"n_ctx_per_seq {self.n_ctx_per_seq} (want >= 2: a prompt token and a generated one)")
-        if self.speculative is not None and self.speculative.type not in ENGINE_SPEC_TYPES:
-            bad.append(f"speculative type {self.speculative.type} (the engine drafts with "
-                       f"{' or '.join(ENGINE_SPEC_TYPES)}: a draft model is not supported yet)")
         if bad:
             raise HypuraError("bad engine settings: " + "; ".join(bad))

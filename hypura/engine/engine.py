@@ -17,7 +17,7 @@ Threading protocol:
 - `metrics()` reads the request counts in one hold of the lock (active is derived from them, so an idle
   engine never shows a request that has not been counted finished) and takes the step lock for
   llm.stats(), so it waits at most one step. `close()` ends every request (finish_reason "error",
-  "engine closed") and joins the thread; the Llama stays the caller's.
+  "engine closed") and joins the thread; the Llama stays the caller's (a draft model is the engine's: closed).
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ class Engine:
         self._spec: Optional[Speculation] = None
         if config.speculative is not None:
             # the decode part of a step stays one micro-batch: a second one is a second pass over the weights
-            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, llama_cpp.llama_n_ubatch(self._ctx)))
+            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, llama_cpp.llama_n_ubatch(self._ctx)),
+                                     config.parallel, self.n_ctx_per_seq)
             self._counters.spec = SpecCounters()
         self._closing = False
         self._stopped: Optional[str] = None  # why the loop ended (None while it may run)
@@ -188,6 +189,8 @@ class Engine:
         if thread is None:
             self._end_all("engine closed")
             self._batch.close()
+            if self._spec is not None:
+                self._spec.close()
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -225,6 +228,8 @@ class Engine:
                 self._stopped = reason
             self._end_all(reason)
             self._batch.close()
+            if self._spec is not None:
+                self._spec.close()
 
     def _end_all(self, reason: str) -> None:
         with self._cond:

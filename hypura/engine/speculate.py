@@ -1,7 +1,7 @@
 """Speculative decoding in the engine: several sequences' drafts verified in one step.
 
 Before a step, every decoding sequence drafts from its own history (prompt and generated tokens, the next
-token last) with hypura.speculative's drafters; its draft length comes from its own DraftLength (the
+token last) with hypura.speculative's n-gram drafters, or all of them at once with a draft model (draft.py); its draft length comes from its own DraftLength (the
 acceptance of its drafts, the step times by the tokens it carried). The drafts are cut so that the decode
 part of the step (every next token plus the drafts) fits one micro-batch (n_ubatch, and the step's
 budget): a step over streamed weights that spills into a second micro-batch pays a second weight pass.
@@ -31,21 +31,31 @@ def share(wants: list[int], room: int) -> list[int]:
 
 
 class Speculation:
-    def __init__(self, settings: SpecSettings, llm, max_tokens: int):
-        """max_tokens: the most tokens the decode part of a step carries (next tokens and drafts)."""
+    def __init__(self, settings: SpecSettings, llm, max_tokens: int, n_seq: int, n_ctx_per_seq: int):
+        """max_tokens: the most tokens the decode part of a step carries (next tokens and drafts); n_seq,
+        n_ctx_per_seq: the engine's slots and their length (a draft model keeps a sequence for each)."""
         self.settings, self.max_tokens = settings, max_tokens
-        self.drafter = make_drafter(settings, llm)
+        self.drafter, self.model = None, None
+        if settings.type == "draft-simple":  # all sequences draft together (draft.py)
+            from hypura.engine.draft import BatchedDraft
+
+            self.model = BatchedDraft.load(settings.draft_model, llm, n_seq, n_ctx_per_seq, settings.p_min)
+        else:
+            self.drafter = make_drafter(settings, llm)
         self._lengths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftLength
 
     def drafts(self, sequences: list[Sequence]) -> tuple[dict[Sequence, list[int]], float]:
         """Each decoding sequence's draft (maybe empty), cut to the step; and the seconds drafting took."""
         t0 = time.perf_counter()
         decoding = [s for s in sequences if s.next_token is not None]
-        wants = []
+        asks = []
         for s in decoding:
             length = self._lengths.setdefault(s, DraftLength(self.settings.n_max, self.settings.n_min))
-            k = length.choose(s.tokens_left - 1)  # a pass emits up to its draft plus one
-            wants.append(list(self.drafter.draft(s.prompt + s.generated, k))[:k] if k > 0 else [])
+            asks.append((s.slot, s.prompt + s.generated, length.choose(s.tokens_left - 1)))  # a pass emits k + 1
+        if self.model is not None:
+            wants = self.model.draft(asks)
+        else:
+            wants = [list(self.drafter.draft(history, k))[:k] if k > 0 else [] for _, history, k in asks]
         cut = share([len(w) for w in wants], self.max_tokens - len(decoding))
         return {s: w[:n] for s, w, n in zip(decoding, wants, cut)}, time.perf_counter() - t0
 
@@ -54,3 +64,7 @@ class Speculation:
         length = self._lengths.get(seq)
         if length is not None:
             length.record(n_drafted, n_accepted, step_s, draft_s)
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.close()
