@@ -67,7 +67,8 @@ def _run(path, speculative, params, prompts=PROMPTS, parallel=4):
 
     llm, engine = load(path, parallel, 512, config=EngineConfig(speculative=speculative), **ONE_THREAD)
     try:
-        requests = [engine.submit(engine.tokenize(p), params) for p in prompts]  # all in the first step
+        with engine._cond:  # the engine thread takes them all off the queue at once: all in the first step
+            requests = [engine.submit(engine.tokenize(p), params) for p in prompts]
         results = [r.result(timeout=300) for r in requests]
         metrics = engine.metrics()
         mem = llama_cpp.llama_get_memory(llm.ctx)

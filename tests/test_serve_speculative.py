@@ -2,13 +2,15 @@
 acceptance counters in /metrics agree with the engine's, and bad --spec-* values are one line.
 
 What equals what: the same copy-heavy prompts (tests/test_engine_speculative.py's, free of near-ties on
-SmolLM2-135M), sent at once by four clients, against a server with and without n-gram drafting; the draft
-length is pinned (--spec-draft-n-min = --spec-draft-n-max) so the batch shapes do not follow step times."""
+SmolLM2-135M), sent at once by four clients, against a server with and without n-gram drafting. The batch
+shapes are made the same in both: the engine starts once all four requests are in, and the draft length
+is pinned (--spec-draft-n-min = --spec-draft-n-max) rather than following step times."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -32,8 +34,20 @@ def _replies(server) -> list[str]:
         r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=N_GEN, temperature=0)
         return r.choices[0].text
 
+    engine = engine_of(server)
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(complete, PROMPTS))
+        # the engine waits until all four requests are in, in order: both servers batch them in the same steps
+        replies = []
+        with engine._step_lock:
+            for prompt in PROMPTS:
+                replies.append(pool.submit(complete, prompt))
+                deadline = time.monotonic() + 60
+                # the first is taken off the queue (then the engine waits for the lock), the others queue behind it
+                while engine.metrics()["requests"]["total"] < len(replies) or engine.metrics()["requests"]["queued"] \
+                        != len(replies) - 1:
+                    assert time.monotonic() < deadline, "the request did not arrive"
+                    time.sleep(0.01)
+        return [r.result() for r in replies]
 
 
 def _metrics(url: str) -> dict[str, float]:
