@@ -88,6 +88,7 @@ def test_replies_equal_with_and_without_speculation_and_metrics_agree(smollm2_pa
     (["--spec-type", "prompt-lookup", "--spec-draft-n-min", "5", "--spec-draft-n-max", "3"], "n_min 5, n_max 3"),
     (["-md", "no-such-draft.gguf"], "failed to open file 'no-such-draft.gguf'"),
     (["--spec-type", "draft-simple"], "needs a draft model (-md FNAME)"),
+    (["-md", __file__, "--spec-tree", "4"], "the engine verifies chains: no --spec-tree"),
 ])
 def test_bad_spec_flags_are_one_line(flags, says):
     proc = subprocess.run([sys.executable, "-m", "hypura.cli.main", "serve", "--port", "0", *flags],

@@ -26,10 +26,14 @@ def _speculative(spec: dict):
     from hypura.cli.completion.arg_values import ArgvError
     from hypura.cli.completion.speculative import spec_settings
 
+    from hypura.engine import EngineConfig
+
     try:
-        return spec_settings(dict(spec))
+        settings = spec_settings(dict(spec))
     except ArgvError as e:
         raise HypuraError(str(e)) from None
+    EngineConfig(speculative=settings)  # what the engine refuses (a tree), refused before any model loads
+    return settings
 
 
 @click.command("serve")

@@ -38,5 +38,7 @@ class EngineConfig:
                        "sequence's token goes into each step)")
         if self.n_ctx_per_seq is not None and self.n_ctx_per_seq < 2:
             bad.append(f"n_ctx_per_seq {self.n_ctx_per_seq} (want >= 2: a prompt token and a generated one)")
+        if self.speculative is not None and self.speculative.tree:
+            bad.append(f"speculative tree {self.speculative.tree} (the engine verifies chains: no --spec-tree)")
         if bad:
             raise HypuraError("bad engine settings: " + "; ".join(bad))

@@ -16,7 +16,7 @@ import time
 import weakref
 
 from hypura.engine.sequence import Sequence
-from hypura.speculative.cost import DraftLength
+from hypura.speculative.cost import DraftLength, PassTimes
 from hypura.speculative.settings import SpecSettings, make_drafter
 
 
@@ -50,7 +50,7 @@ class Speculation:
         decoding = [s for s in sequences if s.next_token is not None]
         asks = []
         for s in decoding:
-            length = self._lengths.setdefault(s, DraftLength(self.settings.n_max, self.settings.n_min))
+            length = self._lengths.get(s) or self._lengths.setdefault(s, self._length())
             asks.append((s.slot, s.prompt + s.generated, length.choose(s.tokens_left - 1)))  # a pass emits k + 1
         if self.model is not None:
             wants = self.model.draft(asks)
@@ -58,6 +58,11 @@ class Speculation:
             wants = [list(self.drafter.draft(history, k))[:k] if k > 0 else [] for _, history, k in asks]
         cut = share([len(w) for w in wants], self.max_tokens - len(decoding))
         return {s: w[:n] for s, w, n in zip(decoding, wants, cut)}, time.perf_counter() - t0
+
+    def _length(self) -> DraftLength:
+        """A new sequence's: its pass times seeded with those measured beforehand (--spec-pass-ms), if any."""
+        s = self.settings
+        return DraftLength(s.n_max, s.n_min, times=PassTimes.given({n: ms / 1e3 for n, ms in s.pass_ms}))
 
     def record(self, seq: Sequence, n_drafted: int, n_accepted: int, step_s: float, draft_s: float) -> None:
         """What a step did with `seq`'s draft, for its next draft length."""
