@@ -131,3 +131,17 @@ def test_the_table_survives_a_plan_file(gpu_plan, tmp_path):
     again = Plan.load(gpu_plan.save(tmp_path / "plan.json"))
     assert again.step_paths == gpu_plan.step_paths
     assert json.loads(gpu_plan.to_json())["step_paths"][0][0] == 1
+
+
+def test_speculation_starts_from_the_plans_pass_costs(gpu_plan):
+    """A verification pass of n tokens is a step of n tokens: its cost is the plan's prediction for that step size
+    until passes are measured; costs given beforehand (--spec-pass-ms) win."""
+    from hypura.speculative.cost import PassTimes
+
+    times = PassTimes.starting(None, gpu_plan)
+    for k, _, rate in gpu_plan.step_paths:
+        if k <= 64:
+            assert times.predict(k) == pytest.approx(k / rate)
+    assert times.predict(1) < times.predict(64)
+    assert PassTimes.starting(((4, 250.0),), gpu_plan).predict(4) == pytest.approx(0.25)
+    assert PassTimes.starting(None, None).by_tokens == {}

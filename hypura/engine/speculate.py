@@ -34,7 +34,7 @@ class Speculation:
     def __init__(self, settings: SpecSettings, llm, max_tokens: int, n_seq: int, n_ctx_per_seq: int):
         """max_tokens: the most tokens the decode part of a step carries (next tokens and drafts); n_seq,
         n_ctx_per_seq: the engine's slots and their length (a draft model keeps a sequence for each)."""
-        self.settings, self.max_tokens = settings, max_tokens
+        self.settings, self.max_tokens, self.plan = settings, max_tokens, llm.plan
         self.drafter, self.model = None, None
         if settings.type == "draft-simple":  # all sequences draft together (draft.py)
             from hypura.engine.draft import BatchedDraft
@@ -60,9 +60,9 @@ class Speculation:
         return {s: w[:n] for s, w, n in zip(decoding, wants, cut)}, time.perf_counter() - t0
 
     def _length(self) -> DraftLength:
-        """A new sequence's: its pass times seeded with those measured beforehand (--spec-pass-ms), if any."""
+        """A new sequence's: its pass times seeded with those measured beforehand (--spec-pass-ms), else the plan's."""
         s = self.settings
-        return DraftLength(s.n_max, s.n_min, times=PassTimes.given({n: ms / 1e3 for n, ms in s.pass_ms}))
+        return DraftLength(s.n_max, s.n_min, times=PassTimes.starting(s.pass_ms, self.plan))
 
     def record(self, seq: Sequence, n_drafted: int, n_accepted: int, step_s: float, draft_s: float) -> None:
         """What a step did with `seq`'s draft, for its next draft length."""

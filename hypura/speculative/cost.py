@@ -42,6 +42,15 @@ class PassTimes:
             t.add(int(n), float(s))
         return t
 
+    @classmethod
+    def starting(cls, given_ms=None, plan=None) -> "PassTimes":
+        """What a run starts from: pass costs measured beforehand ({tokens: ms}, --spec-pass-ms), else the plan's
+        predicted step times up to 64 tokens (each step size at its own path through the plan: step_paths)."""
+        if given_ms:
+            return cls.given({n: ms / 1e3 for n, ms in dict(given_ms).items()})
+        steps = getattr(plan, "step_paths", ())
+        return cls.given({k: k / rate for k, _, rate in steps if rate > 0 and k <= 64})
+
     def add(self, n_tokens: int, seconds: float) -> None:
         c = self.by_tokens.setdefault(n_tokens, [0, 0.0])
         c[0] += 1

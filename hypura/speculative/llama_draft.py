@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
-from hypura.speculative.cost import DraftLength
+from hypura.speculative.cost import DraftLength, PassTimes
 from hypura.speculative.settings import SpecSettings
 from hypura.speculative.verify import SpecStats
 
@@ -40,7 +40,7 @@ class SpecDraft(LlamaDraftModel):
         self.drafter, self.target = drafter, target
         # the longest draft: the drafter's own (LlamaPromptLookupDecoding's num_pred_tokens), else --spec-draft-n-max's
         n_max = getattr(drafter, "num_pred_tokens", None) or SpecSettings.n_max
-        self.length = DraftLength(n_max)
+        self.length = DraftLength(n_max, times=PassTimes.starting(None, target.plan))
         self.stats = SpecStats()
         self._last: tuple[int, int, float] | None = None  # (history length, draft length, drafting s)
 

@@ -64,7 +64,7 @@ class TreeSpecDraft(SpecDraft):
                                         n_threads=target.n_threads, n_threads_batch=target.n_threads_batch)
         # a pass is one batch
         self.length = DraftLength(min(spec.branches * spec.n_max, target.n_batch - 1), 0, spec.branches, spec.n_max,
-                                  PassTimes.given({n: ms / 1e3 for n, ms in (spec.pass_ms or {}).items()}))
+                                  PassTimes.starting(spec.pass_ms, target.plan))
         self.stats = SpecStats()
         self._batch = Batch(self.length.n_max + 1, spec.branches)
         self._pending = None  # (tree, n_past, drafting seconds): drafted, not yet verified

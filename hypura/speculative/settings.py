@@ -55,7 +55,7 @@ def make_verifier(s: SpecSettings, target, is_eog, **draft_kwargs):
     from hypura.speculative.cost import DraftLength, PassTimes
     from hypura.speculative.verify import Verifier
 
-    times = PassTimes.given({n: ms / 1e3 for n, ms in s.pass_ms})
+    times = PassTimes.starting(s.pass_ms, target.plan)
 
     if s.tree:
         from hypura.speculative.tree import TreeVerifier
