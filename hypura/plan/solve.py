@@ -19,6 +19,10 @@ convex where a batch's CPU matmuls slow beside streaming or op offload turns bac
 non-resident bytes / (CPU rate + link rate) when nothing else binds). Memory for slots and disk staging depends on the
 fill and split; it is reserved by iterating to a fixed point (reservations only grow, so this ends).
 
+Per-step paths. Where a RAM unit is computed follows the step: with the tiers fixed, the split above runs again
+over the RAM units alone for steps of 1, 2, 4, ... n_ubatch tokens (`step_paths`); the plan keeps that table, the
+slots hold any layer a step streams, and a plan made for several sequences is scored for one too.
+
 Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
 down while they fit, the rest in RAM in graph order, then disk; the CPU computes everything not on
 the GPU; no streaming slots.
@@ -212,7 +216,7 @@ class _Problem:
               base: list[str] | None = None) -> list[str]:
         """Move non-resident units to GPU compute (streamed into slots) while the time of a step of `parallel`
         tokens (the plan's) falls. base: the plan's split, whose disk units keep their path; then only RAM
-        units move (a step's own path, plan/steps.py)."""
+        units move (a step's own path: step_paths)."""
         units = self.mu.units
         compute = [GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers)]
         step = StepLoad(self.r, parallel or self.s.parallel, op_offload)
