@@ -85,22 +85,23 @@ class Plan:
         except KeyError:
             raise HypuraError(f"tensor '{name}' is not in the plan (was it made for another model?)") from None
 
-    def streamed_at(self, tokens: int) -> tuple[str, ...]:
-        """The RAM tensors a step of `tokens` tokens streams into GPU slots (`step_paths`)."""
+    def streamed_at(self, tokens: int) -> frozenset[str]:
+        """The RAM tensors a step of `tokens` tokens streams into GPU slots (`step_paths`); one set per step size,
+        made once (the runtime asks before every decode)."""
         if not self.step_paths:
-            return ()
-        return next((step[1] for step in self.step_paths if tokens <= step[0]), self.step_paths[-1][1])
+            return frozenset()
+        sets = self.__dict__.get("_streamed_sets")
+        if sets is None:  # a cache, not state: frozen otherwise
+            sets = [(k, frozenset(names)) for k, names, _ in self.step_paths]
+            object.__setattr__(self, "_streamed_sets", sets)
+        return next((names for k, names in sets if tokens <= k), sets[-1][1])
 
     def compute_at(self, t: TensorPlacement, tokens: int) -> str:
         """Where a step of `tokens` tokens computes t: a RAM tensor by the step's own path, where the plan
         has per-step paths; else t.compute."""
         if not self.step_paths or t.tier != RAM or t.experts:
             return t.compute
-        sets = self.__dict__.setdefault("_streamed_sets", {})  # a cache, not state: frozen otherwise
-        names = self.streamed_at(tokens)
-        if id(names) not in sets:
-            sets[id(names)] = frozenset(names)
-        return GPU if t.name in sets[id(names)] else CPU
+        return GPU if t.name in self.streamed_at(tokens) else CPU
 
     def tier_of(self, name: str) -> str:
         return self.placement(name).tier

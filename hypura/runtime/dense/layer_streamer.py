@@ -44,7 +44,7 @@ _ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffe
 
 class LayerStreamer(Mechanism):
     def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None,
-                 readers: int = 1, streamed_at: Optional[Callable[[int], tuple]] = None):
+                 readers: int = 1, streamed_at: Optional[Callable[[int], frozenset]] = None):
         """streamed_at(tokens): the dual tensors a step of that many tokens streams (the plan's step_paths)."""
         super().__init__()
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
@@ -100,8 +100,8 @@ class LayerStreamer(Mechanism):
     def set_step(self, tokens: int) -> None:
         if not self.dual or self.streamed_at is None:
             return
-        streamed = frozenset(self.streamed_at(tokens))
-        if streamed == self.streamed:
+        streamed = self.streamed_at(tokens)
+        if streamed is self.streamed or streamed == self.streamed:
             return
         for ticket in self.tickets.values():  # no load may land in a slot that changes hands
             ticket.wait()
