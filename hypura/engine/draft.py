@@ -12,14 +12,13 @@ greedily, a sequence stopping at its length or where its top token's probability
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
 from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
-from hypura.speculative.vocab import check_compatible
+from hypura.speculative.draft_model import load_beside
 
 log = logging.getLogger("hypura.engine")
 
@@ -36,18 +35,11 @@ class BatchedDraft:
 
     @classmethod
     def load(cls, path, target, n_seq: int, n_ctx_per_seq: int, p_min: float = 0.0) -> "BatchedDraft":
-        """`path` as a hypura.Llama beside `target`; refused (one line) when its vocabulary is not the target's."""
-        from hypura.llama import Llama
-
-        llm = Llama(str(path), n_ctx=n_seq * n_ctx_per_seq, n_gpu_layers=-1, verbose=False,
-                    n_threads=llama_cpp.llama_n_threads(target.ctx),
-                    n_threads_batch=llama_cpp.llama_n_threads_batch(target.ctx),
-                    param_overrides={"context_params": {"n_seq_max": n_seq, "kv_unified": True}})
-        try:
-            check_compatible(target._model.vocab, llm._model.vocab, Path(path).name)
-        except Exception:
-            llm.close()
-            raise
+        """`path` beside `target` (speculative.draft_model.load_beside): a KV sequence for each of n_seq slots."""
+        llm = load_beside(path, target, n_ctx=n_seq * n_ctx_per_seq,
+                          n_threads=llama_cpp.llama_n_threads(target.ctx),
+                          n_threads_batch=llama_cpp.llama_n_threads_batch(target.ctx),
+                          param_overrides={"context_params": {"n_seq_max": n_seq, "kv_unified": True}})
         return cls(llm, n_seq, p_min)
 
     def draft(self, wants: list[tuple[int, list[int], int]]) -> list[list[int]]:

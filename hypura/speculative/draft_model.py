@@ -28,20 +28,9 @@ class DraftModel:
 
     @classmethod
     def load(cls, path, target, p_min: float = 0.0, **kwargs) -> "DraftModel":
-        """Load `path` resident (all layers where llama.cpp places them: the GPU when there is one),
-        with the target's context size; refuse a vocabulary that is not the target's."""
-        from hypura.llama import Llama
-
+        """Load `path` beside `target` (load_beside) with the target's context size."""
         kwargs.setdefault("n_ctx", llama_cpp.llama_n_ctx(target.ctx))
-        kwargs.setdefault("n_gpu_layers", -1)
-        kwargs.setdefault("verbose", False)
-        llm = Llama(str(path), **kwargs)
-        try:
-            check_compatible(target._model.vocab, llm._model.vocab, Path(path).name)
-        except Exception:
-            llm.close()
-            raise
-        return cls(llm, p_min)
+        return cls(load_beside(path, target, **kwargs), p_min)
 
     def _sync(self, history: Sequence[int]) -> None:
         """The draft's cache holds `history`, its last token's logits ready."""
@@ -88,3 +77,19 @@ class DraftModel:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def load_beside(path, target, **kwargs):
+    """A draft GGUF as a hypura.Llama resident beside `target` (every layer where llama.cpp places it: the GPU
+    when there is one), `kwargs` over that; refused (one line) when its vocabulary is not the target's."""
+    from hypura.llama import Llama
+
+    kwargs.setdefault("n_gpu_layers", -1)
+    kwargs.setdefault("verbose", False)
+    llm = Llama(str(path), **kwargs)
+    try:
+        check_compatible(target._model.vocab, llm._model.vocab, Path(path).name)
+    except Exception:
+        llm.close()
+        raise
+    return llm
