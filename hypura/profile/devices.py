@@ -73,10 +73,20 @@ def list_devices() -> list[Device]:
 
 def first_gpu():
     """The ggml device of the first discrete GPU (what Tier.GPU places on), None without one."""
+    return _first_device("GPU")
+
+
+def cpu_device():
+    """The ggml CPU device (its buffer type is plain host memory), None in a build without one."""
+    return _first_device("CPU")
+
+
+def _first_device(kind: str):
     ffi, L = _lib()
+    want = getattr(L, f"GGML_BACKEND_DEVICE_TYPE_{kind}")
     for i in range(L.ggml_backend_dev_count()):
         dev = L.ggml_backend_dev_get(i)
-        if L.ggml_backend_dev_type(dev) == L.GGML_BACKEND_DEVICE_TYPE_GPU:
+        if L.ggml_backend_dev_type(dev) == want:
             return dev
     return None
 

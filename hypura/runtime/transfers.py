@@ -25,7 +25,7 @@ from typing import Optional
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.tiers.names import DISK
-from hypura.profile.devices import first_gpu
+from hypura.profile.devices import cpu_device, first_gpu
 from hypura.tiers.direct_io import DIRECT_ALIGN, DirectReader
 from hypura.tiers.file_readers import FileReaders
 from hypura.runtime.pools import GPU_POOL, HOST_POOL
@@ -211,9 +211,7 @@ class Transfers:
 
 
 def _cpu_buffer_type():
-    L = lib()
-    for i in range(L.ggml_backend_dev_count()):
-        dev = L.ggml_backend_dev_get(i)
-        if L.ggml_backend_dev_type(dev) == L.GGML_BACKEND_DEVICE_TYPE_CPU:
-            return L.ggml_backend_dev_buffer_type(dev)
-    raise HypuraError("llama.cpp has no CPU device")
+    cpu = cpu_device()
+    if cpu is None:
+        raise HypuraError("llama.cpp has no CPU device")
+    return lib().ggml_backend_dev_buffer_type(cpu)
