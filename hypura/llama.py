@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import time
 from typing import Callable, Iterable, Optional, Union
@@ -41,11 +42,13 @@ from hypura.bindings.vocab import Vocab  # noqa: E402
 from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan.auto import Fit  # noqa: E402
+from hypura.plan.beside import Beside  # noqa: E402
 from hypura.plan.decision import Ask, Decision, Routing, decide  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
+from hypura.speculative.draft_model import draft_path  # noqa: E402
 from hypura.store import resolve_path  # noqa: E402
 
 def _stderr(line: str) -> None:
@@ -88,6 +91,7 @@ class Llama(llama_cpp.Llama):
         expert_cache: Union[ExpertCacheSettings, int, None] = None,
         fit: Union[Fit, bool] = True,
         profile=None,
+        draft_beside: Union[str, os.PathLike, None] = None,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does (or a model named as Ollama names it, e.g.
@@ -129,6 +133,11 @@ class Llama(llama_cpp.Llama):
             memory (host memory without a GPU) that decode computes from; the stacked experts stay
             in host memory and load into slots on demand or ahead (hypura.runtime.moe.expert_streaming).
 
+        draft_beside: a draft GGUF that will be loaded beside this model (hypura-cli's -md, the engine's
+            speculation; a draft_model given as a path or a DraftTree sets it): the decision keeps its memory
+            within the budgets or the free memory, on the GPU while it is a small share of it, else in RAM
+            (hypura.plan.beside), and the draft loads there.
+
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
         """
@@ -148,7 +157,8 @@ class Llama(llama_cpp.Llama):
         if placement_policy is not None and override_tensor is not None:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
         self.decision = decision = self._decide(k, param_overrides, plan, placement_policy is not None or
-                                                override_tensor is not None, expert_cache is not None, fit, profile)
+                                                override_tensor is not None, expert_cache is not None, fit, profile,
+                                                draft_beside or draft_path(kwargs.get("draft_model")))
         self.fit_decision = decision if decision.line else None  # what the default path or the budgets chose
         self.plan = decision.plan
         context = param_overrides.setdefault("context_params", {})
@@ -182,7 +192,7 @@ class Llama(llama_cpp.Llama):
             raise
 
     def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
-                profile) -> Decision:
+                profile, draft) -> Decision:
         """The one decision (hypura.plan.decision) from these keywords; its line said where verbose."""
         from hypura.profile.free import free_memory
         from hypura.profile.measure import planning_profile
@@ -193,7 +203,8 @@ class Llama(llama_cpp.Llama):
         ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
                   n_ubatch=context.get("n_ubatch", k["n_ubatch"]),
                   n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
-                  placement=placed, expert_cache=expert_cache, fit=fit)
+                  placement=placed, expert_cache=expert_cache, fit=fit,
+                  beside=Beside.of(read_header(draft), context.get("n_ubatch", k["n_ubatch"])) if draft else None)
         decision = decide(self.header, ask, lambda: fit.free or free_memory(),
                           profile or (lambda: planning_profile(self.header.path, say, measure=fit.measure_profile)),
                           steps=(max(1, context.get("n_seq_max", 1)),),

@@ -12,6 +12,8 @@ from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import SOLVERS, RateOverrides
 from hypura.plan.auto import Fit
+from hypura.plan.beside import Beside
+from hypura.plan.budget import fmt_size
 from hypura.plan.decision import Ask, Planner, Routing, decide
 from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.free import free_memory
@@ -65,11 +67,13 @@ def _routing(path: str | None, header) -> Routing:
               help="JSON {layer: [expert frequencies]} to plan with (default: what runs of this model recorded, "
                    "else k/E).")
 @click.option("--solver", type=click.Choice(sorted(SOLVERS)), default="optimizer", show_default=True)
+@click.option("-md", "--model-draft", "draft", metavar="FILE",
+              help="A speculative draft GGUF kept beside it (hypura-cli/serve -md): its memory is reserved first.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the plan as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw placement by layer and tier as a PNG.")
 @click.option("--tensors", is_flag=True, help="List every tensor's tier.")
 def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
-            no_gpu, no_disk, prefetch_depth, routing, solver, json_out, plot, tensors) -> None:
+            no_gpu, no_disk, prefetch_depth, routing, solver, draft, json_out, plot, tensors) -> None:
     """Show where every tensor of MODEL (a GGUF path, or a name from `hypura list`) would live and the
     predicted speed, reading only its header."""
     model = str(resolve_path(model))  # a path, or a name (`hypura list`)
@@ -83,7 +87,8 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
     # this machine, no budgets: what hypura-cli would do now (its line), and the plan within the same free memory
     default = not profile_spec and gpu_mem is None and ram is None and kv_type == "f16"
     ask = Ask(plan=None if default else "auto", gpu_mem=gpu_mem, ram=ram, n_ctx=ctx_size, n_ubatch=ubatch_size,
-              n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner, always_plan=True)
+              n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner, always_plan=True,
+              beside=Beside.of(read_header(draft), ubatch_size, KV_TYPES[kv_type]) if draft else None)
     t0 = time.perf_counter()
     decision = decide(header, ask, free_memory() if default else None, profile, steps=(parallel,),
                       routing=_routing(routing, header))
@@ -91,6 +96,10 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
     solve_ms = (time.perf_counter() - t0) * 1e3
     if default:
         click.echo(f"default  {decision.line}")
+    if decision.beside_on_gpu is not None:
+        size = fmt_size(ask.beside.nbytes(decision.n_ctx))
+        click.echo(f"draft    {ask.beside.name}: {size} {'on the GPU' if decision.beside_on_gpu else 'in RAM'}, "
+                   "reserved before the plan (weights, KV cache, compute buffer)")
 
     if not profile_spec and load_cached() is None:
         click.echo("note     no measured profile of this machine: rates are defaults (run `hypura profile`)")

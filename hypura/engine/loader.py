@@ -48,6 +48,8 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
     from hypura import Llama
 
     config = dataclasses.replace(config, parallel=parallel) if config else EngineConfig(parallel=parallel)
+    if config.speculative is not None:  # a draft model loads after the model, in the room its decision kept
+        llama_kwargs.setdefault("draft_beside", config.speculative.beside)
     llm = Llama(str(model_path), **engine_llama_kwargs(parallel, n_ctx_per_seq, **llama_kwargs))
     try:
         engine = Engine(llm, config).start()

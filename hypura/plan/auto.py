@@ -134,22 +134,28 @@ class Caps:
     ram: int
 
 
+def free_caps(free: FreeMemory, fit: Fit, on_gpu: bool) -> tuple[int, int]:
+    """(GPU bytes, RAM bytes) the default path may use: the free memory less the margins."""
+    return max(0, (free.gpu or 0) - fit.gpu_margin) if on_gpu else 0, max(0, free.ram - fit.ram_margin)
+
+
 def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, free: FreeMemory, unified: bool,
                  profile: Callable[[], object], plan_within: Callable[[object, Caps, int], Plan],
-                 always_plan: bool = False) -> tuple[Plan | None, int, str, bool]:
+                 always_plan: bool = False,
+                 reserve: Callable[[int], tuple[int, int]] = lambda n_ctx: (0, 0)) -> tuple[Plan | None, int, str, bool]:
     """The default path's (plan, context, line, fits) for `header` (module docstring); n_ctx 0: unset; fits:
     llama.cpp's placement fits. plan_within(profile, budgets, n_ctx) makes a plan; profile() is called only where
     the model does not fit (a first use measures one). always_plan: the plan within the free memory even where
-    llama.cpp's placement fits."""
+    llama.cpp's placement fits. reserve(n_ctx): (GPU, RAM) bytes a model beside this one holds at that context
+    beside llama.cpp's placement (a plan_within keeps its own room for it)."""
     m = _Model(header, n_ubatch)
     on_gpu = use_gpu and free.gpu is not None
-    gpu_cap = max(0, (free.gpu or 0) - fit.gpu_margin) if on_gpu else 0
-    ram_cap = max(0, free.ram - fit.ram_margin)
+    gpu_cap, ram_cap = free_caps(free, fit, on_gpu)
     margins = (f"less margins of {fmt_size(fit.gpu_margin)} GPU, {fmt_size(fit.ram_margin)} RAM" if on_gpu
                else f"less a {fmt_size(fit.ram_margin)} margin")
     contexts = [n_ctx] if n_ctx > 0 else m.contexts(fit.min_ctx)
     for c in contexts:
-        gpu, ram = m.resident_need(c, on_gpu, unified)
+        gpu, ram = (a + b for a, b in zip(m.resident_need(c, on_gpu, unified), reserve(c)))
         if gpu <= gpu_cap and ram <= ram_cap:
             where = "every layer on the GPU" if on_gpu else "in RAM"
             line = (f"hypura: fits: llama.cpp's placement ({where}), context {c}"

@@ -26,8 +26,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 from hypura.errors import HypuraError
 from hypura.plan import knobs, plan_model
-from hypura.plan.auto import Fit, check_budgets, default_path, plan_unset_context, summary
-from hypura.plan.budget import RateOverrides
+from hypura.plan.auto import Fit, check_budgets, default_path, free_caps, plan_unset_context, summary
+from hypura.plan.beside import Beside
+from hypura.plan.budget import RateOverrides, budgets_for, fmt_size
 from hypura.plan.plan import Plan
 from hypura.plan.solve import PlanSettings
 from hypura.profile.free import FreeMemory
@@ -69,6 +70,7 @@ class Ask:
     fit: Fit = Fit()
     planner: Planner = Planner()
     always_plan: bool = False  # `hypura inspect`: the plan within the free memory even where the model fits
+    beside: Optional[Beside] = None  # a draft loaded beside: its memory is reserved within the budgets
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Decision:
     line: str = ""  # what the user is told; "" where the ask decided it (a plan given, llama.cpp's placement)
     free: Optional[FreeMemory] = None  # the free memory the decision was made within, where it was needed
     fits: bool = False  # the default path found llama.cpp's placement fits (the plan, if any: Ask.always_plan's)
+    beside_on_gpu: Optional[bool] = None  # where Ask.beside was reserved (None: nowhere; it places itself)
 
 
 Source = Union[FreeMemory, MachineProfile, Callable[[], object], None]
@@ -113,26 +116,72 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
             plan = ask.plan if isinstance(ask.plan, Plan) else Plan.load(ask.plan)
             plan.check_model(header)
             return _applied(plan, ask.n_ctx or plan.n_ctx)
-        plan_at = lambda c: plan_within(machine(), ask.gpu_mem, ask.ram, c)  # noqa: E731
+        plan_at, drafts = lambda c: plan_within(machine(), ask.gpu_mem, ask.ram, c), {}  # noqa: E731
+        if ask.beside is not None:
+            b = budgets_for(machine(), 0 if ask.planner.overrides.no_gpu else ask.gpu_mem, ask.ram)
+            beside = _beside_planned(ask.beside, plan_within, b.unified, drafts)
+            plan_at = lambda c: beside(machine(), b.gpu, b.ram, c)  # noqa: E731
         if ask.n_ctx:
-            return _applied(plan_at(ask.n_ctx), ask.n_ctx)
+            return _applied(plan_at(ask.n_ctx), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx))
         plan = plan_unset_context(plan_at, header, ask.fit.min_ctx)
-        return _applied(plan, plan.n_ctx, f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}")
+        on_gpu = drafts.get(plan.n_ctx)
+        line = f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}"
+        return _applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
     llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
     if ask.placement or ask.expert_cache or llama_places or not ask.fit.enabled or free is None:
         return Decision(None, ask.n_ctx)
     mem = free_now()
     on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None
+    unified = on_gpu and unified_memory()
+    within, reserve, drafts, first = plan_within, (lambda c: (0, 0)), {}, (lambda c: None)
+    if ask.beside is not None:
+        gpu_cap = free_caps(mem, ask.fit, on_gpu)[0]
+        first = lambda c: ask.beside.options(gpu_cap, c)[0]  # noqa: E731  (beside llama.cpp's placement: the GPU if it fits)
+        reserve = lambda c: ask.beside.reserved(first(c), c, unified)  # noqa: E731
+        within = _beside_planned(ask.beside, plan_within, unified, drafts)
     plan, n_ctx, line, fits = default_path(
-        header, ask.n_ctx, ask.n_ubatch, ask.n_gpu_layers != 0, ask.fit, mem, on_gpu and unified_memory(), machine,
-        lambda prof, b, c: plan_within(prof, b.gpu, b.ram, c), ask.always_plan)
-    return dataclasses.replace(_applied(plan, n_ctx, line), free=mem, fits=fits)
+        header, ask.n_ctx, ask.n_ubatch, ask.n_gpu_layers != 0, ask.fit, mem, unified, machine,
+        lambda prof, b, c: within(prof, b.gpu, b.ram, c), ask.always_plan, reserve)
+    draft_on_gpu = first(n_ctx) if fits else drafts.get(n_ctx)
+    line += _beside_note(ask.beside, draft_on_gpu, n_ctx)
+    return dataclasses.replace(_applied(plan, n_ctx, line, draft_on_gpu), free=mem, fits=fits)
 
 
-def _applied(plan: Optional[Plan], n_ctx: int, line: str = "") -> Decision:
+def _applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
     # the plan was made for many sequences without llama.cpp's op offload (plan/cost.py): it is turned off
     context = {"op_offload": False} if plan is not None and not plan.traffic.op_offload else {}
-    return Decision(plan, n_ctx, context, line)
+    return Decision(plan, n_ctx, context, line, beside_on_gpu=beside_on_gpu)
+
+
+def _beside_planned(beside: Beside, plan_within: Callable, unified: bool, drafts: dict) -> Callable:
+    """plan_within(profile, gpu, ram, n_ctx) with `beside` kept within those budgets: on the GPU (when it fits
+    there) and in RAM, the plan whose speculative pass is faster (plan/beside.py); drafts[n_ctx] records where."""
+    def planned(prof, gpu: int, ram: int, n_ctx: int) -> Plan:
+        best, error = None, None
+        for on_gpu in beside.options(gpu, n_ctx):
+            g, r = beside.reserved(on_gpu, n_ctx, unified)
+            try:
+                if r > ram:
+                    raise HypuraError(f"the draft {beside.name} needs {fmt_size(r)} of RAM at context {n_ctx}, "
+                                      f"more than the {fmt_size(ram)} budget")
+                plan = plan_within(prof, gpu - g, ram - r, n_ctx)
+            except HypuraError as e:
+                error = error or e
+                continue
+            seconds = beside.pass_seconds(plan, on_gpu)
+            if best is None or seconds < best[0]:
+                best = (seconds, on_gpu, plan)
+        if best is None:
+            raise error
+        drafts[n_ctx] = best[1]
+        return best[2]
+    return planned
+
+
+def _beside_note(beside: Optional[Beside], on_gpu: Optional[bool], n_ctx: int) -> str:
+    if beside is None or on_gpu is None:
+        return ""
+    return f"; draft {beside.name}: {fmt_size(beside.nbytes(n_ctx))} {'on the GPU' if on_gpu else 'in RAM'}, kept beside"
 
 
 def _once(source: Source) -> Callable[[], object]:

@@ -25,6 +25,9 @@ GPU_PROCESS_RAM = 256 * MiB
 # reader's O_DIRECT request buffer 16 MiB (profile/knobs.py DISK_REQUEST_BYTES): 107-109 MiB, rounded
 # up for larger vocabularies
 PROCESS_RAM = 128 * MiB
+# the tokens a speculative pass drafts, where the planner weighs a draft's place (plan/beside.py): the
+# middle of the lengths the adaptive choice settles on over streamed weights (speculative/cost.py)
+DRAFT_TOKENS_PLANNED = 8
 # each further concurrent reader of streamed disk tensors maps its own O_DIRECT request buffer
 # (runtime/transfers.py STREAM_REQUEST_BYTES); PROCESS_RAM counts the first
 STREAM_READER_RAM = 16 * MiB

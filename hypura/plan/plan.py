@@ -103,6 +103,13 @@ class Plan:
             return t.compute
         return GPU if t.name in self.streamed_at(tokens) else CPU
 
+    def step_seconds(self, tokens: int) -> float:
+        """Predicted seconds of a step of `tokens` tokens: the step table's size at or above it, else the plan's
+        own step (its weights' bytes bound it, whatever the step carries)."""
+        size, rate = next(((k, r) for k, _, r in self.step_paths if tokens <= k), (self.prediction.parallel,
+                                                                                   self.prediction.decode_tok_s))
+        return size / rate if rate > 0 else float("inf")
+
     def tier_of(self, name: str) -> str:
         return self.placement(name).tier
 

@@ -7,8 +7,9 @@ time, stopping early where its top token's probability falls below p_min (llama.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import llama_cpp
 import numpy as np
@@ -79,12 +80,26 @@ class DraftModel:
         self.llm.close()
 
 
+def draft_path(draft_model) -> Optional[str]:
+    """The GGUF a `Llama(draft_model=...)` loads beside the target: a path's, a DraftTree's; None for drafters
+    without a model file (n-gram, prompt lookup) or one loaded already."""
+    if isinstance(draft_model, (str, os.PathLike)):
+        return os.fspath(draft_model)
+    if hasattr(draft_model, "context_params"):  # a DraftTree
+        return os.fspath(draft_model.model)
+    return None
+
+
 def load_beside(path, target, **kwargs):
-    """A draft GGUF as a hypura.Llama resident beside `target` (every layer where llama.cpp places it: the GPU
-    when there is one), `kwargs` over that; refused (one line) when its vocabulary is not the target's."""
+    """A draft GGUF as a hypura.Llama resident beside `target`, `kwargs` over that: where the target's decision
+    reserved its memory (Decision.beside_on_gpu: every layer on the GPU, or the CPU), else every layer where
+    llama.cpp's --fit places it in what is free now. Refused (one line) when its vocabulary is not the target's."""
     from hypura.llama import Llama
 
-    kwargs.setdefault("n_gpu_layers", -1)
+    reserved = getattr(getattr(target, "decision", None), "beside_on_gpu", None)
+    kwargs.setdefault("n_gpu_layers", 0 if reserved is False else -1)
+    if reserved is not None:
+        kwargs.setdefault("fit", False)  # placed as reserved: fitting it again would read the target's memory as taken
     kwargs.setdefault("verbose", False)
     llm = Llama(str(path), **kwargs)
     try:

@@ -26,6 +26,11 @@ class SpecSettings:
     p_split: float = 0.1  # a tree's lower candidates branch off above this draft probability (llama.cpp's)
     pass_ms: tuple = ()  # ((tokens carried, ms), ...) measured beforehand (`hypura bench -p 1,2,4,...`)
 
+    @property
+    def beside(self) -> Optional[Path]:
+        """The draft GGUF loaded beside the target (draft-simple's), whose memory the target's plan keeps."""
+        return self.draft_model if self.type == "draft-simple" else None
+
     def __post_init__(self):
         if self.type not in SPEC_TYPES:
             raise HypuraError(f"unknown speculative decoding type {self.type!r} (one of {', '.join(SPEC_TYPES)})")
