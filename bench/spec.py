@@ -7,7 +7,8 @@ and beside vanilla llama.cpp's `llama-speculative-simple` with the same pair.
     python3 bench/spec.py --copy-prompts MODEL.gguf [...]   # n-gram drafting on copy-heavy prompts
 
 Hypura's runs load the target through hypura.Llama (a plan when --gpu-mem/--ram are given), the
-draft beside it (resident), and generate greedily: plain (one llama_decode a token) and speculative
+draft beside it (resident: its memory kept within the budgets, --gpu-mem grown by the draft's bytes so the
+target keeps what vanilla's -ngl gives it), and generate greedily: plain (one llama_decode a token) and speculative
 (one verification pass a step, the draft length chosen from the passes' measured cost; --tree N: a
 tree of up to N branches, its node budget chosen the same way). Greedy
 outputs must match; the script says so. Where DIR (default: beside our libllama) holds
@@ -46,6 +47,16 @@ def _load(path, args, **kw):
     from hypura.speculative.tree import context_params
 
     budgets = {k: v for k, v in (("gpu_mem", args.gpu_mem), ("ram", args.ram)) if v}
+    if args.draft and not kw.get("draft_model"):
+        # the draft's memory is kept within the budgets (plan/beside.py); --gpu-mem is the target's own, as
+        # vanilla's -ngl is, so the GPU budget grows by the draft's bytes (the planner may still keep it in RAM)
+        from hypura.modelfile import read_header
+        from hypura.plan import parse_size
+        from hypura.plan.beside import Beside
+
+        kw["draft_beside"] = args.draft
+        if args.gpu_mem:
+            budgets["gpu_mem"] = parse_size(args.gpu_mem) + Beside.of(read_header(args.draft)).nbytes(args.ctx)
     if args.tree:  # the tree's branches are sequences of one KV cache
         kw.setdefault("param_overrides", {"context_params": context_params(args.tree)})
     return Llama(str(path), n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
