@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import hypura  # noqa: F401  first: our library loads before numpy
+from hypura.bench.speculative import spec_report
 
 TEXT = ("Hypura runs models larger than GPU memory: the planner decides where every tensor lives, GPU "
         "memory, pinned RAM or disk, and the weights that do not fit are streamed for every token.")
@@ -63,37 +64,20 @@ def _load(path, args, **kw):
                  verbose=False, **budgets, **kw)
 
 
-def _verifier(args, target):
-    from hypura.speculative import SpecSettings, make_verifier
-    import llama_cpp
-
-    s = SpecSettings(type="draft-simple" if args.draft else args.spec_type, draft_model=args.draft, n_max=args.n_max,
-                     n_min=args.n_max if args.fixed else 0, ngram_size_n=args.ngram_n, ngram_size_m=args.n_max,
-                     tree=args.tree)
-    return make_verifier(s, target, lambda t: llama_cpp.llama_vocab_is_eog(target._model.vocab, t),
-                         n_threads=args.threads, n_threads_batch=args.threads)
-
-
 def hypura_runs(args, prompt: str) -> dict:
-    from hypura.speculative.generate import greedy
+    """One plain and one speculative greedy run of the prompt (hypura bench's, hypura/bench/speculative.py)."""
+    from hypura.bench.speculative import SpecBenchSettings, run_spec_bench
+    from hypura.speculative import SpecSettings
 
+    spec = SpecSettings(type="draft-simple" if args.draft else args.spec_type, draft_model=args.draft,
+                        n_max=args.n_max, n_min=args.n_max if args.fixed else 0, ngram_size_n=args.ngram_n,
+                        ngram_size_m=args.n_max, tree=args.tree)
     target = _load(args.target, args)
     try:
-        tokens = target.tokenize(prompt.encode())
-        plain = greedy(target, tokens, args.tokens) if not args.no_plain else None
-        verifier = _verifier(args, target)
-        try:
-            spec = greedy(target, tokens, args.tokens, verifier)
-            stats = verifier.stats.summary()
-        finally:
-            verifier.close()
+        return run_spec_bench(target, target.plan, spec, SpecBenchSettings(args.tokens, 1, prompt,
+                                                                           plain=not args.no_plain))
     finally:
         target.close()
-    out = {"spec_tok_s": spec.tok_s, **stats}
-    if plain is not None:
-        out.update(plain_tok_s=plain.tok_s, speedup=spec.tok_s / plain.tok_s if plain.tok_s else 0.0,
-                   greedy_identical=plain.tokens == spec.tokens)
-    return out
 
 
 def vanilla_runs(args, prompt: str) -> dict:
@@ -128,11 +112,7 @@ def _lib_dir() -> Path:
 
 
 def _row(name: str, r: dict) -> str:
-    by = ", ".join(f"{n}:{ms:.0f}" for n, ms in r["pass_ms_by_tokens"].items())
-    plain = f"plain {r['plain_tok_s']:6.2f} tok/s, x{r['speedup']:.2f}, greedy identical {r['greedy_identical']}; " \
-        if "plain_tok_s" in r else ""
-    return (f"{name:10s} spec {r['spec_tok_s']:6.2f} tok/s; {plain}{r['tokens_per_pass']:.2f} tokens/pass "
-            f"(acceptance {r['acceptance']:.2f}), drafting {r['draft_ms']:.1f} ms/pass; pass ms by tokens carried {by}")
+    return "\n".join(f"{name:10s} {line}" for line in spec_report(r))
 
 
 def main() -> int:

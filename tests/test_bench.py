@@ -188,3 +188,29 @@ def test_one_prompt_token_without_decode_runs_as_llama_bench_runs_pp1(gemma_path
     assert "prefill" in r.stdout and "tok/s" in r.stdout and "decode " not in r.stdout
     r = _bench(str(gemma_path), "-p", "4", "-n", "2,4", "--parallel", "1,2", "-r", "1", "-t", "1")
     assert r.returncode == 1 and "--parallel takes one -p and one -n" in r.stderr
+
+
+@pytest.mark.slow
+def test_bench_measures_speculation_beside_plain_decode(smollm2_path, tmp_path):
+    out = tmp_path / "spec.json"
+    # n-gram drafting on the copy-heavy prompt; the draft model drafting for itself within a RAM budget
+    r = _bench(str(smollm2_path), "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "-n", "32",
+               "-r", "1", "-t", "1", "-c", "512", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["greedy_identical"] and res["tokens_per_pass"]["median"] > 1 and 0 < res["acceptance"]["median"] <= 1
+    assert res["spec_tok_s"]["median"] > 0 and res["pass_ms_by_tokens"] and res["bound"]["decode_tok_s"] > 0
+    assert "speculative ngram-simple" in r.stdout and "tokens, acceptance" in r.stdout and "bound" in r.stdout
+    r = _bench(str(smollm2_path), "-md", str(smollm2_path), "--ram", "1GiB", "-n", "16", "-r", "1", "-t", "1",
+               "-c", "512", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["greedy_identical"] and res["draft_on_gpu"] is False and res["acceptance"]["median"] == 1.0
+    assert "the draft in RAM" in r.stdout
+
+
+def test_bench_speculation_errors_are_one_line(smollm2_path):
+    r = _bench(str(smollm2_path), "--spec-type", "ngram-simple", "--parallel", "1,4")
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "one sequence" in r.stderr
+    r = _bench(str(smollm2_path), "-md", "no-such-draft.gguf")
+    assert r.returncode == 1 and "failed to open file 'no-such-draft.gguf'" in r.stderr

@@ -1,6 +1,6 @@
 """`hypura bench`'s run: the model loaded as hypura-cli loads it (the one decision: a plan from budgets or a
-file, an expert cache, or the default path), then one sequence (single.py) or the batched engine at each
-size (batched.py), beside the bound (bound.py); the result as one dict (the JSON) that report.py prints."""
+file, an expert cache, or the default path), then one sequence (single.py), the batched engine at each
+size (batched.py) or speculative decoding beside plain (speculative.py), beside the bound (bound.py); the result as one dict (the JSON) that report.py prints."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import dataclasses
 import platform
 import sys
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from hypura.bench.batched import BatchBenchSettings, run_batch_bench
 from hypura.bench.single import BenchSettings, run_bench
+from hypura.bench.speculative import SpecBenchSettings, run_spec_bench
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan.auto import Fit
 from hypura.plan.budget import parse_size, rates_for
 from hypura.profile.host import cores
+
+if TYPE_CHECKING:
+    from hypura.speculative.settings import SpecSettings
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class BenchArgs:
     expert_slots: Optional[int] = None  # -1: as many as gpu_mem leaves
     seed: int = 0
     parallel: tuple[int, ...] = ()  # the batched engine at these sequence counts
+    spec: Optional["SpecSettings"] = None  # speculative decoding beside plain decode (speculative.py)
 
     def __post_init__(self):
         if self.plan_file and (self.gpu_mem or self.ram):
@@ -49,6 +54,8 @@ class BenchArgs:
             raise HypuraError("--expert-slots sizes the GPU cache itself: give --gpu-mem only")
         if self.expert_slots is not None and self.expert_slots < 0 and not self.gpu_mem:
             raise HypuraError("--expert-slots -1 needs --gpu-mem")
+        if self.spec is not None and (self.parallel or len(self.n_gen) > 1):
+            raise HypuraError("speculative decoding is measured on one sequence, at one -n (no --parallel, no sweep)")
 
 
 def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
@@ -61,7 +68,8 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
 
     header = read_header(a.model)
-    single = BenchSettings(a.n_prompt, a.n_gen, a.repetitions, 0, a.seed)
+    # speculation decodes from its own text prompt (speculative.py), not -p random tokens
+    single = BenchSettings(a.n_prompt if a.spec is None else (0,), a.n_gen, a.repetitions, 0, a.seed)
     if a.ctx_size and a.ctx_size < single.n_ctx:
         raise HypuraError(f"-c {a.ctx_size} is too small for -p {max(a.n_prompt)} and -n {max(a.n_gen)}: give at least "
                           f"{single.n_ctx}")
@@ -79,8 +87,14 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     say(f"loading {a.model} ({'plan' if planned else 'plan or llama.cpp placement by free memory' if cache is None and a.n_gpu_layers in (0, -1) else f'-ngl {a.n_gpu_layers}'}) ...")
     fa = {"on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
           "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}[a.flash_attn]
+    context = {"flash_attn_type": fa}
+    if a.spec is not None and a.spec.tree:  # a draft tree's branches are sequences of one KV cache
+        from hypura.speculative.tree import context_params
+
+        context.update(context_params(a.spec.tree))
     common = dict(n_threads=a.threads, n_threads_batch=a.threads, expert_cache=cache, plan=a.plan_file, **budgets,
-                  n_gpu_layers=a.n_gpu_layers, param_overrides={"context_params": {"flash_attn_type": fa}})
+                  n_gpu_layers=a.n_gpu_layers, param_overrides={"context_params": context},
+                  draft_beside=a.spec.beside if a.spec is not None else None)
     if batched is not None:
         say(f"{max(batched.parallel)} sequences of {batched.n_ctx_per_seq} tokens at most")
         # a plan from budgets is made for the largest size (docs/engine.md)
@@ -100,6 +114,8 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
         run_rates = plan.rates if plan is not None and plan.expert_slots else rates()
         if batched is not None:
             result = run_batch_bench(llm, plan, dataclasses.replace(batched, n_threads=llm.n_threads), run_rates, say)
+        elif a.spec is not None:
+            result = run_spec_bench(llm, plan, a.spec, SpecBenchSettings(a.n_gen[0], a.repetitions), say, run_rates)
         else:
             result = run_bench(llm, plan, dataclasses.replace(single, n_threads=llm.n_threads), say, run_rates)
     finally:

@@ -7,6 +7,7 @@ import json
 
 import click
 
+from hypura.cli.spec_flags import spec_from_flags, spec_options
 from hypura.errors import HypuraError
 
 
@@ -52,18 +53,22 @@ def parse_sizes(flag: str, text: str, least: int) -> tuple[int, ...]:
 @click.option("--parallel", metavar="N,N,...", default=None,
               help="The batched engine at these sequence counts, as llama-batched-bench: -p prompt tokens and -n "
                    "decode steps per sequence; aggregate prefill and decode tok/s beside the bound.")
+@spec_options
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, repetitions, threads, n_gpu_layers,
-          flash_attn, profile_spec, expert_slots, seed, json_out, parallel) -> None:
+          flash_attn, profile_spec, expert_slots, seed, json_out, parallel, **spec) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound.
 
     Where the plan keeps experts on disk, the disk is also probed for a second before and after the runs
-    with the plan's own expert reads, and the bound is printed again at that rate."""
+    with the plan's own expert reads, and the bound is printed again at that rate.
+
+    With -md DRAFT or --spec-type: speculative decoding of -n greedy tokens from a text prompt beside plain
+    decoding, -r times: tok/s, tokens and acceptance a pass, pass cost by tokens carried, the bound."""
     from hypura.bench.report import report
     from hypura.bench.run import BenchArgs, run
 
     args = BenchArgs(model, gpu_mem, ram, plan_file, parse_sizes("-p", n_prompt, 0), parse_sizes("-n", n_gen, 0),
                      ctx_size, fit_ctx, repetitions, threads, n_gpu_layers, flash_attn, profile_spec, expert_slots, seed,
-                     parse_sizes("--parallel", parallel, 1) if parallel else ())
+                     parse_sizes("--parallel", parallel, 1) if parallel else (), spec_from_flags(spec))
     result = run(args, say=lambda msg: click.echo(msg, err=True))
     for line in report(result):
         click.echo(line)

@@ -8,30 +8,17 @@ from pathlib import Path
 
 import click
 
-from hypura.cli.completion.speculative import SPEC_OPTIONS
+from hypura.cli.spec_flags import spec_from_flags, spec_options
 from hypura.errors import HypuraError
 from hypura.serve.settings import DEFAULT_HOST, DEFAULT_MAX_LOADED, DEFAULT_PORT
 from hypura.store.catalog import MODELS_DIR_ENV
 
 
-def _spec_options(command):
-    """llama-server's speculative decoding flags (hypura-cli's, one definition)."""
-    for decls, kw in reversed(SPEC_OPTIONS):
-        command = click.option(*decls, **kw)(command)
-    return command
-
-
-def _speculative(spec: dict):
+def speculative(spec: dict):
     """The --spec-* flags as the engine's SpecSettings; None (no speculation) without -md or --spec-type."""
-    from hypura.cli.completion.arg_values import ArgvError
-    from hypura.cli.completion.speculative import spec_settings
-
     from hypura.engine import EngineConfig
 
-    try:
-        settings = spec_settings(dict(spec))
-    except ArgvError as e:
-        raise HypuraError(str(e)) from None
+    settings = spec_from_flags(spec)
     EngineConfig(speculative=settings)  # what the engine refuses (a tree), refused before any model loads
     return settings
 
@@ -78,7 +65,7 @@ def _speculative(spec: dict):
               help="CPU threads for steps of one token per sequence (default: hypura.Llama's, physical cores).")
 @click.option("-tb", "--threads-batch", type=click.IntRange(1), default=None,
               help="CPU threads for steps of several tokens: prompts, several sequences (default: same as -t).")
-@_spec_options
+@spec_options
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key,
@@ -116,7 +103,7 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
                              host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
-                             cors_origins=cors_origins, timeout_s=timeout_s, speculative=_speculative(spec),
+                             cors_origins=cors_origins, timeout_s=timeout_s, speculative=speculative(spec),
                              llama_kwargs={**_threads(threads, threads_batch),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr

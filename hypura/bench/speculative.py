@@ -1,0 +1,111 @@
+"""Speculative decoding, `hypura bench --spec-type ... / -md DRAFT`: greedy decode of one sequence from a text
+prompt, plain (a token a llama_decode) and speculative (a verification pass a step), r times each: tok/s,
+tokens and accepted drafted tokens a pass, pass cost by tokens carried, drafting time, and the bound: the
+tokens a pass yields over the pass's bytes at the measured rates (bound.py at the pass's mean size)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypura.bench.bound import bound, llama_on_gpu
+from hypura.bench.single import spread
+from hypura.errors import HypuraError
+
+# a prompt that asks for what it holds: n-gram drafters find their matches in it; a draft model's agreement
+# with its target does not depend on the text
+PROMPT = ("Rewrite the text below, replacing 'GPU' with 'accelerator'. Change nothing else.\n\nHypura runs models "
+          "larger than GPU memory: the planner decides where every tensor lives, GPU memory, pinned RAM or disk, and "
+          "the weights that do not fit are streamed for every token.\n\nRewritten:\n")
+
+
+@dataclass(frozen=True)
+class SpecBenchSettings:
+    n_gen: int = 128
+    repeats: int = 3
+    prompt: str = PROMPT
+    plain: bool = True  # False: speculative runs only (a second load mode's, beside a plain run made before)
+
+    def __post_init__(self):
+        if self.n_gen < 2 or self.repeats < 1:
+            raise HypuraError("bench with speculation: want -n >= 2 (a first token, then passes) and -r >= 1")
+
+
+def run_spec_bench(llm, plan, spec, s: SpecBenchSettings, say=lambda msg: None, rates=None) -> dict:
+    """spec: the hypura.speculative.SpecSettings to verify with; rates: the machine's, for a bound without a plan."""
+    import llama_cpp
+
+    from hypura.speculative.generate import greedy
+    from hypura.speculative.settings import make_verifier
+    from hypura.speculative.verify import SpecStats
+
+    tokens = llm.tokenize(s.prompt.encode())
+    if len(tokens) + s.n_gen > llm.n_ctx():
+        raise HypuraError(f"the prompt ({len(tokens)} tokens) and -n {s.n_gen} do not fit the context {llm.n_ctx()}")
+    say("warm-up ...")
+    greedy(llm, tokens, 2)
+    plain, fast, stats = [], [], []
+    verifier = make_verifier(spec, llm, lambda t: llama_cpp.llama_vocab_is_eog(llm._model.vocab, t),
+                             n_threads=llm.n_threads, n_threads_batch=llm.n_threads_batch)
+    try:
+        for i in range(s.repeats):
+            say(f"run {i + 1}/{s.repeats}: {'plain, then ' if s.plain else ''}speculative ...")
+            if s.plain:
+                plain.append(greedy(llm, tokens, s.n_gen))
+            verifier.stats = SpecStats()  # each run's own passes
+            fast.append(greedy(llm, tokens, s.n_gen, verifier))
+            stats.append(verifier.stats.summary())
+    finally:
+        verifier.close()
+    last = stats[-1]
+    result = {
+        "settings": {"n_gen": s.n_gen, "repeats": s.repeats, "n_prompt": len(tokens), "n_threads": llm.n_threads,
+                     "spec": {"type": spec.type, "draft_model": str(spec.draft_model) if spec.draft_model else None,
+                              "n_max": spec.n_max, "n_min": spec.n_min, "tree": spec.tree}},
+        "plain_tok_s": spread([r.tok_s for r in plain]),  # {} without plain runs
+        "spec_tok_s": spread([r.tok_s for r in fast]),
+        "tokens_per_pass": spread([x["tokens_per_pass"] for x in stats]),
+        "acceptance": spread([x["acceptance"] for x in stats]),
+        "pass_ms": spread([x["pass_ms"] for x in stats]),
+        "draft_ms": spread([x["draft_ms"] for x in stats]),
+        "pass_ms_by_tokens": last["pass_ms_by_tokens"],
+        "greedy_identical": all(a.tokens == b.tokens for a, b in zip(plain, fast)) if plain else None,
+        "draft_on_gpu": llm.decision.beside_on_gpu,
+    }
+    if plain:
+        result["speedup"] = result["spec_tok_s"]["median"] / result["plain_tok_s"]["median"]
+    carried = _mean_tokens_carried(last)
+    on_gpu = None if plan is not None or rates is None else llama_on_gpu(llm.model_params.n_gpu_layers,
+                                                                          llm.header.n_layer, rates.has_gpu)
+    b = bound(llm.header, plan, rates, carried, on_gpu=on_gpu)
+    if b is not None:  # a pass of `carried` tokens yields tokens_per_pass of them
+        step_s = carried / b["decode_tok_s"]
+        result["bound"] = dict(b, pass_tokens=carried, decode_tok_s=result["tokens_per_pass"]["median"] / step_s)
+        result["bound_ratio"] = result["spec_tok_s"]["median"] / result["bound"]["decode_tok_s"]
+    return result
+
+
+def _mean_tokens_carried(summary: dict) -> int:
+    """The tokens a pass carried, on the whole (the bound's step size): drafted + 1, rounded."""
+    drafted = summary["accepted_per_pass"] / summary["acceptance"] if summary["acceptance"] else 0.0
+    return max(1, round(drafted + 1))
+
+
+def spec_report(r: dict) -> list[str]:
+    m = lambda key, f: f"{r[key]['median']:{f}} ({r[key]['min']:{f}}-{r[key]['max']:{f}})"  # noqa: E731
+    s = r["settings"]["spec"]
+    what = s["type"] + (f" with {s['draft_model']}" if s["draft_model"] else "") + (f", tree {s['tree']}" if s["tree"] else "")
+    where = {True: ", the draft on the GPU", False: ", the draft in RAM"}.get(r.get("draft_on_gpu"), "")
+    by = ", ".join(f"{n}: {ms:.1f}" for n, ms in r["pass_ms_by_tokens"].items())
+    versus = (f"  ({r['speedup']:.2f}x plain; greedy output {'identical' if r['greedy_identical'] else 'DIFFERS'})"
+              if r["plain_tok_s"] else "")
+    lines = [f"speculative {what}{where}: -n {r['settings']['n_gen']}, median (min-max) of {r['settings']['repeats']}",
+             *([f"plain       {m('plain_tok_s', '.2f')} tok/s"] if r["plain_tok_s"] else []),
+             f"speculative {m('spec_tok_s', '.2f')} tok/s{versus}",
+             f"per pass    {m('tokens_per_pass', '.2f')} tokens, acceptance {m('acceptance', '.2f')}, "
+             f"pass {m('pass_ms', '.1f')} ms, drafting {m('draft_ms', '.1f')} ms",
+             f"pass ms by tokens carried: {by or 'n/a'}"]
+    if r.get("bound"):
+        b = r["bound"]
+        lines.append(f"bound       {b['decode_tok_s']:9.2f} tok/s  (a pass of {b['pass_tokens']} tokens: {b['limit']}); "
+                     f"measured/bound {r['bound_ratio']:.2f}")
+    return lines

@@ -1,0 +1,26 @@
+"""llama-server's speculative decoding flags on `hypura serve` and `hypura bench`: hypura-cli's definitions
+(cli/completion/speculative.py), as click options and as SpecSettings."""
+
+from __future__ import annotations
+
+import click
+
+from hypura.cli.completion.speculative import SPEC_OPTIONS
+from hypura.errors import HypuraError
+
+
+def spec_options(command):
+    for decls, kw in reversed(SPEC_OPTIONS):
+        command = click.option(*decls, **kw)(command)
+    return command
+
+
+def spec_from_flags(spec: dict):
+    """The --spec-* flags as SpecSettings; None (no speculation) without -md or --spec-type."""
+    from hypura.cli.completion.arg_values import ArgvError
+    from hypura.cli.completion.speculative import spec_settings
+
+    try:
+        return spec_settings(dict(spec))
+    except ArgvError as e:
+        raise HypuraError(str(e)) from None
