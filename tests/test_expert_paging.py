@@ -248,6 +248,10 @@ def test_llama_threads_leave_spare_cores_to_the_pager(monkeypatch):
     for physical, paged, threads in [(2, True, 2), (4, True, 4), (8, True, 6), (16, True, 12), (16, False, 16)]:
         monkeypatch.setattr(expert_paging, "cores", lambda: (physical, 2 * physical))
         assert expert_paging.llama_threads(paged) == threads
+    # a small machine whose decode waits on dense layers read from disk leaves a core to the reader
+    for physical, threads in [(1, 1), (2, 1), (4, 3), (8, 8)]:
+        monkeypatch.setattr(expert_paging, "cores", lambda: (physical, 2 * physical))
+        assert expert_paging.llama_threads(False, waits_on_disk_layers=True) == threads
 
 
 def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tiny_qwen3moe, monkeypatch):

@@ -217,3 +217,23 @@ def test_streamed_logits_equal_resident_without_repacking(tiny_llama, n_threads,
     with opened(tiny_llama, streamed(plan, range(plan.n_layer), slots=2), n_threads) as llm:
         assert all(llm.tensor_buffer(t.name) != "CPU_REPACK" for t in plan.tensors)
         assert np.array_equal(prompt_logits(llm), want)
+
+
+def test_a_small_machine_waiting_on_disk_layers_leaves_a_core_to_the_reader(smollm2_path, ram_plan, monkeypatch):
+    from hypura.runtime import runtime
+    from hypura.runtime.moe import expert_paging
+
+    two_cores = lambda: (2, 2)  # noqa: E731
+    monkeypatch.setattr(expert_paging, "cores", two_cores)
+    monkeypatch.setattr(runtime, "cores", two_cores)
+    on_disk = streamed(ram_plan, ALL, slots=2)
+    waits = dataclasses.replace(on_disk, prediction=dataclasses.replace(  # the disk 10x slower than the CPU
+        on_disk.prediction, decode_limit="disk", seconds={"cpu": 0.01, "disk": 0.1}))
+    computes = dataclasses.replace(waits, prediction=dataclasses.replace(  # one core would make the CPU the limit
+        waits.prediction, seconds={"cpu": 0.06, "disk": 0.1}))
+    for plan, threads in [(waits, 1), (computes, 2), (ram_plan, 2)]:
+        llm = hypura.Llama(str(smollm2_path), plan=plan, n_ctx=256, verbose=False)
+        try:
+            assert (llm.n_threads, llm.n_threads_batch) == (threads, threads)
+        finally:
+            llm.close()

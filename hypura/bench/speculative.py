@@ -93,7 +93,8 @@ def _mean_tokens_carried(summary: dict) -> int:
 def spec_report(r: dict) -> list[str]:
     m = lambda key, f: f"{r[key]['median']:{f}} ({r[key]['min']:{f}}-{r[key]['max']:{f}})"  # noqa: E731
     s = r["settings"]["spec"]
-    what = s["type"] + (f" with {s['draft_model']}" if s["draft_model"] else "") + (f", tree {s['tree']}" if s["tree"] else "")
+    what = (s["type"] + (f" with {s['draft_model']}" if s["draft_model"] else "")
+            + (f", tree {s['tree']}" if s["tree"] else ""))
     where = {True: ", the draft on the GPU", False: ", the draft in RAM"}.get(r.get("draft_on_gpu"), "")
     by = ", ".join(f"{n}: {ms:.1f}" for n, ms in r["pass_ms_by_tokens"].items())
     versus = (f"  ({r['speedup']:.2f}x plain; greedy output {'identical' if r['greedy_identical'] else 'DIFFERS'})"
@@ -106,6 +107,6 @@ def spec_report(r: dict) -> list[str]:
              f"pass ms by tokens carried: {by or 'n/a'}"]
     if r.get("bound"):
         b = r["bound"]
-        lines.append(f"bound       {b['decode_tok_s']:9.2f} tok/s  (a pass of {b['pass_tokens']} tokens: {b['limit']}); "
-                     f"measured/bound {r['bound_ratio']:.2f}")
+        lines.append(f"bound       {b['decode_tok_s']:9.2f} tok/s  (a pass of {b['pass_tokens']} tokens: "
+                     f"{b['limit']}); measured/bound {r['bound_ratio']:.2f}")
     return lines

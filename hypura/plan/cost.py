@@ -4,9 +4,12 @@ Decode, per step: each of `parallel` sequences (llama.cpp's n_seq_max, the engin
 token. Every path moves its bytes concurrently (copies and disk reads are issued layers ahead by the
 prefetcher), but GPU and CPU compute run one after the other, because layer L+1 needs layer L's output:
 
-    step = max(gpu time + cpu time + op-offload copies + fixed costs,  link_bytes/link_rate,
-               disk_bytes/disk_rate, (cpu_bytes + link_bytes)/(RAM the two share));
+    step = max(gpu time + cpu time + op-offload copies + paged experts' reads + fixed costs,
+               link_bytes/link_rate, disk_bytes/disk_rate, (cpu_bytes + link_bytes)/(RAM the two share));
     aggregate decode tok/s = parallel / step
+
+Experts read from disk where the routers send decode (paged) are the exception to the overlap: each is
+read after its layer's router and before its matmul, so the compute waits for it.
 
 A device's time is its weight bytes at its read rate (measured by one-token decode, that token's
 compute included) plus the FLOPs of the step's other tokens at its matmul rate: CPU matmuls turn
@@ -156,6 +159,9 @@ def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, o
             # op offload's pageable copies hold the link while they run, beside the streamed ones
             "link": _div(link, r.link_beside(cpu)) + _div(offload, r.pageable_rate),
             "disk": r.disk_seconds(disk, expert_disk),
+            # experts read where the routers send decode are read after the router and before their matmuls: the
+            # compute waits for them (bench/RESULTS.md moe-paging-cpu: the sum predicts, the larger of the two did not)
+            "paged": _div(expert_disk, r.expert_disk_read or r.disk_read),
             # both read RAM: with the CPU busy too, the two share its bandwidth (knobs.RAM_SHARED_HEADROOM)
             "ram": _div(cpu + link, r.cpu_read * knobs.RAM_SHARED_HEADROOM) if cpu > 0 and link > 0
             and not r.unified else 0.0}
@@ -224,7 +230,7 @@ class StepLoad:
         """The step's time without fixed costs: what the solver's split minimises."""
         s = decode_seconds(**self.paths(), link=self.link, disk=self.disk, expert_disk=self.expert_disk,
                            r=self.rates, parallel=self.parallel)
-        return max(s[GPU] + s[CPU] + s["offload"], s["link"], s["disk"], s["ram"])
+        return max(s[GPU] + s[CPU] + s["offload"] + s["paged"], s["link"], s["disk"], s["ram"])
 
 
 def predict(t: Traffic, r: Rates) -> Prediction:
@@ -233,11 +239,11 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
     streaming = t.link_bytes > 0 or t.disk_bytes > 0
     overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
-    paths = {"compute": s[GPU] + s[CPU] + s["offload"] + overhead, "link": s["link"], "disk": s["disk"],
+    paths = {"compute": s[GPU] + s[CPU] + s["offload"] + s["paged"] + overhead, "link": s["link"], "disk": s["disk"],
              "ram": s["ram"]}
     limit = max(paths, key=paths.get)
     if limit == "compute":
-        parts = {GPU: s[GPU] + gpu_fixed, CPU: s[CPU] + cpu_fixed, "offload": s["offload"]}
+        parts = {GPU: s[GPU] + gpu_fixed, CPU: s[CPU] + cpu_fixed, "offload": s["offload"], "disk": s["paged"]}
         limit = max(parts, key=parts.get)  # max() keeps the first of equals: gpu
     step_s = max(paths.values())
 

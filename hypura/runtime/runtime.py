@@ -25,6 +25,7 @@ from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan import Plan
 from hypura.profile.devices import has_gpu
+from hypura.profile.host import cores
 from hypura.runtime.dense.layer_streamer import LayerStreamer
 from hypura.runtime.dense.stream_layout import StreamLayout
 from hypura.runtime.mechanism import Mechanism
@@ -159,13 +160,21 @@ class Runtime:
 
     def threads(self, n_threads: Optional[int], n_threads_batch: Optional[int]) -> tuple[int, Optional[int]]:
         """llama.cpp's CPU threads: unset, its default (physical cores), less a quarter when experts page from
-        disk; the batch's, unset, as n_threads where Hypura chose that or experts page."""
+        disk, less one on a small machine whose decode waits on dense layers read from disk (llama_threads);
+        the batch's, unset, as n_threads where Hypura chose that or experts page."""
         chosen = not n_threads
         if chosen:
-            n_threads = llama_threads(paged=self.pager is not None)
+            n_threads = llama_threads(self.pager is not None, self._waits_on_disk_layers())
         if not n_threads_batch and (chosen or self.pager is not None):
             n_threads_batch = n_threads
         return n_threads, n_threads_batch
+
+    def _waits_on_disk_layers(self) -> bool:
+        """The plan's decode waits on dense layers read from disk, and would with a core fewer computing."""
+        if self.plan is None or self.pager is not None or self.plan.prediction.decode_limit != "disk":
+            return False
+        s, n = self.plan.prediction.seconds, cores()[0]
+        return n > 1 and s.get("cpu", 0.0) * n / (n - 1) + s.get("gpu", 0.0) < s.get("disk", 0.0)
 
     # --- the load -------------------------------------------------------------------------------
     def own(self, close: Callable[[], None]) -> None:

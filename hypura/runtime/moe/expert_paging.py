@@ -79,13 +79,17 @@ def spare_cores(n: int) -> int:
     return n // 4 if n >= SPARE_CORES_MIN else 0
 
 
-def llama_threads(paged: bool) -> int:
+def llama_threads(paged: bool, waits_on_disk_layers: bool = False) -> int:
     """llama.cpp's CPU threads when none are given: its own default (physical cores), less the spare cores when
     experts page from disk. libgomp's workers spin for milliseconds after each CPU split; on every core, they
     took the cores the router hook's reads need (H200, paged Qwen-shaped decode: 1.9 tok/s at 16 threads, 4.4
-    at 12)."""
+    at 12). Below SPARE_CORES_MIN cores, a decode that waits on dense layers read from disk (and would still
+    wait with a core fewer) leaves one to the reader: a 2-core VM streaming 3.1 GB a token of a llama3.1-8b
+    shape read 1.2 GB/s at 2 threads (0.38 tok/s), 1.7 GB/s at 1 (0.53)."""
     physical = cores()[0]
-    return physical - spare_cores(physical) if paged else physical
+    if paged:
+        return physical - spare_cores(physical)
+    return physical - 1 if waits_on_disk_layers and 1 < physical < SPARE_CORES_MIN else physical
 
 
 def fault_in_threads() -> int:
