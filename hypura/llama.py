@@ -135,8 +135,8 @@ class Llama(llama_cpp.Llama):
 
         draft_beside: a draft GGUF that will be loaded beside this model (hypura-cli's -md, the engine's
             speculation; a draft_model given as a path or a DraftTree sets it): the decision keeps its memory
-            within the budgets or the free memory, on the GPU while it is a small share of it, else in RAM
-            (hypura.plan.beside), and the draft loads there.
+            within the budgets or the free memory, on the GPU or in RAM, whichever the plans predict makes
+            the faster speculative pass (hypura.plan.beside), and the draft loads there.
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.

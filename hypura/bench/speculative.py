@@ -73,7 +73,7 @@ def run_spec_bench(llm, plan, spec, s: SpecBenchSettings, say=lambda msg: None, 
     }
     if plain:
         result["speedup"] = result["spec_tok_s"]["median"] / result["plain_tok_s"]["median"]
-    carried = _mean_tokens_carried(last)
+    carried = max(1, round(last["drafted_per_pass"] + 1))  # the tokens a pass carried, on the whole
     on_gpu = None if plan is not None or rates is None else llama_on_gpu(llm.model_params.n_gpu_layers,
                                                                           llm.header.n_layer, rates.has_gpu)
     b = bound(llm.header, plan, rates, carried, on_gpu=on_gpu)
@@ -82,12 +82,6 @@ def run_spec_bench(llm, plan, spec, s: SpecBenchSettings, say=lambda msg: None, 
         result["bound"] = dict(b, pass_tokens=carried, decode_tok_s=result["tokens_per_pass"]["median"] / step_s)
         result["bound_ratio"] = result["spec_tok_s"]["median"] / result["bound"]["decode_tok_s"]
     return result
-
-
-def _mean_tokens_carried(summary: dict) -> int:
-    """The tokens a pass carried, on the whole (the bound's step size): drafted + 1, rounded."""
-    drafted = summary["accepted_per_pass"] / summary["acceptance"] if summary["acceptance"] else 0.0
-    return max(1, round(drafted + 1))
 
 
 def spec_report(r: dict) -> list[str]:

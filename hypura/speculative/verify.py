@@ -51,6 +51,7 @@ class SpecStats:
         p = max(self.passes, 1)
         return {
             "passes": self.passes, "tokens_per_pass": self.emitted / p, "accepted_per_pass": self.accepted / p,
+            "drafted_per_pass": self.drafted / p,
             "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
             "pass_ms": 1e3 * self.pass_s / p, "draft_ms": 1e3 * self.draft_s / p,
             "tok_s": self.emitted / (self.pass_s + self.draft_s) if self.pass_s else 0.0,
