@@ -228,12 +228,14 @@ def test_a_small_machine_waiting_on_disk_layers_leaves_a_core_to_the_reader(smol
     monkeypatch.setattr(runtime, "cores", two_cores)
     on_disk = streamed(ram_plan, ALL, slots=2)
     waits = dataclasses.replace(on_disk, prediction=dataclasses.replace(  # the disk 10x slower than the CPU
-        on_disk.prediction, decode_limit="disk", seconds={"cpu": 0.01, "disk": 0.1}))
+        on_disk.prediction, decode_limit="disk", seconds={"cpu": 0.01, "disk": 0.1}, prefill_limit="disk"))
+    prefill_computes = dataclasses.replace(waits, prediction=dataclasses.replace(waits.prediction,
+                                                                                  prefill_limit="compute"))
     computes = dataclasses.replace(waits, prediction=dataclasses.replace(  # one core would make the CPU the limit
         waits.prediction, seconds={"cpu": 0.06, "disk": 0.1}))
-    for plan, threads in [(waits, 1), (computes, 2), (ram_plan, 2)]:
+    for plan, threads in [(waits, (1, 1)), (prefill_computes, (1, 2)), (computes, (2, 2)), (ram_plan, (2, 2))]:
         llm = hypura.Llama(str(smollm2_path), plan=plan, n_ctx=256, verbose=False)
         try:
-            assert (llm.n_threads, llm.n_threads_batch) == (threads, threads)
+            assert (llm.n_threads, llm.n_threads_batch) == threads
         finally:
             llm.close()

@@ -161,12 +161,16 @@ class Runtime:
     def threads(self, n_threads: Optional[int], n_threads_batch: Optional[int]) -> tuple[int, Optional[int]]:
         """llama.cpp's CPU threads: unset, its default (physical cores), less a quarter when experts page from
         disk, less one on a small machine whose decode waits on dense layers read from disk (llama_threads);
-        the batch's, unset, as n_threads where Hypura chose that or experts page."""
+        the batch's, unset, as n_threads where Hypura chose that or experts page (all cores again where only
+        decode waits on the disk and prefill computes)."""
         chosen = not n_threads
+        waits = chosen and self._waits_on_disk_layers()
         if chosen:
-            n_threads = llama_threads(self.pager is not None, self._waits_on_disk_layers())
+            n_threads = llama_threads(self.pager is not None, waits)
         if not n_threads_batch and (chosen or self.pager is not None):
-            n_threads_batch = n_threads
+            # a prompt's micro-batch that the plan predicts compute-bound takes the reader's core back
+            n_threads_batch = llama_threads(False) if waits and self.plan.prediction.prefill_limit == "compute" \
+                else n_threads
         return n_threads, n_threads_batch
 
     def _waits_on_disk_layers(self) -> bool:

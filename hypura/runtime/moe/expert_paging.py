@@ -85,7 +85,8 @@ def llama_threads(paged: bool, waits_on_disk_layers: bool = False) -> int:
     took the cores the router hook's reads need (H200, paged Qwen-shaped decode: 1.9 tok/s at 16 threads, 4.4
     at 12). Below SPARE_CORES_MIN cores, a decode that waits on dense layers read from disk (and would still
     wait with a core fewer) leaves one to the reader: a 2-core VM streaming 3.1 GB a token of a llama3.1-8b
-    shape read 1.2 GB/s at 2 threads (0.38 tok/s), 1.7 GB/s at 1 (0.53)."""
+    shape read 1.1-1.3 GB/s beside 2 threads, 1.5-1.7 beside 1 (decode 0.38 and 0.49 tok/s, medians of
+    alternating runs)."""
     physical = cores()[0]
     if paged:
         return physical - spare_cores(physical)
