@@ -14,11 +14,10 @@ from __future__ import annotations
 import logging
 
 import llama_cpp
-import numpy as np
 
 from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
-from hypura.speculative.draft_model import load_beside
+from hypura.speculative.draft_model import kept_prefix, load_beside, top_token
 
 log = logging.getLogger("hypura.engine")
 
@@ -48,12 +47,8 @@ class BatchedDraft:
         for slot, history, k in wants:
             if k <= 0:
                 continue
-            cached, keep = self.cached[slot], 0
-            for a, b in zip(cached, history):
-                if a != b:
-                    break
-                keep += 1
-            keep = min(keep, len(history) - 1)  # the last token is decoded again: its logits are needed
+            cached = self.cached[slot]
+            keep = kept_prefix(cached, history)
             llama_cpp.llama_memory_seq_rm(self._mem, slot, keep, -1)
             del cached[keep:]
             pending[slot], limit[slot] = list(history[keep:]), k
@@ -100,10 +95,7 @@ class BatchedDraft:
         if self.llm.decode_batch(self._batch, decode=True) != 0:
             raise HypuraError("the draft model's llama_decode failed")
         for slot, i in ends:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
-            token = int(np.argmax(logits))
-            p = 1.0 if self.p_min <= 0.0 else float(1.0 / np.exp(logits - logits[token]).sum())
-            tops[slot] = (token, p)
+            tops[slot] = top_token(self._ctx, i, self.n_vocab, self.p_min)
 
     def close(self) -> None:
         self._batch.close()

@@ -35,12 +35,7 @@ class DraftModel:
 
     def _sync(self, history: Sequence[int]) -> None:
         """The draft's cache holds `history`, its last token's logits ready."""
-        keep = 0
-        for a, b in zip(self.cached, history):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(history) - 1)  # decode at least the last token: its logits are needed
+        keep = kept_prefix(self.cached, history)
         mem = llama_cpp.llama_get_memory(self.llm.ctx)
         llama_cpp.llama_memory_seq_rm(mem, 0, keep, -1)
         self.cached = list(history[:keep])
@@ -51,21 +46,13 @@ class DraftModel:
                 raise RuntimeError("the draft model's llama_decode failed")
             self.cached += chunk
 
-    def _top(self) -> tuple[int, float]:
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
-        tok = int(np.argmax(logits))
-        if self.p_min <= 0.0:
-            return tok, 1.0
-        z = logits - logits[tok]
-        return tok, float(1.0 / np.exp(z).sum())
-
     def draft(self, history: Sequence[int], n_max: int) -> list[int]:
         if n_max <= 0 or not history:
             return []
         self._sync(history)
         out: list[int] = []
         while True:
-            tok, p = self._top()
+            tok, p = top_token(self.llm.ctx, -1, self.n_vocab, self.p_min)
             if p < self.p_min:
                 break
             out.append(tok)
@@ -78,6 +65,19 @@ class DraftModel:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def kept_prefix(cached: Sequence[int], history: Sequence[int]) -> int:
+    """How much of a draft's KV (`cached`) serves `history`: the prefix they share, less history's last token,
+    which is decoded again (its logits are needed)."""
+    return min(llama_cpp.Llama.longest_token_prefix(cached, history), len(history) - 1)
+
+
+def top_token(ctx, i: int, n_vocab: int, p_min: float) -> tuple[int, float]:
+    """The draft's greedy token at output i and its probability (1.0 when no p_min asks for it)."""
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+    tok = int(np.argmax(logits))
+    return tok, 1.0 if p_min <= 0.0 else float(1.0 / np.exp(logits - logits[tok]).sum())
 
 
 def draft_path(draft_model) -> Optional[str]:
