@@ -81,9 +81,15 @@ class Solution:
 def step_rates(mu: ModelUnits, sol: Solution, rates: Rates, settings: PlanSettings) -> tuple[float, ...]:
     """The predicted aggregate tok/s of each step size of the solution's table."""
     kv = sol.memory[sol.kv_tier]["kv"]
-    return tuple(predict(traffic(mu, sol.tiers, path_at(sol.compute, sol.tiers, sol.steps, k), sol.kv_tier, kv, rates,
-                                 settings.n_ubatch, k, sol.traffic.op_offload), rates).decode_tok_s
-                 for k, _ in sol.steps)
+    return tuple(predict_step(mu, sol.tiers, sol.compute, sol.steps, sol.kv_tier, kv, rates, settings.n_ubatch, k,
+                              sol.traffic.op_offload).decode_tok_s for k, _ in sol.steps)
+
+
+def predict_step(mu: ModelUnits, tiers, compute, steps: tuple, kv_tier: str, kv: int, rates: Rates, n_ubatch: int,
+                 tokens: int, op_offload: bool) -> Prediction:
+    """The prediction for a step of `tokens` tokens on its own path through the placement (path_at)."""
+    return predict(traffic(mu, tiers, path_at(compute, tiers, steps, tokens), kv_tier, kv, rates, n_ubatch, tokens,
+                           op_offload), rates)
 
 
 def path_at(base, tiers, steps: tuple, tokens: int | None) -> list[str]:
@@ -305,15 +311,17 @@ class _Problem:
         }
         tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch, self.s.parallel, op_offload)
         prediction = predict(tr, self.r)
+
+        def at(k: int) -> Prediction:
+            return predict_step(self.mu, tiers, compute, steps, kv_tier, self.kv, self.r, self.s.n_ubatch, k, op_offload)
+
         if steps:  # a prompt's micro-batch is one more step, with its own path: all RAM layers streamed, mostly
-            batch = predict(traffic(self.mu, tiers, path_at(compute, tiers, steps, self.s.n_ubatch), kv_tier, self.kv,
-                                    self.r, self.s.n_ubatch, self.s.n_ubatch, op_offload), self.r)
+            batch = at(self.s.n_ubatch)
             prediction = dataclasses.replace(prediction, prefill_tok_s=batch.decode_tok_s,
                                              prefill_limit="link" if batch.decode_limit in ("link", "disk") else "compute")
         one = None
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
-            one = predict(traffic(self.mu, tiers, path_at(compute, tiers, steps, 1), kv_tier, self.kv, self.r,
-                                  self.s.n_ubatch, 1, op_offload), self.r)
+            one = at(1)
         return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
                         solver, config, steps, one)
 
