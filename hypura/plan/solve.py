@@ -318,7 +318,7 @@ class _Problem:
         if steps:  # a prompt's micro-batch is one more step, with its own path: all RAM layers streamed, mostly
             batch = at(self.s.n_ubatch)
             prediction = dataclasses.replace(prediction, prefill_tok_s=batch.decode_tok_s,
-                                             prefill_limit="link" if batch.decode_limit in ("link", "disk") else "compute")
+                                             prefill_limit=batch.decode_limit if batch.decode_limit in ("link", "disk") else "compute")
         one = None
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
             one = at(1)
