@@ -188,9 +188,7 @@ class Engine:
             thread.join()
         if thread is None:
             self._end_all("engine closed")
-            self._batch.close()
-            if self._spec is not None:
-                self._spec.close()
+            self._free()
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -227,9 +225,13 @@ class Engine:
             with self._cond:
                 self._stopped = reason
             self._end_all(reason)
-            self._batch.close()
-            if self._spec is not None:
-                self._spec.close()
+            self._free()
+
+    def _free(self) -> None:
+        """The engine's own llama.cpp objects: its batch, and a draft model when it speculates."""
+        self._batch.close()
+        if self._spec is not None:
+            self._spec.close()
 
     def _end_all(self, reason: str) -> None:
         with self._cond:
