@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.bench.bound import bound, llama_on_gpu
+from hypura.bench.bound import run_bound
 from hypura.bench.single import spread
 from hypura.engine.config import EngineConfig
 from hypura.engine.engine import Engine
@@ -93,7 +93,7 @@ def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambd
             runs.append(_run(llm, s, b, s.n_gen, rng))
             progress(f"{b} sequences, run {i + 1}/{s.repeats}: prefill {runs[-1]['prefill_tok_s']:.1f} tok/s, "
                      f"decode {runs[-1]['decode_tok_s']:.2f} tok/s")
-        bound = _bound(llm, plan, rates, b)
+        bound = run_bound(llm, plan, rates, b)
         dec = spread([r["decode_tok_s"] for r in runs]) if s.n_gen else {}
         row = {"parallel": b, "prefill_tok_s": spread([r["prefill_tok_s"] for r in runs]), "decode_tok_s": dec,
                "llama_decode_tok_s": spread([b * s.n_gen / r["llama_decode_s"] for r in runs if r["llama_decode_s"]]),
@@ -104,16 +104,6 @@ def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambd
         row["predicted"] = predicted(llm.header, plan, b)
         sizes.append(row)
     return {"settings": {**s.__dict__, "parallel": list(s.parallel)}, "sizes": sizes}
-
-
-def _bound(llm, plan, rates, b: int) -> Optional[dict]:
-    """The bound at steps of b tokens, the plan's or llama.cpp's placement's (bound.py)."""
-    if plan is not None:
-        return bound(llm.header, plan, None, b)
-    if rates is None:
-        return None
-    on_gpu = llama_on_gpu(llm.model_params.n_gpu_layers, llm.header.n_layer, rates.has_gpu)
-    return bound(llm.header, None, rates, b, on_gpu=on_gpu)
 
 
 def predicted(header, plan, b: int) -> Optional[dict]:

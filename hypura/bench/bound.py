@@ -87,6 +87,17 @@ def bound(header, plan, rates, b: int = 1, on_gpu: Optional[bool] = None,
             "step_seconds": terms, "step_bytes": paths}
 
 
+def run_bound(llm, plan, rates, b: int = 1) -> Optional[dict]:
+    """The bound at steps of b tokens of a loaded hypura.Llama: its plan's, else llama.cpp's placement's at `rates`
+    (None without them)."""
+    if plan is not None:
+        return bound(llm.header, plan, None, b)
+    if rates is None:
+        return None
+    return bound(llm.header, None, rates, b, on_gpu=llama_on_gpu(llm.model_params.n_gpu_layers, llm.header.n_layer,
+                                                                  rates.has_gpu))
+
+
 def expert_cache_bound(header, rates, experts: dict) -> Optional[dict]:
     """For a run with expert caches: tok/s if a decode token only read its weights from GPU memory (the
     non-expert tensors and k experts a MoE layer) and loaded the experts it missed, as measured, over

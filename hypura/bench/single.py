@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.bench.bound import bound, expert_cache_bound, honest, llama_on_gpu
+from hypura.bench.bound import bound, expert_cache_bound, honest, run_bound
 from hypura.errors import HypuraError
 from hypura.plan import Plan
 
@@ -133,6 +133,5 @@ def _bound(llm, plan, rates, stats: dict, decoded: bool) -> Optional[dict]:
         return None
     b = expert_cache_bound(llm.header, rates, stats.get("experts"))
     if b is None and plan is None:
-        on_gpu = llama_on_gpu(llm.model_params.n_gpu_layers, llm.header.n_layer, rates.has_gpu)
-        b = bound(llm.header, None, rates, 1, on_gpu=on_gpu)
+        b = run_bound(llm, None, rates, 1)
     return b

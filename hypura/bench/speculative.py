@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypura.bench.bound import bound, llama_on_gpu
+from hypura.bench.bound import run_bound
 from hypura.bench.single import spread
 from hypura.errors import HypuraError
 
@@ -74,9 +74,7 @@ def run_spec_bench(llm, plan, spec, s: SpecBenchSettings, say=lambda msg: None, 
     if plain:
         result["speedup"] = result["spec_tok_s"]["median"] / result["plain_tok_s"]["median"]
     carried = max(1, round(last["drafted_per_pass"] + 1))  # the tokens a pass carried, on the whole
-    on_gpu = None if plan is not None or rates is None else llama_on_gpu(llm.model_params.n_gpu_layers,
-                                                                          llm.header.n_layer, rates.has_gpu)
-    b = bound(llm.header, plan, rates, carried, on_gpu=on_gpu)
+    b = run_bound(llm, plan, rates, carried)
     if b is not None:  # a pass of `carried` tokens yields tokens_per_pass of them
         step_s = carried / b["decode_tok_s"]
         result["bound"] = dict(b, pass_tokens=carried, decode_tok_s=result["tokens_per_pass"]["median"] / step_s)
