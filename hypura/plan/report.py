@@ -89,6 +89,8 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
     out.append(f"context  {plan.n_ctx} tokens: KV cache {fmt_size(plan.kv_bytes)} on {plan.kv_tier}; "
                f"micro-batch {plan.n_ubatch}")
     out.append(f"mode     {plan.mode}  ({plan.solver}: {plan.config})")
+    if plan.why:
+        out.append(f"chosen   {plan.why}")
     out.append("")
     rows = [["tier", "budget", "weights", "kv", "buffers", "used", "tensors", "experts"]]
     count = plan.tensors_by_tier()

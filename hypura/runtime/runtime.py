@@ -109,8 +109,11 @@ class Runtime:
         self.params.need("model_params", "a plan within a RAM budget", load_mode=llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
         if uses_gpu and not (plan.expert_slots or self.expert_cache):
             # read, CPU weights would take the GPU's pinned host buffers, which come before the repacking CPU ones:
-            # plain memory, as the profile measured the CPU's rate (an expert cache's experts stay pinned)
-            self.params.need("model_params", "CPU weights in plain memory", no_host=True)
+            # the hooks pin what the plan pins (plan_policy), the rest stays in plain memory
+            self.params.need("model_params", "CPU weights where the plan holds them", no_host=True)
+        if plan.traffic.host_pinned:
+            # pinned weights keep ggml's plain layout; the cost model reads every CPU weight at that one rate
+            self.params.need("model_params", "CPU weights held pinned", use_extra_bufts=False)
         if self.layout.layers(HOST_POOL):
             # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the 70B
             # on the CPU VM decoded 26.0 s a token with it, 16.0 without (bench/RESULTS.md, default-70b-cpu)
