@@ -11,7 +11,7 @@ rate is what a token of the whole model reads over the time those give it (all i
 rate, the head, the fixed part), as a run of the whole model on the CPU would measure it: a small model's
 output head is a large share of its token, and may run at another rate than its blocks. The `top` blocks are
 timed once more from ggml's plain layout (no repacking), as a plan that streams to a GPU holds its CPU weights
-(pinned): the ratio of the two steps scales the decode rate to `decode_bw_plain`. Bytes and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E).
+(pinned): the median ratio of paired steps scales the decode rate to `decode_bw_plain`. Bytes and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E).
 The prefill rate is 2 FLOP per weight of the extra blocks over a prompt's extra time. Without llama.cpp or
 a model, the RAM copy rate stands in (a proxy, and the method says so).
 """
@@ -102,21 +102,25 @@ class _Steps:
         self.llm.close()
 
 
-def time_steps(paths: list[str], threads: int, n_vocab: int, plain: bool = False) -> list[tuple[float, float, float]]:
+def time_steps(paths: list[str], threads: int, n_vocab: int,
+               plain: bool = False) -> tuple[list[tuple[float, float, float]], float | None]:
     """For each model: median seconds of a one-token decode step without logits and with them, and seconds of
-    a knobs.LLAMA_PROMPT_TOKENS prompt, on the CPU; the models take turns, step by step. plain: one more entry,
-    the last model again with its weights in ggml's plain layout."""
+    a knobs.LLAMA_PROMPT_TOKENS prompt, on the CPU; the models take turns, step by step. plain: also the last
+    model's weights in ggml's plain layout, timed beside it step for step: the median of the paired ratios
+    (repacked step / plain step, at most 1), else None."""
     tokens = [(7 + 13 * i) % n_vocab for i in range(knobs.LLAMA_PROMPT_TOKENS)]
-    runs = []
+    runs, unpacked = [], None
     try:
         for p in paths:
             runs.append(_Steps(Path(p), threads))
         if plain:
-            runs.append(_Steps(Path(paths[-1]), threads, plain=True))
+            unpacked = _Steps(Path(paths[-1]), threads, plain=True)
+            unpacked(tokens)
         for run in runs:
             run(tokens)  # warm-up: caches, buffers, an MoE block's experts (most of them)
         prompt = [min(run(tokens) for _ in range(2)) for run in runs]
         steps: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
+        ratios = []
         t0 = time.perf_counter()
         for i in range(knobs.LLAMA_DECODE_TOKENS):
             if i >= 3 and time.perf_counter() - t0 > knobs.LLAMA_DECODE_S:
@@ -125,9 +129,12 @@ def time_steps(paths: list[str], threads: int, n_vocab: int, plain: bool = False
                 # another token for the head's step: the same one would find its experts in the CPU's caches
                 bare.append(run([tokens[2 * i % len(tokens)]]))
                 head.append(run([tokens[(2 * i + 1) % len(tokens)]], logits=True))
-        return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)]
+            if unpacked is not None:  # paired with the step just before it: a load on the machine weighs on both
+                ratios.append(steps[-1][0][-1] / unpacked([tokens[2 * i % len(tokens)]]))
+        share = min(1.0, statistics.median(ratios)) if ratios else None
+        return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)], share
     finally:
-        for run in runs:
+        for run in runs + ([unpacked] if unpacked is not None else []):
             run.close()
 
 
@@ -146,12 +153,12 @@ def measure_model(model: Path, threads: int, folder: Path,
              f"({size / 1e9:.2f} GB copied) on {threads} thread(s)")
     with slices(header, counts, folder) as paths:
         # apart: the blocks loaded never count in the caller's RSS peak
-        timed = apart.call(time_steps, [str(paths[n]) for n in counts], threads,
-                           ModelDims.from_header(header).n_vocab, plain=True)
+        timed, share = apart.call(time_steps, [str(paths[n]) for n in counts], threads,
+                                  ModelDims.from_header(header).n_vocab, True)  # and the plain layout
     times = dict(zip(counts, timed))
     cpu = _rates(header, model.name, threads, base, top, times)
-    # the same `top` blocks read from the plain layout: the step's time against the repacked one's scales the rate
-    plain_bw = cpu.decode_bw * min(1.0, times[top][0] / timed[-1][0])
+    # the same `top` blocks read from the plain layout: the steps' paired ratio scales the rate
+    plain_bw = cpu.decode_bw * share
     progress(f"decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights ({plain_bw / 1e9:.1f} unrepacked), "
              f"prefill {cpu.prefill_flops / 1e9:.0f} GFLOP/s")
     return dataclasses.replace(cpu, decode_bw_plain=plain_bw)
