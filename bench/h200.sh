@@ -7,7 +7,7 @@
 # llama-batched-bench from it are vanilla llama.cpp of the same source.
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
-#   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
+#   phases: setup | ab | profile | defaults | prefill | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
 #           passes | serve-np16 | serve | store | spec | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
@@ -193,6 +193,33 @@ perstep)  # one load, every step at its path: the engine's plan for 32 sequences
     models_done
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-perstep-l70.json" \
         2>&1 | tail -8 | tee -a "$RES/summary.txt"
+    ;;
+prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one prompt of 512 / 2048 (/ 8192) tokens and
+    # 128-token prompts of 1 / 4 / 16 / 32 sequences, beside vanilla's mmap and -lm none (pinned host weights), one
+    # load of each; the plans Hypura chose (micro-batch, pinned CPU weights) from `inspect`
+    models_done
+    for cfg in mmap lmnone; do
+        lm=""; [ $cfg = mmap ] || lm="-lm none"
+        timeout 150 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -p 512,2048 -n 32 -r 2 -o json \
+            > "$RES/vanilla-q3-pp-$cfg.json" 2> /dev/null
+        note "q3 vanilla -ncmoe 41 $lm pp512 pp2048 tg32: $(tps "$RES/vanilla-q3-pp-$cfg.json")"
+        timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 $lm \
+            2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-$cfg.txt"
+        sed "s/^/q3 vanilla batched $cfg: /" "$RES/vanilla-batched-q3-$cfg.txt" | tee -a "$RES/summary.txt"
+        timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 14 $lm -p 512,2048 -n 0 -r 1 -o json \
+            > "$RES/vanilla-l70-pp-$cfg.json" 2> /dev/null
+        note "l70 vanilla -ngl 14 $lm pp512 pp2048: $(tps "$RES/vanilla-l70-pp-$cfg.json")"
+    done
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB --json "$RES/plan-q3-g4.json" 2>&1 | grep -E "context|mode|chosen|predict" \
+        | sed "s/^/q3 plan: /" | tee -a "$RES/summary.txt"
+    timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 512,2048 -n 32 -r 2 \
+        --json "$RES/hypura-q3-pp.json" 2>&1 | tail -6 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
+    timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 \
+        --json "$RES/hypura-batched-q3.json" 2>&1 | tail -7 | sed "s/^/q3 hypura batched: /" | tee -a "$RES/summary.txt"
+    hy inspect $M70 --gpu-mem 8GiB --ram 64GiB --json "$RES/plan-l70-g8.json" 2>&1 | grep -E "context|mode|chosen|predict" \
+        | sed "s/^/l70 plan: /" | tee -a "$RES/summary.txt"
+    timeout 240 python3 -m hypura.cli.main bench $M70 --gpu-mem 8GiB --ram 64GiB -p 512,2048,8192 -n 0 -r 1 \
+        --json "$RES/hypura-l70-pp.json" 2>&1 | tail -6 | sed "s/^/l70 hypura: /" | tee -a "$RES/summary.txt"
     ;;
 vanilla-best)  # vanilla's best at each size: mmap (its default), and -lm none with GGML_OP_OFFLOAD_MIN_BATCH=4 (pinned
     # host weights, op offload from 4 tokens; at 1 token it is -lm none, at 32 the default min batch's)

@@ -41,10 +41,11 @@ def largest_paying(plan, plan_at: Callable[[int], object], n_ctx: int):
         except HypuraError:
             break  # its compute buffer does not fit: no larger one will
         if alt.prediction.decode_tok_s < plan.prediction.decode_tok_s * (1 - knobs.MICROBATCH_DECODE_TOLERANCE):
-            continue
+            break  # a larger one gives weights up too
         s = turn_with_long_prompt(alt)
-        if s < best_s * (1 - knobs.MICROBATCH_GAIN_MIN):
-            best, best_s = alt, s
+        if s >= best_s * (1 - knobs.MICROBATCH_GAIN_MIN):
+            break  # the copies no longer bound the prompt
+        best, best_s = alt, s
     return best
 
 
