@@ -12,7 +12,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
-export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench llama-completion llama-batched-bench llama-speculative-simple"
+export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench llama-completion llama-batched-bench llama-speculative-simple ggml-rpc-server"
 export HYPURA_CMAKE_ARGS=-DLLAMA_BUILD_EXAMPLES=ON  # llama-speculative-simple is an example
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 export XDG_CACHE_HOME=/tmp/xdg  # a fresh machine: no cached profile, no recorded routing
@@ -87,7 +87,8 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
         lib=$(./build.sh lib 2> "$RES/build.log") || { tail -40 "$RES/build.log"; exit 1; }
         note "build: $((SECONDS - start)) s, lib: $lib"
         echo "$lib" > /tmp/hypura-lib
-        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench llama-completion llama-batched-bench llama-speculative-simple | xz -T16 -3) \
+        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench llama-completion llama-batched-bench llama-speculative-simple \
+            ggml-rpc-server | xz -T16 -3) \
             | split -b 15M -d - "$OUT/lib-$KEY.tar.xz.part"
     fi
     export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)
