@@ -281,6 +281,16 @@ spec)  # speculative decoding: the 70B at 8 GiB with a synthetic draft per agree
         done
     done
     ;;
+smoke)  # the MoE alone, once its model is written: the plan, one prompt of 2048 tokens and decode, beside vanilla -lm none
+    while ! grep -q wrote /tmp/synthq3.log 2> /dev/null; do sleep 5; done
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB 2>&1 | grep -E "context|mode|chosen|predict|prompts" | sed "s/^/q3 plan: /" \
+        | tee -a "$RES/summary.txt"
+    timeout 150 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 2048 -n 32 -r 1 \
+        --json "$RES/smoke-q3.json" 2>&1 | tail -12 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
+    timeout 90 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 -lm none -p 2048 -n 32 -r 1 -o json \
+        > "$RES/smoke-vanilla-q3.json" 2> /dev/null
+    note "q3 vanilla -ncmoe 41 -lm none pp2048 tg32: $(tps "$RES/smoke-vanilla-q3.json")"
+    ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null
     tar czf "$OUT/results.tgz" -C "$RES" .
