@@ -141,6 +141,7 @@ defaults)  # no placement flags, the GPU held by another process: vanilla's --fi
     # (a fresh $XDG_CACHE_HOME): the profile is measured on each model's own blocks; --stats: RSS peak beside budgets
     models_done
     args='-p "Once upon a time" -n 16 -no-cnv --temp 0'
+    export XDG_CACHE_HOME=/tmp/xdg-first-use  # no profile yet, whatever ran before
     hold_gpu 8.5
     eval "\"$(libdir)/llama-completion\" -m $M70 $args" > "$RES/vanilla-l70-default.txt" 2>&1
     note "l70 vanilla default @8.5: $(grep -a 'eval time' "$RES/vanilla-l70-default.txt" | tail -1)"
@@ -302,4 +303,5 @@ esac
 for p in "$@"; do
     echo "== $p $(date +%T)" | tee -a "$RES/summary.txt"
     phase "$p"
+    cp "$RES/summary.txt" "$OUT/summary.txt"  # back even when a later phase outlasts the call
 done
