@@ -25,6 +25,8 @@ def plan_layout(plan: Plan) -> StreamLayout:
 
 def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset()) -> PlacementPolicy:
     """paged: stacked expert tensors with disk experts (moe/expert_paging.py), host memory filled by Python."""
+    pinned = plan.traffic.host_pinned and not paged
+
     def policy(info: TensorInfo) -> Placement:
         streamed = layout.tensors.get(info.name)
         if streamed is not None:
@@ -35,7 +37,8 @@ def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset())
         if plan.placement(info.name).tier == GPU:
             return Placement(tier=Tier.GPU)
         # a plan that streams to the GPU holds its CPU weights pinned: op offload copies a batch's share at the
-        # link's rate (plan/cost.py, host_pinned)
-        return Placement(tier=Tier.PINNED if plan.traffic.host_pinned else Tier.HOST)
+        # link's rate (plan/cost.py, host_pinned); beside experts paged from disk nothing is (pinned memory is
+        # resident whole, and op offload is off there)
+        return Placement(tier=Tier.PINNED if pinned else Tier.HOST)
 
     return policy
