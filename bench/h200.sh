@@ -282,15 +282,27 @@ spec)  # speculative decoding: the 70B at 8 GiB with a synthetic draft per agree
         done
     done
     ;;
-smoke)  # the MoE alone, once its model is written: the plan, one prompt of 2048 tokens and decode, beside vanilla -lm none
+smoke)  # the MoE alone, once its model is written: the plan, a 2048-token prompt and decode, beside vanilla mmap and
+    # -lm none; then the same plan with CPU weights forced pinned and forced as llama.cpp holds them (the measured
+    # profile with the unrepacked rate set to the repacked one's, and to half of it): what pinning costs decode
     while ! grep -q wrote /tmp/synthq3.log 2> /dev/null; do sleep 5; done
+    for cfg in mmap lmnone; do
+        lm=""; [ $cfg = mmap ] || lm="-lm none"
+        timeout 90 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -p 2048 -n 32 -r 1 -o json \
+            > "$RES/smoke-vanilla-q3-$cfg.json" 2> /dev/null
+        note "q3 vanilla -ncmoe 41 $lm pp2048 tg32: $(tps "$RES/smoke-vanilla-q3-$cfg.json")"
+    done
     hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB 2>&1 | grep -E "context|mode|chosen|predict|prompts" | sed "s/^/q3 plan: /" \
         | tee -a "$RES/summary.txt"
-    timeout 150 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 2048 -n 32 -r 1 \
-        --json "$RES/smoke-q3.json" 2>&1 | tail -12 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
-    timeout 90 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 -lm none -p 2048 -n 32 -r 1 -o json \
-        > "$RES/smoke-vanilla-q3.json" 2> /dev/null
-    note "q3 vanilla -ncmoe 41 -lm none pp2048 tg32: $(tps "$RES/smoke-vanilla-q3.json")"
+    cp "$(ls $XDG_CACHE_HOME/hypura/profile*.json | head -1)" "$RES/profile.json"
+    grep -o '"decode_bw[_a-z]*": [0-9.e+]*' "$RES/profile.json" | paste -sd' ' | sed "s/^/profile: /" | tee -a "$RES/summary.txt"
+    for share in 1.0 0.5; do
+        python3 -c "import json,sys; p=json.load(open('$RES/profile.json')); c=p['cpu']; c['decode_bw_plain']=c['decode_bw']*$share
+json.dump(p, open('/tmp/profile-$share.json','w'))"
+        timeout 150 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 2048 -n 32 -r 1 \
+            --profile /tmp/profile-$share.json --json "$RES/smoke-q3-$share.json" 2>&1 | grep -E "plan|pp|tg|prefill|decode" \
+            | tail -6 | sed "s/^/q3 hypura plain-share $share: /" | tee -a "$RES/summary.txt"
+    done
     ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null
