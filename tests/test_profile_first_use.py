@@ -18,6 +18,7 @@ from hypura.modelfile import read_header
 from hypura.profile import compute, disk, measure, store
 from hypura.profile.host import cores
 from hypura.profile.model_slice import write_slice
+from hypura.synth import write_synth
 
 MiB = 1 << 20
 
@@ -101,10 +102,14 @@ def test_the_first_plan_measures_the_cpu_on_the_models_own_blocks(first_use, sha
     assert measure.planning_profile(model, say=again.append).cpu.method.startswith("llama.cpp on")  # ... plans don't
 
 
-def test_the_model_cpu_cache_is_per_mix_and_threads(tiny_llama, tiny_qwen3moe):
+def test_the_model_cpu_cache_is_per_mix_and_threads(tiny_llama, tiny_qwen3moe, tmp_path):
     dense, moe = read_header(tiny_llama), read_header(tiny_qwen3moe)
-    assert store.model_mix(dense, 4) == store.model_mix(dense, 4)
-    assert len({store.model_mix(dense, 4), store.model_mix(dense, 8), store.model_mix(moe, 4)}) == 3
+    # other weights in another file, the same types and shapes: the measurement stands for it too
+    other = read_header(write_synth("tiny-llama", tmp_path / "other.gguf", seed=1).path)
+    assert other.path != dense.path and store.model_mix(other, 4) == store.model_mix(dense, 4)
+    q8 = read_header(write_synth("tiny-llama", tmp_path / "q8.gguf", ftype="q8_0", sparse=True).path)
+    mixes = {store.model_mix(dense, 4), store.model_mix(dense, 8), store.model_mix(moe, 4), store.model_mix(q8, 4)}
+    assert len(mixes) == 4  # another quantization, other threads, another architecture: each its own
 
 
 @pytest.mark.live_machine

@@ -228,12 +228,6 @@ class ChatTemplate:
         except Exception as e:  # constant folding runs filters at parse time; anything they raise is the template's
             raise TemplateError(f"chat template does not parse: {type(e).__name__}: {_short(e)}") from None
 
-    @classmethod
-    def from_metadata(cls, metadata: dict, bos_token: str = "", eos_token: str = "") -> Optional["ChatTemplate"]:
-        """The template of a GGUF's metadata (llama-cpp-python's `Llama.metadata`), None if it has none."""
-        source = metadata.get(METADATA_KEY)
-        return cls(source, bos_token, eos_token) if source else None
-
     def render(self, messages: Iterable[dict], add_generation_prompt: bool = True,
                tools: Optional[list] = None, **extra: Any) -> str:
         """The prompt for `messages` ([{"role": ..., "content": ...}, ...]). Raises TemplateError."""

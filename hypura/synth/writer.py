@@ -58,10 +58,6 @@ class SynthResult:
     sparse: bool
 
     @property
-    def data_bytes(self) -> int:
-        return self.file_bytes - self.data_offset
-
-    @property
     def mb_per_s(self) -> float:
         return self.file_bytes / 1e6 / max(self.seconds, 1e-9)
 
