@@ -184,11 +184,8 @@ class Llama(llama_cpp.Llama):
                 from hypura.speculative.llama_draft import SpecDraft
 
                 self.draft_model = SpecDraft(self.draft_model, self)
-        except BaseException as e:
+        except BaseException:
             runtime.close()  # the model, context and streams go with the failed constructor
-            clearer = LogCapture().failure(e, model_path) if isinstance(e, Exception) else None
-            if clearer is not None:  # llama-cpp-python parses the file's chat templates while loading too
-                raise clearer from None
             raise
 
     def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,

@@ -19,10 +19,10 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 import hypura
+from hypura.chat_template import METADATA_KEY
 from hypura.engine.types import MAX_TOP_LOGPROBS
 from hypura.serve import fields
 from hypura.serve.chat import ChatSpec, prepare, thinks, thinks_in, tools_served
-from hypura.serve.chat_template import METADATA_KEY
 from hypura.serve.errors import bad_request
 from hypura.serve.generation import Job, checked_token_ids, fim_tokens, make_job, submit, text_tokens
 from hypura.serve.grammars import ollama_format_grammar
