@@ -143,7 +143,7 @@ def _with_template(src, dst, template: str):
 
     from hypura.chat_template import METADATA_KEY
     from hypura.modelfile import KV, read_kv
-    from hypura.synth.gguf_kv import TensorInfo, header_bytes
+    from hypura.modelfile.writer import TensorInfo, header_bytes
 
     h = read_header(src)
     kvs = [kv for kv in read_kv(src) if kv.key != METADATA_KEY] + [KV(METADATA_KEY, template, GGUFValueType.STRING,
