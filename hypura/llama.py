@@ -21,30 +21,31 @@ import sys
 import time
 from typing import Callable, Iterable, Optional, Union
 
-import llama_cpp
-import llama_cpp._internals as internals  # the model and context owners llama_cpp.Llama's methods use
 import numpy as np
-from llama_cpp import LlamaTokenizer
-from llama_cpp.llama import set_verbose
 
-from hypura.bindings.batch import Batch
-from hypura.bindings.chat_formats import chat_formats
 from hypura.bindings.ffi import ffi, lib
-from hypura.bindings.llama_params import context_params, llama_keywords, model_params, set_fields, threads
-from hypura.bindings.model import load_model, new_context
-from hypura.bindings.llama_log import LogCapture
-from hypura.bindings.vocab import Vocab
-from hypura.errors import HypuraError
-from hypura.modelfile import read_header
-from hypura.plan.auto import Fit
-from hypura.plan.beside import Beside
-from hypura.plan.decision import Ask, Decision, Routing, decide
-from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
-from hypura.runtime.overrides import overrides_policy
-from hypura.runtime.placement import Placement, PlacementPolicy
-from hypura.runtime.runtime import Runtime, as_model_pointer
-from hypura.speculative.draft_model import draft_path
-from hypura.store import resolve_path
+import llama_cpp  # noqa: E402
+import llama_cpp._internals as internals  # noqa: E402  (the model and context owners llama_cpp.Llama's methods use)
+from llama_cpp import LlamaTokenizer  # noqa: E402
+from llama_cpp.llama import set_verbose  # noqa: E402
+
+from hypura.bindings.batch import Batch  # noqa: E402
+from hypura.bindings.chat_formats import chat_formats  # noqa: E402
+from hypura.bindings.llama_params import context_params, llama_keywords, model_params, set_fields, threads  # noqa: E402
+from hypura.bindings.model import load_model, new_context  # noqa: E402
+from hypura.bindings.llama_log import LogCapture  # noqa: E402
+from hypura.bindings.vocab import Vocab  # noqa: E402
+from hypura.errors import HypuraError  # noqa: E402
+from hypura.modelfile import read_header  # noqa: E402
+from hypura.plan.auto import Fit  # noqa: E402
+from hypura.plan.beside import Beside  # noqa: E402
+from hypura.plan.decision import Ask, Decision, Routing, decide  # noqa: E402
+from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
+from hypura.runtime.overrides import overrides_policy  # noqa: E402
+from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
+from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
+from hypura.speculative.draft_model import draft_path  # noqa: E402
+from hypura.store import resolve_path  # noqa: E402
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
