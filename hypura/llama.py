@@ -24,10 +24,6 @@ from typing import Callable, Iterable, Optional, Union
 import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
-from hypura.bindings.library import point_llama_cpp_at_our_library
-
-point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
-
 import llama_cpp  # noqa: E402
 import llama_cpp._internals as internals  # noqa: E402  (the model and context owners llama_cpp.Llama's methods use)
 from llama_cpp import LlamaTokenizer  # noqa: E402
@@ -184,11 +180,8 @@ class Llama(llama_cpp.Llama):
                 from hypura.speculative.llama_draft import SpecDraft
 
                 self.draft_model = SpecDraft(self.draft_model, self)
-        except BaseException as e:
+        except BaseException:
             runtime.close()  # the model, context and streams go with the failed constructor
-            clearer = LogCapture().failure(e, model_path) if isinstance(e, Exception) else None
-            if clearer is not None:  # llama-cpp-python parses the file's chat templates while loading too
-                raise clearer from None
             raise
 
     def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,

@@ -14,8 +14,7 @@ from hypura.modelfile import read_header
 from hypura.plan import Plan, PlanSettings, knobs, model_units, plan_model, predict, rates_for, traffic
 from hypura.plan.cost import step_probability
 from hypura.profile import resolve_profile
-
-writer = pytest.importorskip("hypura.synth.writer")
+from hypura.synth import writer
 
 H200 = resolve_profile("h200-design")
 RATES = rates_for(H200)

@@ -34,8 +34,9 @@ disk the runtime turns that offload off: the CPU's units then add their FLOPs at
 their bytes leave the link.
 
 `traffic()` turns a placement into `Traffic` (through `StepLoad`, which the solver also updates unit by
-unit); the runtime and `bench` build `Traffic` from their counters and call the same `predict()` for
-the bound they print beside a measurement.
+unit); `hypura bench --parallel` calls the same `traffic()` and `predict()` for the prediction it prints
+beside a measurement. The bound it prints too (hypura/bench/bound.py) is this model's bytes alone: each
+path's bytes at its rate (`bytes_seconds`), experts by `step_probability`, no compute and no fixed costs.
 """
 
 from __future__ import annotations
@@ -157,6 +158,14 @@ def _div(num: float, rate: float | None) -> float:
 def step_probability(p: float, parallel: int) -> float:
     """Probability that a step of `parallel` tokens reads a unit each token reads with probability p."""
     return 1.0 if p >= 1.0 else 1.0 - (1.0 - p) ** parallel
+
+
+def bytes_seconds(nbytes: dict, r: Rates, expert_disk: float = 0.0) -> dict:
+    """Each path's seconds for its bytes alone at its rate (PATHS' keys; a path without a rate moves nothing):
+    no compute, no fixed costs, no path slowed by another, the bound hypura/bench/bound.py prints."""
+    return {CPU: nbytes[CPU] / r.cpu_read, "link": nbytes["link"] / r.link if r.link else 0.0,
+            "disk": r.disk_seconds(nbytes["disk"], expert_disk),
+            GPU: nbytes[GPU] / r.gpu_read if r.gpu_read else 0.0}
 
 
 def batch_compute_s(nbytes: float, flops: float, read_rate: float | None, flop_rate: float | None,
