@@ -71,6 +71,7 @@ class Solution:
     config: str
     steps: tuple = ()  # ((tokens, RAM units streamed at steps of up to that many tokens), ...)
     one: Prediction | None = None  # one sequence's prediction, when the plan is made for several
+    stage_slots: int = 0  # RAM staging slots for disk layers (fewer than prefetch depth + 1 at the RAM floor); 0: those
 
     @property
     def turn_s(self) -> float:
@@ -147,12 +148,14 @@ class _Problem:
             range(len(mu.units)),
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
 
-    def slots_need(self, tiers, compute, select: Callable[[str, str], bool]) -> list[int]:
+    def slots_need(self, tiers, compute, select: Callable[[str, str], bool], n_slots: int = 0) -> list[int]:
         """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
-        selected layers take the n slots round-robin in graph order, a slot as large as its largest."""
+        selected layers take the n slots (default prefetch depth + 1) round-robin in graph order, a slot as
+        large as its largest."""
+        n = n_slots or self.n_slots
         need = self.stage_need(tiers, compute, select)
         stages = sorted(need)
-        return [max((need[s] for s in stages[i::self.n_slots]), default=0) for i in range(self.n_slots)]
+        return [max((need[s] for s in stages[i::n]), default=0) for i in range(n)]
 
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units plus the k largest
@@ -258,7 +261,31 @@ class _Problem:
     def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
               op_offload: bool = True) -> Solution | _Shortfall:
         """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
-        host compute buffer) grown until what the placement needs fits in what was reserved."""
+        host compute buffer) grown until what the placement needs fits in what was reserved.
+
+        Grown, the staging can overshoot: a budget that pushes one large stage (the output head) to disk
+        reserves prefetch depth + 1 slots of it, all of a small model. Where RAM falls short so, the staging
+        is bounded instead (staged()): the fewest slots given up, each as large as a stage that may stream."""
+        sol = self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload)
+        if not (isinstance(sol, _Shortfall) and sol.tier == RAM and self.b.disk):
+            return sol
+        for n in range(self.n_slots, 0, -1):
+            fits = [alt for stride in self.stage_strides()
+                    if isinstance(alt := self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, (n, stride)),
+                                  Solution)]
+            if fits:
+                return min(fits, key=lambda s: s.turn_s)
+        return sol
+
+    def stage_strides(self) -> list[int]:
+        """The staging slot sizes worth trying: each stage's bytes with all of it on disk, smallest first."""
+        everything = [DISK] * len(self.mu.units)
+        return sorted(set(self.stage_need(everything, everything, lambda t, c: True).values()))
+
+    def _solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str, op_offload: bool,
+               staged: tuple[int, int] | None = None) -> Solution | _Shortfall:
+        """staged: (slots, bytes a slot) of RAM staging reserved up front, not grown: a placement whose disk
+        layers need more falls short."""
         b, units = self.b, self.mu.units
         config = ((f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
                   + ("" if op_offload else ", op offload off"))
@@ -269,6 +296,9 @@ class _Problem:
         # llama.cpp sizes the CPU's compute buffer by the graph splits the CPU runs: small when the GPU
         # computes every layer
         pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.cpu_buf)
+        n_stage = staged[0] if staged else self.n_slots
+        if staged:
+            staging = n_stage * staged[1] + (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM
         for _ in range(32):
             gpu_cap = b.gpu - gpu_fixed - pool if use_gpu else 0
             ram_cap = b.ram - ram_fixed - host_buf - staging - ((gpu_fixed + pool) if b.unified else 0)
@@ -283,7 +313,7 @@ class _Problem:
             ever = path_at(compute, tiers, steps, None)
             slots = self.slots_need(tiers, ever, lambda t, c: t != GPU and c == GPU)
             slots = [max(slots)] * len(slots) if slots else slots  # every slot as large as the largest layer
-            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK)
+            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK, n_stage)
             stages = [max(stages)] * len(stages) if stages else stages
             cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
@@ -294,6 +324,9 @@ class _Problem:
             readers = (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM if dense_disk else 0
             if sum(slots) <= pool and sum(stages) + readers <= staging and need_host <= host_buf:
                 break
+            if staged and sum(stages) + readers > staging:
+                return self._shortfall(False, use_gpu, kv_tier, 0, b.ram - ram_cap + sum(stages) + readers - staging,
+                                       pool, sum(stages) + readers, host_buf)
             pool, staging, host_buf = (max(pool, sum(slots)), max(staging, sum(stages) + readers),
                                        max(host_buf, need_host))
         else:
@@ -323,7 +356,8 @@ class _Problem:
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
             one = at(1)
         return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
-                        solver, config, steps, one)
+                        solver, config + (f", {n_stage} staging slot(s)" if staged else ""), steps, one,
+                        n_stage if staged else 0)
 
     def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str]) -> tuple:
         """((tokens, RAM units streamed at that step size), ...) for steps of 1, 2, 4, ... n_ubatch tokens:
