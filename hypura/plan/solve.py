@@ -40,6 +40,7 @@ from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, predict, traffic
 from hypura.plan.units import ModelUnits
+from hypura.sizes import fmt_mib
 
 
 @dataclass(frozen=True)
@@ -269,13 +270,15 @@ class _Problem:
         sol = self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload)
         if not (isinstance(sol, _Shortfall) and sol.tier == RAM and self.b.disk):
             return sol
+        short = [sol]
         for n in range(self.n_slots, 0, -1):
-            fits = [alt for stride in self.stage_strides()
-                    if isinstance(alt := self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, (n, stride)),
-                                  Solution)]
+            tries = [self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, (n, stride))
+                     for stride in self.stage_strides()]
+            fits = [alt for alt in tries if isinstance(alt, Solution)]
             if fits:
                 return min(fits, key=lambda s: s.turn_s)
-        return sol
+            short += tries
+        return min(short, key=lambda c: c.need - c.have)
 
     def stage_strides(self) -> list[int]:
         """The staging slot sizes worth trying: each stage's bytes with all of it on disk, smallest first."""
@@ -402,33 +405,80 @@ def _spread_order(stages: list[int]) -> dict[int, float]:
     return {s: reverse_bits(k) for k, s in enumerate(stages)}
 
 
-def _pick(candidates: list, problem: _Problem) -> Solution:
+def _pick(candidates: list, problem: _Problem, candidates_of: Callable[[_Problem], list]) -> Solution:
+    """The best solution; none: the shortfall nearest to fitting, with the smallest RAM budget that plans the
+    model (ram_floor) where RAM is what fell short."""
     solutions = [c for c in candidates if isinstance(c, Solution)]
     if solutions:
         return min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
     short = min(candidates, key=lambda c: c.need - c.have)
     mu, b = problem.mu, problem.b
+    floor = _floor(problem, candidates_of) if short.tier == RAM and b.disk else None
+    need = (f"at least {fmt_mib(floor)} (the smallest --ram that plans this model here)" if floor is not None
+            else fmt_size(short.need))
     raise HypuraError(
-        f"no placement fits: {short.tier} needs {fmt_size(short.need)} but has {fmt_size(short.have)} "
+        f"no placement fits: {short.tier} needs {need} but has {fmt_size(short.have)} "
         f"({short.detail}); model weights {fmt_size(mu.weight_bytes)} + KV cache {fmt_size(problem.kv)} "
         f"(ctx {problem.s.n_ctx}) + compute buffers {fmt_size(problem.buf)}; budgets: gpu {fmt_size(b.gpu)}, "
         f"ram {fmt_size(b.ram)}, disk streaming {'on' if b.disk else 'off'}")
 
 
+# the RAM floor is searched to within this share of itself (or FLOOR_STEP, if larger): a budget is given in MiB
+FLOOR_PRECISION = 1 / 128
+FLOOR_STEP = 1 << 20
+
+
+def _floor(problem: _Problem, candidates_of: Callable[[_Problem], list]) -> int | None:
+    """The smallest RAM budget (to FLOOR_PRECISION) at which candidates_of finds a solution, with the GPU budget,
+    rates and settings of `problem`. None: nothing fits at any RAM (the GPU's own share falls short). Plans only
+    grow with RAM (a placement that fits fits in more), so bisection, from 0 (the same answer for every caller)."""
+    def fits(ram: int) -> bool:
+        p = _Problem(problem.mu, dataclasses.replace(problem.b, ram=ram), problem.r, problem.s)
+        return any(isinstance(c, Solution) for c in candidates_of(p))
+
+    d = problem.mu.dims
+    # everything in RAM fits, with every buffer and reservation there is
+    hi = (problem.mu.weight_bytes + problem.kv + problem.buf + problem.cpu_buf + knobs.GPU_PROCESS_RAM
+          + knobs.PROCESS_RAM + (problem.n_slots + 1) * max(u.nbytes for u in problem.mu.units) * max(1, d.n_expert_used or 1))
+    if not fits(hi):
+        return None
+    lo = 0
+    while hi - lo > max(FLOOR_STEP, hi * FLOOR_PRECISION):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings(),
+              solver: str = "optimizer") -> int | None:
+    """The smallest --ram at which the solver plans the model, the rest of `budgets` as given (module _floor)."""
+    return _floor(_Problem(mu, budgets, rates, settings), _OF[solver])
+
+
+def _greedy_candidates(p: _Problem) -> list:
+    return [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
+
+
+def _optimize_candidates(p: _Problem) -> list:
+    streams = (False, True) if p.r.can_stream_to_gpu else (False,)
+    # from OP_OFFLOAD_MIN_BATCH sequences on, op offload copies CPU weights every step: a plan may turn it
+    # off (the CPU computes them, prompts too), which the objective weighs against slower prefill
+    offloads = (True, False) if p.r.has_gpu and p.s.parallel >= knobs.OP_OFFLOAD_MIN_BATCH else (True,)
+    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off)
+                  for g, kv, st in p.configs(streams) for off in offloads]
+    return candidates + _greedy_candidates(p)
+
+
+_OF = {"optimizer": _optimize_candidates, "greedy": _greedy_candidates}
+
+
 def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
     p = _Problem(mu, budgets, rates, settings)
-    return _pick([p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))], p)
+    return _pick(_greedy_candidates(p), p, _greedy_candidates)
 
 
 def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
     """The best of the enumerated configs; the greedy baseline is one more candidate, so the result is
     never worse than it on the cost model."""
     p = _Problem(mu, budgets, rates, settings)
-    streams = (False, True) if rates.can_stream_to_gpu else (False,)
-    # from OP_OFFLOAD_MIN_BATCH sequences on, op offload copies CPU weights every step: a plan may turn it
-    # off (the CPU computes them, prompts too), which the objective weighs against slower prefill
-    offloads = (True, False) if rates.has_gpu and settings.parallel >= knobs.OP_OFFLOAD_MIN_BATCH else (True,)
-    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off)
-                  for g, kv, st in p.configs(streams) for off in offloads]
-    candidates += [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
-    return _pick(candidates, p)
+    return _pick(_optimize_candidates(p), p, _optimize_candidates)
