@@ -80,3 +80,20 @@ def test_the_small_model_runs_under_the_old_budget(tmp_path, n_threads):
         assert llm.plan.used("ram") <= parse_size("1600MiB")
     finally:
         llm.close()
+
+
+def test_inspect_says_the_floor_and_a_budget_below_it_fails_with_it(shape, tmp_path):
+    from click.testing import CliRunner
+
+    from hypura.cli.inspect_cmd import inspect
+
+    header, budget = shape
+    ok = CliRunner().invoke(inspect, [str(header.path), "--gpu-mem", "0", "--ram", budget, "-c", str(CTX)])
+    assert ok.exit_code == 0, ok.output
+    floor = next(line for line in ok.output.splitlines() if line.startswith("floor    --ram "))
+    size = floor.split()[2].rstrip(":")
+    assert parse_size(size) < parse_size(budget)
+    short = CliRunner().invoke(inspect, [str(header.path), "--gpu-mem", "0", "--ram", f"{(parse_size(size) >> 20) - 32}MiB",
+                                         "-c", str(CTX)])
+    assert short.exit_code != 0 and f"ram needs at least {size} " in str(short.exception)
+    assert CliRunner().invoke(inspect, [str(header.path), "--gpu-mem", "0", "--ram", size, "-c", str(CTX)]).exit_code == 0
