@@ -1,5 +1,6 @@
 """A plan's load reads a file the page cache holds through the cache, and a cold one around it (O_DIRECT)."""
 
+import os
 import shutil
 
 import llama_cpp
@@ -10,7 +11,7 @@ import hypura
 from hypura.plan.auto import Fit
 from hypura.runtime.load_reads import CACHED_MIN, load_reads
 from hypura.tiers.direct_io import DirectReader
-from hypura.tiers.residency import cached_share, evict, windows
+from hypura.tiers.residency import cached_share, evict, uncached_runs, windows
 
 
 @pytest.fixture
@@ -51,6 +52,25 @@ def test_the_decision_follows_the_cache(model_copy):
     # a load mode the caller gave stands, whatever the cache holds
     asked = load_reads([model_copy], llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
     assert asked.asked and not asked.buffered
+
+
+def test_a_partly_cached_file_reads_through_the_cache_and_leaves_it_as_it_was(model_copy):
+    size = model_copy.stat().st_size
+    evict(model_copy)
+    with open(model_copy, "rb") as f:  # the first three quarters cached, as an earlier run under pressure leaves it
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead past them
+        f.read(size * 3 // 4)
+    before = cached_share(model_copy)
+    assert CACHED_MIN <= before < 1.0
+    reads = load_reads([model_copy])
+    assert reads.buffered and reads.cold and "leaves it after the load" in reads.line
+    runs = dict(reads.cold)[str(model_copy)]
+    assert runs == uncached_runs(model_copy) and runs[-1][0] + runs[-1][1] >= size
+    _warm(model_copy)  # the load, through the cache
+    assert cached_share(model_copy) == 1.0
+    reads.settle()
+    assert cached_share(model_copy) == pytest.approx(before, abs=0.02)  # the cache as it was before the load
+    assert cached_share(model_copy, runs[0][0] + 4096, size - 4096) == 0.0
 
 
 def test_cached_reads_keep_the_pages_and_direct_ones_add_none(model_copy):

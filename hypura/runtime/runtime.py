@@ -207,6 +207,8 @@ class Runtime:
                     raise
                 finally:
                     self.files.close()
+                    if self.reads is not None:
+                        self.reads.settle()
                     lib().hypura_cpu_compute_pageable(False)
         except BaseException:
             self.close()

@@ -74,6 +74,45 @@ def cached_share(path: str | os.PathLike, start: int = 0, end: int | None = None
         os.close(fd)
 
 
+def uncached_runs(path: str | os.PathLike) -> list[tuple[int, int]]:
+    """(offset, length) of every run of pages of `path` not in the page cache now (the whole file looked at);
+    [] where it cannot be told."""
+    import numpy as np
+
+    if sys.platform not in ("linux", "darwin"):
+        return []
+    libc, page = _libc(), mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size else None
+        if addr in (None, _MAP_FAILED):
+            return []
+        try:
+            vec = np.zeros(-(-size // page), dtype=np.uint8)
+            if libc.mincore(ctypes.c_void_p(addr), size, vec.ctypes.data_as(ctypes.c_void_p)) != 0:
+                return []
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+    cold = np.concatenate(([0], (vec & 1) == 0, [0])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(cold))  # starts and ends of the runs, alternately
+    return [(int(a) * page, int(b - a) * page) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def drop(path: str | os.PathLike, runs: list[tuple[int, int]]) -> None:
+    """Drop these byte ranges of the file from the page cache (clean pages: nothing is lost)."""
+    if not runs or not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off, length in runs:
+            os.posix_fadvise(fd, off, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def evict(path: str | os.PathLike) -> None:
     """Drop the file's clean pages from the page cache (what `echo 1 > drop_caches` does for every file)."""
     fd = os.open(path, os.O_RDONLY)
