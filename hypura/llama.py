@@ -43,7 +43,7 @@ from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan.auto import Fit  # noqa: E402
 from hypura.plan.beside import Beside  # noqa: E402
-from hypura.plan.decision import Ask, Decision, Routing, decide  # noqa: E402
+from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
@@ -165,8 +165,8 @@ class Llama(llama_cpp.Llama):
         k["n_ctx"] = decision.n_ctx
         if "n_ctx" in context:
             context["n_ctx"] = decision.n_ctx
-        for key, value in decision.context_params.items():
-            context.setdefault(key, value)
+        context.update(context_fields(decision, {"n_ubatch": k["n_ubatch"], "n_batch": k["n_batch"], **context}))
+        k["n_batch"] = context.get("n_batch", k["n_batch"])
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)
         self._runtime = runtime = Runtime(self.header, model_path, self.plan,
