@@ -7,8 +7,8 @@
 # llama-batched-bench from it are vanilla llama.cpp of the same source.
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
-#   phases: setup | ab | profile | defaults | prefill | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
-#           passes | serve-np16 | serve | store | spec | pack
+#   phases: setup | ab | profile | defaults | loads | prefill | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep |
+#           vanilla-best | passes | serve-np16 | serve | store | spec | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -152,6 +152,17 @@ defaults)  # no placement flags, the GPU held by another process: vanilla's --fi
     note "q3 vanilla default @4.5: $(grep -a 'eval time' "$RES/vanilla-q3-default.txt" | tail -1)"
     eval "hycli -m $MQ3 $args --stats" > "$RES/hypura-q3-default.txt" 2>&1
     note "q3 hypura default @4.5: $(grep -a 'hypura: plan\|eval time\|RSS peak' "$RES/hypura-q3-default.txt" | tail -3 | paste -sd' ')"
+    release_gpu
+    ;;
+loads)  # load time and time to first token (a one-token run, launch to exit) beside vanilla's, no placement flags:
+    # first use (a fresh cache: the l70 measures the machine's profile; the q3 after it, only the CPU on its blocks),
+    # then second runs with the file in the page cache and after the cache was dropped (bench/loads.sh)
+    models_done
+    rm -rf /tmp/xdg-loads; mkdir -p /tmp/xdg-loads
+    hold_gpu 8.5
+    FRESH=/tmp/xdg-loads LOGS=$RES/loads-l70 LIBDIR=$(libdir) timeout 200 bash bench/loads.sh $M70 2>&1 | tee -a "$RES/summary.txt"
+    hold_gpu 4.5
+    FRESH=/tmp/xdg-loads LOGS=$RES/loads-q3 LIBDIR=$(libdir) timeout 120 bash bench/loads.sh $MQ3 2>&1 | tee -a "$RES/summary.txt"
     release_gpu
     ;;
 cgroup)  # the 70B larger than RAM too: a 24 GiB memory cgroup (page cache counted), cache dropped, GPU at 8.5 GiB

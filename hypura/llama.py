@@ -168,6 +168,9 @@ class Llama(llama_cpp.Llama):
         self._runtime = runtime = Runtime(self.header, model_path, self.plan,
                                           placement_policy or overrides_policy(override_tensor),
                                           param_overrides, expert_cache, on_route)
+        say = fit.say or (_stderr if k["verbose"] else None)
+        if runtime.reads is not None and say is not None:
+            say(runtime.reads.line)
         k["n_threads"], k["n_threads_batch"] = runtime.threads(k["n_threads"], k["n_threads_batch"])
         runtime.own(self._stack.close)  # first at close: before the layer stream and expert caches
         with runtime.loading() as hooks:

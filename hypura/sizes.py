@@ -22,6 +22,11 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+def fmt_mib(n: int) -> str:
+    """A size as a flag takes it, rounded up to a MiB: `1255MiB`."""
+    return f"{-(-n // (1 << 20))}MiB"
+
+
 def fmt_size(n: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= scale:

@@ -148,7 +148,8 @@ def test_deterministic(model):
 
 def test_infeasible_budgets_are_rejected_with_numbers(model):
     h = model("llama3.3-70b", layers=4)
-    with pytest.raises(HypuraError, match=r"no placement fits: ram needs [\d.]+ \w+ but has 64.0 MiB"):
+    with pytest.raises(HypuraError, match=r"no placement fits: ram needs at least \d+MiB \(the smallest --ram that plans "
+                                          r"this model here\) but has 64.0 MiB"):
         plan_model(h, H200, gpu_mem="0", ram="64MiB")
     with pytest.raises(HypuraError, match="disk streaming off"):
         plan_model(h, H200, gpu_mem="1GiB", ram="2GiB", disk=False)

@@ -10,7 +10,8 @@ import click
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.plan import SOLVERS, RateOverrides
+from hypura.plan import SOLVERS, Budgets, PlanSettings, RateOverrides, model_units
+from hypura.plan.solve import ram_floor
 from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
 from hypura.plan.budget import fmt_size
@@ -19,6 +20,7 @@ from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.free import free_memory
 from hypura.profile.measure import planning_profile
 from hypura.profile.store import load_cached, machine_profile
+from hypura.sizes import fmt_mib
 from hypura.store import resolve_path
 
 # llama.cpp's -ctk/-ctv cache types: bytes per element (block size / block bytes for quantized)
@@ -37,6 +39,16 @@ def _routing(path: str | None, header) -> Routing:
         return Routing({int(layer): [float(f) for f in freqs] for layer, freqs in data.items()})
     except (OSError, ValueError, AttributeError, TypeError) as e:
         raise HypuraError(f"--routing {path}: expected JSON {{layer: [frequency per expert]}} ({e})") from None
+
+
+def _ram_floor(plan, header, planner: Planner, routing: Routing, parallel: int) -> int | None:
+    """The smallest --ram that plans the model with the plan's GPU budget, context and rates (solve.ram_floor)."""
+    if not planner.disk:
+        return None
+    settings = PlanSettings(n_ctx=plan.n_ctx, n_ubatch=plan.n_ubatch, prefetch_depth=plan.prefetch_depth,
+                            kv_bytes_per_element=planner.kv_bytes_per_element, parallel=parallel)
+    budgets = Budgets(gpu=plan.memory["gpu"]["budget"], ram=plan.memory["ram"]["budget"], unified=plan.unified)
+    return ram_floor(model_units(header, routing.probs), budgets, plan.rates, settings, planner.solver)
 
 
 @click.command("inspect")
@@ -90,8 +102,8 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
               n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner, always_plan=True,
               beside=Beside.of(read_header(draft), ubatch_size, KV_TYPES[kv_type]) if draft else None)
     t0 = time.perf_counter()
-    decision = decide(header, ask, free_memory() if default else None, profile, steps=(parallel,),
-                      routing=_routing(routing, header))
+    recorded = _routing(routing, header)
+    decision = decide(header, ask, free_memory() if default else None, profile, steps=(parallel,), routing=recorded)
     plan = decision.plan
     solve_ms = (time.perf_counter() - t0) * 1e3
     if default:
@@ -105,6 +117,10 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
         click.echo("note     no measured profile of this machine: rates are defaults (run `hypura profile`)")
     for line in describe_plan(plan, header, None if no_gpu else profile):
         click.echo(line)
+    floor = _ram_floor(plan, header, planner, recorded, parallel)
+    if floor is not None:
+        click.echo(f"floor    --ram {fmt_mib(floor)}: the smallest RAM budget that plans this model at context "
+                   f"{plan.n_ctx} beside {fmt_size(plan.memory['gpu']['budget'])} of GPU (the disk holds the rest)")
     click.echo(f"planned in {solve_ms:.0f} ms")
     if tensors:
         click.echo("")

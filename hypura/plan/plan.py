@@ -234,7 +234,8 @@ def build_plan(model: str, mu: ModelUnits, sol: Solution, settings: PlanSettings
         mode=mode_of(mu, sol.tiers, fast), solver=sol.solver, config=sol.config, tensors=tuple(placements),
         kv_tier=sol.kv_tier, kv_bytes=sol.memory[sol.kv_tier]["kv"],
         pool_slots=settings.prefetch_depth + 1 if sol.slot_bytes else 0, pool_slot_bytes=sol.slot_bytes,
-        staging_slots=settings.prefetch_depth + 1 if sol.staging_bytes else 0, staging_slot_bytes=sol.staging_bytes,
+        staging_slots=(sol.stage_slots or settings.prefetch_depth + 1) if sol.staging_bytes else 0,
+        staging_slot_bytes=sol.staging_bytes,
         prefetch_depth=settings.prefetch_depth, expert_cache={t: experts.get(t, 0) for t in TIERS},
         memory=memory, unified=budgets.unified, traffic=sol.traffic, prediction=sol.prediction, rates=rates,
         step_paths=tuple((k, tuple(sorted(name for i in moved for name in units[i].tensors)), rate)

@@ -40,6 +40,7 @@ from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, predict, traffic
 from hypura.plan.units import ModelUnits
+from hypura.sizes import fmt_mib
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Solution:
     steps: tuple = ()  # ((tokens, RAM units streamed at steps of up to that many tokens), ...)
     one: Prediction | None = None  # one sequence's prediction, when the plan is made for several
     why: str = ""  # why this candidate over the others (_pick), where the choice was close or ran against the fastest
+    stage_slots: int = 0  # RAM staging slots for disk layers (fewer than prefetch depth + 1 at the RAM floor); 0: those
 
     @property
     def streams(self) -> bool:
@@ -154,12 +156,14 @@ class _Problem:
             range(len(mu.units)),
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
 
-    def slots_need(self, tiers, compute, select: Callable[[str, str], bool]) -> list[int]:
+    def slots_need(self, tiers, compute, select: Callable[[str, str], bool], n_slots: int = 0) -> list[int]:
         """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
-        selected layers take the n slots round-robin in graph order, a slot as large as its largest."""
+        selected layers take the n slots (default prefetch depth + 1) round-robin in graph order, a slot as
+        large as its largest."""
+        n = n_slots or self.n_slots
         need = self.stage_need(tiers, compute, select)
         stages = sorted(need)
-        return [max((need[s] for s in stages[i::self.n_slots]), default=0) for i in range(self.n_slots)]
+        return [max((need[s] for s in stages[i::n]), default=0) for i in range(n)]
 
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units plus the k largest
@@ -265,7 +269,33 @@ class _Problem:
     def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
               op_offload: bool = True, pinned: bool = False) -> Solution | _Shortfall:
         """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
-        host compute buffer) grown until what the placement needs fits in what was reserved."""
+        host compute buffer) grown until what the placement needs fits in what was reserved.
+
+        Grown, the staging can overshoot: a budget that pushes one large stage (the output head) to disk
+        reserves prefetch depth + 1 slots of it, all of a small model. Where RAM falls short so, the staging
+        is bounded instead (`staged`): the fewest slots given up, each as large as a stage that may stream."""
+        sol = self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned)
+        if not (isinstance(sol, _Shortfall) and sol.tier == RAM and self.b.disk):
+            return sol
+        short = [sol]
+        for n in range(self.n_slots, 0, -1):
+            tries = [self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned, (n, stride))
+                     for stride in self.stage_strides()]
+            fits = [alt for alt in tries if isinstance(alt, Solution)]
+            if fits:
+                return min(fits, key=lambda s: s.turn_s)
+            short += tries
+        return min(short, key=lambda c: c.need - c.have)
+
+    def stage_strides(self) -> list[int]:
+        """The staging slot sizes worth trying: each stage's bytes with all of it on disk, smallest first."""
+        everything = [DISK] * len(self.mu.units)
+        return sorted(set(self.stage_need(everything, everything, lambda t, c: True).values()))
+
+    def _solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str, op_offload: bool, pinned: bool,
+               staged: tuple[int, int] | None = None) -> Solution | _Shortfall:
+        """staged: (slots, bytes a slot) of RAM staging reserved up front, not grown: a placement whose disk
+        layers need more falls short."""
         b, units = self.b, self.mu.units
         # CPU weights held pinned (plain layout): a plan that streams to a discrete GPU always (per-step paths copy
         # them to slots), one that does not where asked (llama.cpp's -lm none); op offload then copies a batch's
@@ -280,6 +310,9 @@ class _Problem:
         # llama.cpp sizes the CPU's compute buffer by the graph splits the CPU runs: small when the GPU
         # computes every layer
         pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.cpu_buf)
+        n_stage = staged[0] if staged else self.n_slots
+        if staged:
+            staging = n_stage * staged[1] + (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM
         for _ in range(32):
             gpu_cap = b.gpu - gpu_fixed - pool if use_gpu else 0
             ram_cap = b.ram - ram_fixed - host_buf - staging - ((gpu_fixed + pool) if b.unified else 0)
@@ -295,7 +328,7 @@ class _Problem:
             ever = path_at(compute, tiers, steps, None)
             slots = self.slots_need(tiers, ever, lambda t, c: t != GPU and c == GPU)
             slots = [max(slots)] * len(slots) if slots else slots  # every slot as large as the largest layer
-            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK)
+            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK, n_stage)
             stages = [max(stages)] * len(stages) if stages else stages
             cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
@@ -306,6 +339,9 @@ class _Problem:
             readers = (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM if dense_disk else 0
             if sum(slots) <= pool and sum(stages) + readers <= staging and need_host <= host_buf:
                 break
+            if staged and sum(stages) + readers > staging:
+                return self._shortfall(False, use_gpu, kv_tier, 0, b.ram - ram_cap + sum(stages) + readers - staging,
+                                       pool, sum(stages) + readers, host_buf)
             pool, staging, host_buf = (max(pool, sum(slots)), max(staging, sum(stages) + readers),
                                        max(host_buf, need_host))
         else:
@@ -337,7 +373,8 @@ class _Problem:
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
             one = at(1)
         return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
-                        solver, config, steps, one)
+                        solver, config + (f", {n_stage} staging slot(s)" if staged else ""), steps, one,
+                        stage_slots=n_stage if staged else 0)
 
     def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str],
                    pinned: bool = False) -> tuple:
@@ -383,7 +420,9 @@ def _spread_order(stages: list[int]) -> dict[int, float]:
     return {s: reverse_bits(k) for k, s in enumerate(stages)}
 
 
-def _pick(candidates: list, problem: _Problem) -> Solution:
+def _pick(candidates: list, problem: _Problem, candidates_of: Callable[[_Problem], list]) -> Solution:
+    """The best solution (below); none: the shortfall nearest to fitting, with the smallest RAM budget that plans
+    the model (_floor) where RAM is what fell short."""
     solutions = [c for c in candidates if isinstance(c, Solution)]
     if solutions:
         best = min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
@@ -409,22 +448,54 @@ def _pick(candidates: list, problem: _Problem) -> Solution:
                                              f"placement ({plain.prediction.decode_tok_s:.2f} tok/s decode)")
     short = min(candidates, key=lambda c: c.need - c.have)
     mu, b = problem.mu, problem.b
+    floor = _floor(problem, candidates_of) if short.tier == RAM and b.disk else None
+    need = (f"at least {fmt_mib(floor)} (the smallest --ram that plans this model here)" if floor is not None
+            else fmt_size(short.need))
     raise HypuraError(
-        f"no placement fits: {short.tier} needs {fmt_size(short.need)} but has {fmt_size(short.have)} "
+        f"no placement fits: {short.tier} needs {need} but has {fmt_size(short.have)} "
         f"({short.detail}); model weights {fmt_size(mu.weight_bytes)} + KV cache {fmt_size(problem.kv)} "
         f"(ctx {problem.s.n_ctx}) + compute buffers {fmt_size(problem.buf)}; budgets: gpu {fmt_size(b.gpu)}, "
         f"ram {fmt_size(b.ram)}, disk streaming {'on' if b.disk else 'off'}")
 
 
-def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
-    p = _Problem(mu, budgets, rates, settings)
-    return _pick([p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))], p)
+# the RAM floor is searched to within this share of itself (or FLOOR_STEP, if larger): a budget is given in MiB
+FLOOR_PRECISION = 1 / 128
+FLOOR_STEP = 1 << 20
 
 
-def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
-    """The best of the enumerated configs; the greedy baseline is one more candidate, so the result is
-    never worse than it on the cost model."""
-    p = _Problem(mu, budgets, rates, settings)
+def _floor(problem: _Problem, candidates_of: Callable[[_Problem], list]) -> int | None:
+    """The smallest RAM budget (to FLOOR_PRECISION) at which candidates_of finds a solution, with the GPU budget,
+    rates and settings of `problem`. None: nothing fits at any RAM (the GPU's own share falls short). Plans only
+    grow with RAM (a placement that fits fits in more), so bisection, from 0 (the same answer for every caller)."""
+    def fits(ram: int) -> bool:
+        p = _Problem(problem.mu, dataclasses.replace(problem.b, ram=ram), problem.r, problem.s)
+        return any(isinstance(c, Solution) for c in candidates_of(p))
+
+    d = problem.mu.dims
+    # everything in RAM fits, with every buffer and reservation there is
+    hi = (problem.mu.weight_bytes + problem.kv + problem.buf + problem.cpu_buf + knobs.GPU_PROCESS_RAM
+          + knobs.PROCESS_RAM + (problem.n_slots + 1) * max(u.nbytes for u in problem.mu.units) * max(1, d.n_expert_used or 1))
+    if not fits(hi):
+        return None
+    lo = 0
+    while hi - lo > max(FLOOR_STEP, hi * FLOOR_PRECISION):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings(),
+              solver: str = "optimizer") -> int | None:
+    """The smallest --ram at which the solver plans the model, the rest of `budgets` as given (_floor)."""
+    return _floor(_Problem(mu, budgets, rates, settings), _OF[solver])
+
+
+def _greedy_candidates(p: _Problem) -> list:
+    return [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
+
+
+def _optimize_candidates(p: _Problem) -> list:
+    rates, settings = p.r, p.s
     streams = (False, True) if rates.can_stream_to_gpu else (False,)
     # from OP_OFFLOAD_MIN_BATCH sequences on, op offload copies CPU weights every step: a plan may turn it
     # off (the CPU computes them, prompts too), which the objective weighs against slower prefill
@@ -434,5 +505,19 @@ def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSetti
     pins = (False, True) if rates.can_stream_to_gpu and not rates.unified else (False,)
     candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off, pin)
                   for g, kv, st in p.configs(streams) for off in offloads for pin in (pins if not st else (True,))]
-    candidates += [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
-    return _pick(candidates, p)
+    return candidates + _greedy_candidates(p)
+
+
+_OF = {"optimizer": _optimize_candidates, "greedy": _greedy_candidates}
+
+
+def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
+    p = _Problem(mu, budgets, rates, settings)
+    return _pick(_greedy_candidates(p), p, _greedy_candidates)
+
+
+def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
+    """The best of the enumerated configs; the greedy baseline is one more candidate, so the result is
+    never worse than it on the cost model."""
+    p = _Problem(mu, budgets, rates, settings)
+    return _pick(_optimize_candidates(p), p, _optimize_candidates)

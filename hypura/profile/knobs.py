@@ -16,8 +16,10 @@ DISK_TEST_BYTES = 512 * MiB
 # a model file at least this large is read in place of a test file (nothing written beside the model): the
 # passes need 96 MiB, and a larger file is less likely to sit in a virtual disk's host cache
 DISK_FILE_MIN_BYTES = 1 * GiB
-# each thread count reads for at most this long (the whole file when faster)
-DISK_PASS_S = 1.5
+# each thread count reads for at most this long (the whole file when faster): 0.5 s is hundreds of requests
+# even at random on a slow disk (0.7 GB/s of 1 MiB reads on the CPU VM); six passes of 1.5 s were half of the
+# 70B's first-use profile on the H100 host (~19 s, issue 41), and the passes are measured once per machine
+DISK_PASS_S = 0.5
 
 # --- RAM ------------------------------------------------------------------------------------
 # larger than any last-level cache, so the copy measures DRAM
@@ -35,10 +37,10 @@ D2D_REPEATS = 20
 # block is most of its file's share but a token reads k/E of it; copied and loaded, they are held twice
 SLICE_BYTES = 1 << 30
 # a prompt long enough for batched matmuls; decode stops at the token count or the time limit,
-# whichever comes first (a loaded machine must not stretch the profile past a minute)
+# whichever comes first (a loaded machine must not stretch the profile past seconds)
 LLAMA_PROMPT_TOKENS = 32
 LLAMA_DECODE_TOKENS = 32
-LLAMA_DECODE_S = 8.0
+LLAMA_DECODE_S = 4.0  # measured per model: a busy 2-core VM took 28 s for the 4-layer llama3.1-8b shape at 8.0
 LLAMA_CTX = 256
 
 # --- rates derived from the measurements (the planner's fits) --------------------------------

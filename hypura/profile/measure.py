@@ -154,7 +154,7 @@ def planning_profile(model_path: str | os.PathLike | None = None, say: Callable[
     if profile is None and measure:
         folder = Path(model_path).resolve().parent if model_path else None
         say(f"hypura: no machine profile yet: measuring {f'the model disk ({folder}), ' if folder else ''}"
-            "RAM, GPU links and the CPU on the model's blocks (once, ~20 s)")
+            "RAM, GPU links and the CPU on the model's blocks (once: other models reuse all but the CPU's rate)")
         try:
             profile = get_profile(path=folder, model=model_path, disk_file=model_path,
                                   progress=lambda msg: say(f"hypura: profile {msg}"))[0]

@@ -75,12 +75,13 @@ def keep_default(info: TensorInfo) -> Placement:
 
 
 class FileFiller:
-    """Fills deferred tensors from the model file around the page cache (DirectReader), in
-    bounded requests; one reader per file, kept open for the whole load."""
+    """Fills deferred tensors from the model file around the page cache (DirectReader), or through it
+    where it holds the file (`cached`: runtime/load_reads.py), in bounded requests; one reader per file,
+    kept open for the whole load."""
 
-    def __init__(self, paths: list[str]):
-        self.paths = paths
-        self._readers = FileReaders(paths)
+    def __init__(self, paths: list[str], cached: bool = False):
+        self.paths, self.cached = paths, cached
+        self._readers = FileReaders(paths, cached=cached)
 
     def __call__(self, info: TensorInfo, tensor) -> None:
         def upload(piece: memoryview, at: int) -> None:
@@ -91,6 +92,11 @@ class FileFiller:
     def read(self, info: TensorInfo, sink: Callable[[memoryview, int], None]) -> None:
         """Hand the tensor's bytes to sink(piece, position in the tensor), in order."""
         self._readers.get(info.file_idx).read(info.file_offset, info.nbytes, sink)
+
+    def read_into(self, info: TensorInfo, dest) -> None:
+        """The tensor's bytes into host memory at `dest` (a cffi pointer): one copy where reads are buffered."""
+        self._readers.get(info.file_idx).read_into(info.file_offset, info.nbytes,
+                                                   memoryview(ffi.buffer(dest, info.nbytes)))
 
     def close(self) -> None:
         self._readers.close()

@@ -32,6 +32,7 @@ from hypura.runtime.mechanism import Mechanism
 from hypura.runtime.moe.coactivation import CoactivationPredictor, CoactivationRecorder, model_key
 from hypura.runtime.moe.expert_paging import ExpertPager, llama_threads, paged_tensors
 from hypura.runtime.moe.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer
+from hypura.runtime.load_reads import LoadReads, load_reads
 from hypura.runtime.params import LlamaParams
 from hypura.runtime.placement import FileFiller, LoaderHooks, Placement, PlacementPolicy, Tier
 from hypura.runtime.plan_policy import plan_layout, plan_policy
@@ -51,7 +52,10 @@ class Runtime:
         self.params = LlamaParams(param_overrides)
         self._users, self._stack = contextlib.ExitStack(), contextlib.ExitStack()
         self._stack.callback(self._free_expert_caches)
-        self.files = FileFiller([str(model_path)])
+        # a plan's load reads through the page cache or around it (load_reads.py); without a plan, llama.cpp's way
+        self.reads: Optional[LoadReads] = load_reads([model_path], self.params.given.get("model_params", {}).get(
+            "load_mode")) if plan is not None else None
+        self.files = FileFiller([str(model_path)], cached=self.reads is not None and self.reads.buffered)
         self.gpu_free_at_start = gpu_free()  # before anything of this model is on the GPU
         self.layout, self.pager = StreamLayout.empty(), None
         self.streamer: Optional[LayerStreamer] = None
@@ -83,7 +87,7 @@ class Runtime:
             n_used = int(self.header.get("expert_used_count"))
             # the plan's disk staging, less what the host pool's slots take for dense disk layers
             budget = plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
-            self.pager = ExpertPager(plan, paged, [str(model_path)], n_used, budget)
+            self.pager = ExpertPager(plan, paged, [str(model_path)], n_used, budget, self.files.cached)
             self._users.callback(self.pager.close)  # before the model goes: no read may land in freed memory
             # slices are written in ggml's plain layout: no repacking CPU buffer types; and no pinned host
             # buffers, which are resident whole (an H200 run kept all 6.4 GiB of disk experts in RSS)
@@ -102,11 +106,12 @@ class Runtime:
             # these CPU weights are valid only while their layer runs (hooks fill them): op offload would copy
             # them to the GPU for a prompt batch when the graph split starts, before they are filled
             self.params.need("context_params", "host weights filled by hooks", op_offload=False)
-        # the page cache is not a hidden tier: nothing of the file is mapped or cached. Mapped, every page from the
-        # first CPU weight to the last stayed in RSS, GPU and streamed tensors' too (H100, the 70B at 8.5 GiB free:
-        # RSS peak 70.6 GiB against a 59.9 GiB budget, CPU_Mapped 42 GiB), and a CPU plan's repacked weights were
-        # in RSS twice (2.26 GiB for a 2 GiB plan of the llama3.1-8b shape, 8 layers)
-        self.params.need("model_params", "a plan within a RAM budget", load_mode=llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
+        # the page cache is not a hidden tier: nothing of the file is mapped, and a cold file is not cached
+        # (load_reads.py). Mapped, every page from the first CPU weight to the last stayed in RSS, GPU and streamed
+        # tensors' too (H100, the 70B at 8.5 GiB free: RSS peak 70.6 GiB against a 59.9 GiB budget, CPU_Mapped
+        # 42 GiB), and a CPU plan's repacked weights were in RSS twice (2.26 GiB for a 2 GiB plan of the
+        # llama3.1-8b shape, 8 layers)
+        self.params.need("model_params", "a plan within a RAM budget", load_mode=self.reads.load_mode)
         pinned = plan.traffic.host_pinned and not paged
         if uses_gpu and not (plan.expert_slots or self.expert_cache or pinned):
             # read, CPU weights would take the GPU's pinned host buffers, which come before the repacking CPU ones:
@@ -207,6 +212,8 @@ class Runtime:
                     raise
                 finally:
                     self.files.close()
+                    if self.reads is not None:
+                        self.reads.settle()
                     lib().hypura_cpu_compute_pageable(False)
         except BaseException:
             self.close()

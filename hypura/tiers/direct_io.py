@@ -7,6 +7,8 @@ bounds in an aligned staging buffer and the wanted slice handed on. Short reads 
 they stopped (realigned); EINTR, EAGAIN and EIO are retried a bounded number of times, then
 raised as DiskReadError with file, offset and size: never a silently missing byte. Where the
 filesystem refuses O_DIRECT (tmpfs), reads are buffered and dropped from the cache after use.
+A reader made `cached` reads a file the page cache holds already (runtime/load_reads.py) through the
+cache and leaves its pages there; `read_into` then reads straight into the destination, one copy.
 """
 
 from __future__ import annotations
@@ -54,16 +56,17 @@ class DirectReader:
     """Reads byte ranges of one file around the page cache, `request` bytes at a time."""
 
     def __init__(self, path: str | os.PathLike, request: int = DISK_REQUEST_BYTES,
-                 retries: int = READ_RETRIES, pread: Pread = os.preadv, staging=None):
+                 retries: int = READ_RETRIES, pread: Pread = os.preadv, staging=None, cached: bool = False):
         """staging: a page-aligned writable buffer of `request + DIRECT_ALIGN` bytes to read into
-        (e.g. pinned memory a copy engine reads from); by default one is mapped here."""
-        self.path, self.retries, self._pread = str(path), retries, pread
+        (e.g. pinned memory a copy engine reads from); by default one is mapped here. cached: read through
+        the page cache and keep the pages (a file it holds already)."""
+        self.path, self.retries, self._pread, self.cached = str(path), retries, pread, cached
         self.request = max(DIRECT_ALIGN, request - request % DIRECT_ALIGN)
         self._own_buf = staging is None
         # one extra block: unaligned starts
         self.buf = aligned_buffer(self.request + DIRECT_ALIGN) if staging is None else staging
         self.fd, self.direct = -1, False
-        self._open(direct=bool(O_DIRECT))
+        self._open(direct=bool(O_DIRECT) and not cached)
         self.size = os.fstat(self.fd).st_size
 
     def _open(self, direct: bool) -> None:
@@ -76,7 +79,8 @@ class DirectReader:
                 return self._open(direct=False)
             raise DiskReadError(f"cannot open {self.path}: {e.strerror}") from None
         self.direct = direct
-        no_cache(self.fd)
+        if not self.cached:
+            no_cache(self.fd)
 
     def read(self, offset: int, nbytes: int, sink: Callable[[memoryview, int], None]) -> None:
         """Hand [offset, offset + nbytes) to sink(piece, position within the range), in order."""
@@ -101,9 +105,45 @@ class DirectReader:
         n = min(want, got - skip)
         if n <= 0:
             raise DiskReadError(f"{self.path}: read at byte {start} returned nothing before the end")
-        if not self.direct and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, start, n, os.POSIX_FADV_DONTNEED)
+        self._drop(start, n)
         return skip, n
+
+    def read_into(self, offset: int, nbytes: int, dest: memoryview) -> None:
+        """[offset, offset + nbytes) into dest (nbytes long): straight into it where reads are buffered,
+        else through the aligned staging buffer."""
+        if self.direct:
+            return self.read(offset, nbytes, lambda piece, at: dest.__setitem__(slice(at, at + len(piece)), piece))
+        self.check_range(offset, nbytes)
+        done = 0
+        while done < nbytes:
+            want = min(self.request, nbytes - done)
+            got = self._read_plain(dest[done:done + want], offset + done)
+            self._drop(offset + done, got)
+            done += got
+
+    def _read_plain(self, view: memoryview, pos: int) -> int:
+        """A buffered read of all of view at pos, continuing short reads; transient errors retried."""
+        got, failures = 0, 0
+        while got < len(view):
+            try:
+                n = self._pread(self.fd, [view[got:]], pos + got)
+            except OSError as e:
+                if e.errno in _TRANSIENT and failures < self.retries:
+                    failures += 1
+                    continue
+                raise DiskReadError(f"{self.path}: reading {len(view)} bytes at {pos + got} failed after "
+                                    f"{failures} retries: {e.strerror or e}") from None
+            if n <= 0:
+                failures += 1
+                if failures > self.retries:
+                    raise DiskReadError(f"{self.path}: reads at byte {pos + got} keep returning nothing")
+            got += max(n, 0)
+        return got
+
+    def _drop(self, start: int, n: int) -> None:
+        """A buffered read of a file not cached before leaves nothing in the cache."""
+        if not self.direct and not self.cached and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, start, n, os.POSIX_FADV_DONTNEED)
 
     def _fill(self, pos: int, length: int) -> int:
         """Read [pos, pos + length) into the staging buffer; fewer bytes only at end of file."""

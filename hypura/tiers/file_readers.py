@@ -8,9 +8,10 @@ from hypura.tiers.direct_io import DISK_REQUEST_BYTES, DirectReader, DiskReadErr
 
 
 class FileReaders:
-    def __init__(self, paths: list[str], request: int = DISK_REQUEST_BYTES, staging=None):
-        """staging: the buffer every reader reads into (see DirectReader); by default each maps its own."""
-        self.paths, self.request, self.staging = paths, request, staging
+    def __init__(self, paths: list[str], request: int = DISK_REQUEST_BYTES, staging=None, cached: bool = False):
+        """staging: the buffer every reader reads into (see DirectReader); by default each maps its own.
+        cached: read through the page cache (DirectReader's `cached`)."""
+        self.paths, self.request, self.staging, self.cached = paths, request, staging, cached
         self._readers: dict[int, DirectReader] = {}
 
     def get(self, file_idx: int, pread: Optional[Pread] = None) -> DirectReader:
@@ -22,7 +23,7 @@ class FileReaders:
                                     f"{len(self.paths)} file{'s' if len(self.paths) != 1 else ''})")
             given = {"pread": pread} if pread is not None else {}
             reader = self._readers[file_idx] = DirectReader(self.paths[file_idx], self.request,
-                                                            staging=self.staging, **given)
+                                                            staging=self.staging, cached=self.cached, **given)
         return reader
 
     def close(self) -> None:

@@ -87,7 +87,7 @@ class LayerStreamer(Mechanism):
         if s.source == RAM:
             piece.pinned = self._pinned + self._pinned_used
             self._pinned_used += -(-info.nbytes // _ALIGN) * _ALIGN
-            self.files.read(info, lambda part, at: ffi.memmove(piece.pinned + at, ffi.from_buffer(part), len(part)))
+            self.files.read_into(info, piece.pinned)
         unit = self._unit(s.pool, s.layer)
         if lib().hypura_stream_add(self.c_stream, tensor, unit) != 0:
             raise HypuraError(f"cannot stream tensor '{info.name}' (more than 64 in one layer?)")

@@ -135,11 +135,12 @@ class _Stack:
 class ExpertPager(Mechanism):
     name = "expert_paging"
 
-    def __init__(self, plan: Plan, tensors: set[str], paths: list[str], n_used: int, budget: int):
+    def __init__(self, plan: Plan, tensors: set[str], paths: list[str], n_used: int, budget: int,
+                 cached: bool = False):
         """tensors: the plan's paged_tensors; budget: RAM bytes for resident disk experts (at least
-        n_used experts of the largest layer)."""
+        n_used experts of the largest layer); cached: the load reads through the page cache (load_reads.py)."""
         super().__init__()
-        self.files = FileFiller(paths)  # the loader's thread, at load
+        self.files = FileFiller(paths, cached)  # the loader's thread, at load
         self._reads = ReadPipeline(paths, plan.rates.disk_readers, preparers=fault_in_threads())  # compute time
         self.tensors = tensors
         # layer -> experts the plan keeps on disk (any of the layer's stacked tensors)
