@@ -5,7 +5,7 @@ loader asserts on; a bad file raises hypura.errors.ModelFileError with one line 
 its value and what was expected.
 """
 
-from hypura.modelfile.header import KV, ModelHeader, TensorEntry, read_header, read_kv
+from hypura.modelfile.header import KV, ModelHeader, TensorEntry, read_header, read_kv, read_vocab
 from hypura.modelfile.reader import STRUCT_CODES
 
-__all__ = ["KV", "ModelHeader", "TensorEntry", "STRUCT_CODES", "read_header", "read_kv"]
+__all__ = ["KV", "ModelHeader", "TensorEntry", "STRUCT_CODES", "read_header", "read_kv", "read_vocab"]

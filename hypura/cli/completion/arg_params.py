@@ -25,6 +25,7 @@ from hypura.cli.completion.common_params import (
     sampler_type,
 )
 from hypura.cli.completion.speculative import spec_settings
+from hypura.speculative.settings import SpecSettings
 
 
 def _b(text: str) -> bytes:
@@ -233,7 +234,7 @@ def build_settings(kw: dict) -> Settings:
     if kw["logit_bias"]:
         sp["logit_bias"] = tuple(_convert("-l", v, _logit_bias) for v in kw["logit_bias"])
 
-    s["speculative"] = spec_settings(kw)
+    s["speculative"] = spec_settings(kw, SpecSettings(type="auto"))  # n-gram drafting where the plan makes it pay
     settings = Settings(**s, sampling=SamplingSettings(**sp, user_set=frozenset(user_set)))
     if settings.escape:  # common_params_parse_ex: escapes in the prompt, prefix/suffix, reverse prompts
         settings = replace(
