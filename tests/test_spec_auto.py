@@ -224,3 +224,41 @@ def test_served_with_an_automatic_draft_replies_as_without(smollm2_path, only, m
         assert wait_idle(engine)["speculative"]["passes"] > 0
     finally:
         server.stop()
+
+
+# --- the engine steps aside as the batch grows (fake step costs) -------------------------------------
+
+class _Decoding:
+    def __init__(self, slot: int):
+        self.slot, self.next_token, self.tokens_left = slot, 7, 64
+        self.prompt, self.generated = [1, 2, 3, 7] * 8, []  # an n-gram drafter finds the repeat
+
+
+def _engine_spec(step_s, n_min=0):
+    from hypura.engine.speculate import Speculation
+    from hypura.speculative.cost import PassTimes
+
+    s = Speculation(SpecSettings(type="ngram-simple", ngram_size_n=2, n_min=n_min), SimpleNamespace(plan=None),
+                    max_tokens=512, n_seq=16, n_ctx_per_seq=512)
+    s.steps = PassTimes.given({n: step_s(n) for n in (1, 4, 16, 64, 128, 256)})
+    return s
+
+
+@pytest.mark.parametrize("step_s, n_seq, aside", [
+    (lambda n: 1.0 + 0.001 * n, 16, False),  # streamed weights: drafts ride along for free
+    (lambda n: 0.01 * n, 16, True),  # a step costs its tokens: 16 clients fill it already
+    (lambda n: 0.01 * n, 1, False),  # one client always speculates (its draft length is its own choice)
+])
+def test_engine_drafts_only_where_the_step_pays(step_s, n_seq, aside):
+    spec = _engine_spec(step_s)
+    seqs = [_Decoding(i) for i in range(n_seq)]
+    drafts, _ = spec.drafts(seqs)
+    assert spec.aside is aside and (drafts == {}) is aside
+    if not aside:
+        assert all(drafts[s] for s in seqs)
+
+
+def test_pinned_draft_length_never_steps_aside():
+    spec = _engine_spec(lambda n: 0.01 * n, n_min=4)
+    drafts, _ = spec.drafts([_Decoding(i) for i in range(16)])
+    assert not spec.aside and all(len(d) >= 4 for d in drafts.values())
