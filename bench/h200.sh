@@ -8,7 +8,7 @@
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
 #   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
-#           passes | serve-np16 | serve | store | drafts | spec | pack
+#           passes | serve-np16 | serve | store | drafts | spec | spec-serve | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -271,6 +271,20 @@ spec)  # speculative decoding in one phase (~6 min): l70 at 8 GiB with the synth
     [ -z "$others" ] || sp l70-vanilla 150 $M70 $others --no-hypura --vanilla-spec-args "-ngl 14 -ngld 99"
     sp q3 150 $MQ3 --draft "$(draftq3)" --tree 0,4 --gpu-mem 4GiB --vanilla-spec-args "-ngl 99 -ncmoe 41 -ngld 99" \
         --vanilla-bench-args "-ngl 99 -ncmoe 41"
+    ;;
+spec-serve)  # hypura serve with no speculation flags (auto: the 0.8 draft found in a store beside the 70B) for 1 and
+    # 16 clients, beside --spec-type none (~4 min): the one client gains, sixteen lose nothing (the engine steps aside)
+    drafts_done
+    mkdir -p /dev/shm/spec-store && ln -sf "$(draft70 0.8)" /dev/shm/spec-store/l70-draft.gguf
+    for c in 1 16; do
+        for sp in auto none; do
+            timeout 200 python3 bench/serve_throughput.py $M70 --clients $c --parallel 16 --tokens 32 --gpu-mem 8GiB \
+                --ram 64GiB --threads 16 --spec $sp --models-dir /dev/shm/spec-store --served-only \
+                --json "$RES/spec-serve-c$c-$sp.json" > "$RES/spec-serve-c$c-$sp.txt" 2>&1 || note "spec-serve $c $sp: rc $?"
+            grep -a "^| hypura serve\|^speculative:\|hypura: draft" "$RES/spec-serve-c$c-$sp.txt" \
+                | sed "s/^/spec-serve $c clients, $sp: /" | tee -a "$RES/summary.txt"
+        done
+    done
     ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null
