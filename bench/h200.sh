@@ -257,13 +257,13 @@ spec)  # speculative decoding in one phase (~6 min): l70 at 8 GiB with the synth
     # and trees, one load; vanilla's plain decode and llama-speculative-simple with the same pairs (mmap; -lm none at
     # 0.8); q3 at 4 GiB at 0.8 the same. The drafts are made by setup's background job (drafts_done).
     drafts_done
-    n=${SPEC_TOKENS:-48} agreements=${AGREEMENTS:-0.6 0.8 0.9}
+    n=${SPEC_TOKENS:-32} agreements=${AGREEMENTS:-0.6 0.8 0.9}  # 32 tokens: vanilla decodes 1.2 tok/s with its draft
     sp() { local name=$1 limit=$2; shift 2
         timeout "$limit" python3 bench/spec.py "$@" --tokens "$n" --n-max 16 --threads 16 --vanilla-timeout 100 \
             --json "$RES/spec-$name.json" > "$RES/spec-$name.txt" 2>&1 || note "spec $name: rc $?"
         sed -n '/^summary$/,$p' "$RES/spec-$name.txt" | grep '^prompt ' | sed "s/^prompt    /spec $name /" \
             | tee -a "$RES/summary.txt"; }
-    sp l70-hypura 200 $M70 $(for a in $agreements; do echo --draft $(draft70 $a); done) --tree 0,4 \
+    sp l70-hypura 240 $M70 $(for a in $agreements; do echo --draft $(draft70 $a); done) --tree 0,4 \
         --gpu-mem 8GiB --ram 64GiB --no-vanilla
     sp l70-vanilla-0.8 200 $M70 --draft "$(draft70 0.8)" --no-hypura --vanilla-spec-args "-ngl 14 -ngld 99" \
         --vanilla-spec-args "-ngl 14 -ngld 99 -lm none" --vanilla-bench-args "-ngl 14"
