@@ -7,8 +7,8 @@
 # llama-batched-bench from it are vanilla llama.cpp of the same source.
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
-#   phases: setup | ab | profile | defaults | loads | prefill | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep |
-#           vanilla-best | passes | serve-np16 | serve | store | spec | pack
+#   phases: setup | ab | profile | defaults | loads | prefill | smoke | cgroup | batched-l70 | batched-q14 | batched-q3 |
+#           perstep | vanilla-best | passes | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -25,6 +25,9 @@ hycli() { python3 -m hypura.cli.completion "$@"; }
 old() { PYTHONPATH=/tmp/site:$PWD/.oldtree python3 -m hypura.cli.main "$@"; }
 libdir() { cat /tmp/hypura-lib; }
 models_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
+draft70() { echo /dev/shm/l70-d$1.gguf; }  # the synthetic drafts (setup's background job writes them there)
+draftq3() { echo /dev/shm/q3-d0.8.gguf; }
+drafts_done() { if [ -f /tmp/drafts.started ]; then while [ ! -f /tmp/drafts.rc ]; do sleep 5; done; else phase drafts; fi; }
 drop_cache() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 note() { echo "$*" | tee -a "$RES/summary.txt"; }
 tps() { grep -o '"avg_ts": [0-9.]*' "$1" | awk '{print $2}' | paste -sd' '; }
@@ -65,9 +68,9 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
     if [ "${MODELS:-1}" = 1 ] && [ ! -f /tmp/synth.rc ]; then
         setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK --block-out-scale 0.000001 > /tmp/synth70.log 2>&1 &
-            python3 -m hypura.cli.main synth qwen3-30b-a3b $MQ3 --tokenizer-from $TOK > /tmp/synthq3.log 2>&1 &
+            python3 -m hypura.cli.main synth qwen3-30b-a3b $MQ3 --tokenizer-from $TOK --block-out-scale 0.000001 > /tmp/synthq3.log 2>&1 &
             python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; wait
-            echo done > /tmp/synth.rc" > /dev/null 2>&1 &
+            echo done > /tmp/synth.rc; bash bench/h200.sh drafts > /tmp/synth-drafts.log 2>&1" > /dev/null 2>&1 &
     fi
     start=$SECONDS
     if ls .prebuilt/lib-$KEY.tar.xz.part* > /dev/null 2>&1; then
@@ -280,16 +283,46 @@ store)  # models by name: an Ollama store of the 70B and the MoE served with no 
         --json "$RES/store-switch-48g.json" > "$RES/store-switch-48g.txt" 2>&1
     tail -15 "$RES/store-switch-48g.txt" | tee -a "$RES/summary.txt"
     ;;
-spec)  # speculative decoding: the 70B at 8 GiB with a synthetic draft per agreement, beside vanilla's plain and speculative decode
+drafts)  # the synthetic drafts spec needs (setup's background job runs this after the models; else spec does)
     models_done
-    for a in ${AGREEMENTS:-0.8 0.6 0.9}; do
-        [ -f /dev/shm/l70-d$a.gguf ] || hy synth --draft-for $M70 /dev/shm/l70-d$a.gguf --agreement $a --layers 2 > "$RES/synth-draft-$a.log" 2>&1
-        vb="-ngl 14"; [ $a = 0.8 ] || vb=""  # vanilla's plain decode once
-        for lm in "" "-lm none"; do
-            timeout 240 python3 bench/spec.py $M70 --draft /dev/shm/l70-d$a.gguf --gpu-mem 8GiB --ram 64GiB --tokens 64 \
-                --n-max 16 --threads 16 --vanilla-spec-args "-ngl 14 -ngld 99 $lm" ${vb:+--vanilla-bench-args "$vb $lm"} \
-                $([ -n "$lm" ] && echo --no-plain) --json "$RES/spec-l70-$a${lm:+-lmnone}.json" > "$RES/spec-l70-$a${lm:+-lmnone}.txt" 2>&1
-            grep -v '^[{} ]' "$RES/spec-l70-$a${lm:+-lmnone}.txt" | tail -4 | sed "s/^/spec $a ${lm}: /" | tee -a "$RES/summary.txt"
+    echo started > /tmp/drafts.started
+    for a in 0.6 0.8 0.9; do
+        [ -f "$(draft70 $a)" ] || hy synth --draft-for $M70 "$(draft70 $a)" --agreement $a --layers 2 > "$RES/synth-draft-$a.log" 2>&1 &
+    done
+    [ -f "$(draftq3)" ] || hy synth --draft-for $MQ3 "$(draftq3)" --agreement 0.8 --layers 2 > "$RES/synth-draft-q3.log" 2>&1
+    wait
+    echo done > /tmp/drafts.rc
+    ;;
+spec)  # speculative decoding in one phase (~6 min): l70 at 8 GiB with the synthetic drafts at 0.6 / 0.8 / 0.9, chains
+    # and trees, one load; vanilla's plain decode and llama-speculative-simple with the same pairs (mmap; -lm none at
+    # 0.8); q3 at 4 GiB at 0.8 the same. The drafts are made by setup's background job (drafts_done).
+    drafts_done
+    n=${SPEC_TOKENS:-32} agreements=${AGREEMENTS:-0.6 0.8 0.9}  # 32 tokens: vanilla decodes 1.2 tok/s with its draft
+    sp() { local name=$1 limit=$2; shift 2
+        timeout "$limit" python3 bench/spec.py "$@" --tokens "$n" --n-max 16 --threads 16 --vanilla-timeout 100 \
+            --json "$RES/spec-$name.json" > "$RES/spec-$name.txt" 2>&1 || note "spec $name: rc $?"
+        sed -n '/^summary$/,$p' "$RES/spec-$name.txt" | grep '^prompt ' | sed "s/^prompt    /spec $name /" \
+            | tee -a "$RES/summary.txt"; }
+    sp l70-hypura 240 $M70 $(for a in $agreements; do echo --draft $(draft70 $a); done) --tree 0,4 \
+        --gpu-mem 8GiB --ram 64GiB --no-vanilla
+    sp l70-vanilla-0.8 200 $M70 --draft "$(draft70 0.8)" --no-hypura --vanilla-spec-args "-ngl 14 -ngld 99" \
+        --vanilla-spec-args "-ngl 14 -ngld 99 -lm none" --vanilla-bench-args "-ngl 14"
+    others=$(for a in $agreements; do [ $a = 0.8 ] || echo --draft $(draft70 $a); done)
+    [ -z "$others" ] || sp l70-vanilla 150 $M70 $others --no-hypura --vanilla-spec-args "-ngl 14 -ngld 99"
+    sp q3 150 $MQ3 --draft "$(draftq3)" --tree 0,4 --gpu-mem 4GiB --vanilla-spec-args "-ngl 99 -ncmoe 41 -ngld 99" \
+        --vanilla-bench-args "-ngl 99 -ncmoe 41"
+    ;;
+spec-serve)  # hypura serve with no speculation flags (auto: the 0.8 draft found in a store beside the 70B) for 1 and
+    # 16 clients, beside --spec-type none (~4 min): the one client gains, sixteen lose nothing (the engine steps aside)
+    drafts_done
+    mkdir -p /dev/shm/spec-store && ln -sf "$(draft70 0.8)" /dev/shm/spec-store/l70-draft.gguf
+    for c in 1 16; do
+        for sp in auto none; do
+            timeout 200 python3 bench/serve_throughput.py $M70 --clients $c --parallel 16 --tokens 32 --gpu-mem 8GiB \
+                --ram 64GiB --threads 16 --spec $sp --models-dir /dev/shm/spec-store --served-only \
+                --json "$RES/spec-serve-c$c-$sp.json" > "$RES/spec-serve-c$c-$sp.txt" 2>&1 || note "spec-serve $c $sp: rc $?"
+            grep -a "^| hypura serve\|^speculative:\|hypura: draft" "$RES/spec-serve-c$c-$sp.txt" \
+                | sed "s/^/spec-serve $c clients, $sp: /" | tee -a "$RES/summary.txt"
         done
     done
     ;;

@@ -1,7 +1,7 @@
 """What HTTP costs: aggregate decode through `hypura serve` beside the engine driven directly.
 
     python3 bench/serve_throughput.py [MODEL] [--clients 16] [--parallel N (default: --clients)] [--tokens 128]
-        [--threads N] [--gpu-mem 8GiB --ram 64GiB] [--json FILE]
+        [--threads N] [--gpu-mem 8GiB --ram 64GiB] [--spec none|auto [--models-dir DIR]] [--served-only] [--json FILE]
 
 Both runs load the model the same way (hypura.engine.load: `parallel` sequences, the budgets' plan made
 for steps of `parallel` tokens) and generate `--tokens` tokens for each of `--clients` requests with
@@ -11,7 +11,9 @@ streaming) against the server on 127.0.0.1. Reported for each: aggregate decode 
 --parallel` counts it (the engine's decode-only steps: generated tokens / their time), generated tok/s
 end to end (prompts and queue included), requests/s; for the served run the median time to first
 token (all clients start at once, so it includes the queue) and served/engine ratios. A table goes to
-stderr, the JSON to stdout (and --json FILE).
+stderr, the JSON to stdout (and --json FILE). --spec auto: speculation as `hypura serve` does it unless told
+(a draft found in the stores and --models-dir, else n-gram drafting, where the plan streams weights; the
+engine's speculative counters reported); none (the default here): off.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ PROMPTS = [f"Write a short story about the number {i}." for i in range(1024)]
 def engine_run(args) -> dict:
     from hypura.engine import SamplingParams, load
 
-    llm, engine = load(args.model, args.parallel, args.ctx, gpu_mem=args.gpu_mem, ram=args.ram, **_threads(args))
+    from hypura.engine import EngineConfig
+
+    llm, engine = load(args.model, args.parallel, args.ctx, config=EngineConfig(speculative=_spec(args)),
+                       gpu_mem=args.gpu_mem, ram=args.ram, **_threads(args))
     try:
         params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, seed=0)
         warm = engine.submit(engine.tokenize(PROMPTS[-1]), params)
@@ -49,12 +54,23 @@ def engine_run(args) -> dict:
     return {"elapsed_s": elapsed, "tokens": tokens, **decode, **_plan_summary(plan)}
 
 
+def _spec(args):
+    """--spec auto: hypura serve's default speculation (SpecSettings of type auto, searching --models-dir too)."""
+    if args.spec == "none":
+        return None
+    from hypura.speculative.auto import AutoDraft
+    from hypura.speculative.settings import SpecSettings
+
+    return SpecSettings(type="auto", draft_model=AutoDraft(args.models_dir))
+
+
 def _decode_since(before: dict, after: dict) -> dict:
     """The engine's decode-only steps between two metrics() snapshots, as `hypura bench --parallel` times them."""
     tokens = after["decode"]["tokens"] - before["decode"]["tokens"]
     seconds = after["decode"]["seconds"] - before["decode"]["seconds"]
     return {"decode_tok_s": tokens / seconds if seconds else 0.0, "decode_steps": after["decode"]["steps"] -
-            before["decode"]["steps"], "failed_steps": after["failed_steps"] - before["failed_steps"]}
+            before["decode"]["steps"], "failed_steps": after["failed_steps"] - before["failed_steps"],
+            "speculative": after.get("speculative")}
 
 
 def _plan_summary(plan) -> dict:
@@ -100,7 +116,7 @@ def served_run(args) -> dict:
 
     settings = ServeSettings(models=(args.model,), port=0, parallel=args.parallel, n_ctx=args.ctx,
                              gpu_mem=args.gpu_mem, ram=args.ram, max_queue=max(64, args.clients),
-                             llama_kwargs=_threads(args))
+                             speculative=_spec(args), llama_kwargs=_threads(args))
     server = Server(settings, log_level="warning").start()
     try:
         while not server.state.ready:
@@ -130,26 +146,37 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--gpu-mem", default=None)
     p.add_argument("--ram", default=None)
+    p.add_argument("--spec", choices=("none", "auto"), default="none", help="auto: hypura serve's default speculation")
+    p.add_argument("--models-dir", default=None, help="--spec auto: a folder searched for a draft too")
+    p.add_argument("--served-only", action="store_true", help="no engine-alone run")
     p.add_argument("--json", dest="json_out", default=None, help="write the JSON here too")
     args = p.parse_args()
     args.model = args.model or str(default_model_path())
     args.parallel = args.parallel or args.clients
-    runs = {"engine": engine_run(args)}
-    print(json.dumps({"engine": runs["engine"]}), file=sys.stderr, flush=True)  # kept if the served run fails
+    runs = {}
+    if not args.served_only:
+        runs["engine"] = engine_run(args)
+        print(json.dumps({"engine": runs["engine"]}), file=sys.stderr, flush=True)  # kept if the served run fails
     runs["served"] = served_run(args)
     for r in runs.values():
         r.update(generated_tok_s=r["tokens"] / r["elapsed_s"], requests_s=args.clients / r["elapsed_s"])
     result = {"model": args.model, "clients": args.clients, "parallel": args.parallel, "tokens": args.tokens,
               "budgets": {"gpu_mem": args.gpu_mem, "ram": args.ram}, **runs,
               "served_over_engine": {k: runs["served"][k] / runs["engine"][k] if runs["engine"][k] else None
-                                     for k in ("decode_tok_s", "generated_tok_s")}}
+                                     for k in ("decode_tok_s", "generated_tok_s")} if "engine" in runs else {}}
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     say(f"{args.clients} requests x {args.tokens} tokens, parallel {args.parallel}")
     say("| run | aggregate decode tok/s | generated tok/s | requests/s | time to first token (median) |")
     say("|---|---|---|---|---|")
-    for name, r in (("engine", runs["engine"]), ("hypura serve + openai clients", runs["served"])):
+    for name, r in (("engine", runs.get("engine")), ("hypura serve + openai clients", runs["served"])):
+        if r is None:
+            continue
         ttft = f"{r['ttft_s'] * 1000:.0f} ms" if "ttft_s" in r else "-"
         say(f"| {name} | {r['decode_tok_s']:.1f} | {r['generated_tok_s']:.1f} | {r['requests_s']:.2f} | {ttft} |")
+    spec = runs["served"].get("speculative")
+    if spec:
+        say(f"speculative: {spec['type']}{' ' + spec['draft'] if spec.get('draft') else ''}: {spec['passes']} passes, "
+            f"{spec['tokens_per_pass']:.2f} tokens a pass, {spec['steps']} steps drafted, {spec['aside_steps']} set aside")
     say("served / engine: " + ", ".join(f"{k} {v:.2f}" for k, v in result["served_over_engine"].items() if v))
     text = json.dumps(result, indent=1)
     print(text)

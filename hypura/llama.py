@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import functools
 import os
 import sys
 import time
@@ -44,6 +46,7 @@ from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E40
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
+from hypura.speculative.auto import is_auto  # noqa: E402
 from hypura.speculative.draft_model import draft_path  # noqa: E402
 from hypura.store import resolve_path  # noqa: E402
 
@@ -122,7 +125,10 @@ class Llama(llama_cpp.Llama):
             a Hypura drafter (hypura.speculative: NgramSimple, PromptLookup, DraftModel) or a draft GGUF's
             path (its vocabulary must be this model's), or a hypura.speculative.DraftTree (a draft GGUF's
             trees of candidates, verified in one pass); the draft length or tree size follows the passes'
-            measured cost (hypura.speculative.llama_draft), and stats()["speculative"] reports them.
+            measured cost (hypura.speculative.llama_draft), and stats()["speculative"] reports them. "auto": a
+            draft found in the stores (hypura.speculative.auto: where the plan streams weights, a model with this
+            one's vocabulary, planned beside it, kept where the cost model predicts a gain; `draft_found` names it,
+            None when none was kept: then no speculation).
         profile: the hypura.profile.MachineProfile plans are made with (default: this machine's cached one,
             measured now on first use).
         expert_cache: MoE models: slots per layer (or ExpertCacheSettings) of an expert cache in GPU
@@ -132,7 +138,8 @@ class Llama(llama_cpp.Llama):
         draft_beside: a draft GGUF that will be loaded beside this model (hypura-cli's -md, the engine's
             speculation; a draft_model given as a path or a DraftTree sets it): the decision keeps its memory
             within the budgets or the free memory, on the GPU or in RAM, whichever the plans predict makes
-            the faster speculative pass (hypura.plan.beside), and the draft loads there.
+            the faster speculative pass (hypura.plan.beside), and the draft loads there. "auto" or a
+            hypura.speculative.auto.AutoDraft: one found as for draft_model="auto" (`draft_found`).
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
@@ -155,6 +162,8 @@ class Llama(llama_cpp.Llama):
         self.decision = decision = self._decide(k, param_overrides, plan, placement_policy is not None or
                                                 override_tensor is not None, expert_cache is not None, fit, profile,
                                                 draft_beside or draft_path(kwargs.get("draft_model")))
+        if is_auto(k.get("draft_model")):  # the draft the decision found (or none: no speculation)
+            k["draft_model"] = str(self.draft_found) if self.draft_found else None
         self.fit_decision = decision if decision.line else None  # what the default path or the budgets chose
         self.plan = decision.plan
         context = param_overrides.setdefault("context_params", {})
@@ -196,15 +205,30 @@ class Llama(llama_cpp.Llama):
 
         model, context = overrides.get("model_params", {}), overrides.get("context_params", {})
         say = fit.say or (_stderr if k["verbose"] else None)
+        n_ubatch = context.get("n_ubatch", k["n_ubatch"])
         ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
-                  n_ubatch=context.get("n_ubatch", k["n_ubatch"]),
-                  n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
-                  placement=placed, expert_cache=expert_cache, fit=fit,
-                  beside=Beside.of(read_header(draft), context.get("n_ubatch", k["n_ubatch"])) if draft else None)
-        decision = decide(self.header, ask, lambda: fit.free or free_memory(),
-                          profile or (lambda: planning_profile(self.header.path, say, measure=fit.measure_profile)),
-                          steps=(max(1, context.get("n_seq_max", 1)),),
+                  n_ubatch=n_ubatch, n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
+                  placement=placed, expert_cache=expert_cache, fit=fit)
+        machine = profile or functools.cache(lambda: planning_profile(self.header.path, say, measure=fit.measure_profile))
+
+        def decide_beside(beside: Optional[Beside]) -> Decision:
+            return decide(self.header, dataclasses.replace(ask, beside=beside), lambda: fit.free or free_memory(),
+                          machine, steps=(max(1, context.get("n_seq_max", 1)),),
                           routing=lambda: Routing(*routing_frequencies(self.header)))
+
+        self.draft_found = None
+        if is_auto(draft):  # a draft from the stores, planned beside; kept where the cost model predicts a gain
+            from hypura.speculative.auto import AutoDraft, find_draft
+
+            decision = decide_beside(None)
+            found = find_draft(self.header, decision, decide_beside, draft if isinstance(draft, AutoDraft)
+                               else AutoDraft(), n_ubatch)
+            if found is not None:
+                decision, self.draft_found = found.decision, found.path
+                if say is not None:
+                    say(found.line())
+        else:
+            decision = decide_beside(Beside.of(read_header(draft), n_ubatch) if draft else None)
         if decision.line and say is not None:
             say(decision.line)
         return decision

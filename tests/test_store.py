@@ -128,9 +128,9 @@ def test_list_plan(store, monkeypatch):
     listed = CliRunner().invoke(cli, ["list", "--plan"])
     assert listed.exit_code == 0, listed.output
     header, *rows = listed.stdout.splitlines()
-    assert header.split()[:6] == ["NAME", "SIZE", "QUANT", "MODE", "CONTEXT", "TOK/S"]
-    for row in rows:
-        assert "full-resident" in row and float(row.split()[6]) > 0
+    assert header.split()[:7] == ["NAME", "SIZE", "QUANT", "MODE", "CONTEXT", "TOK/S", "DRAFT"]
+    for row in rows:  # resident models: no draft searched for (speculative/auto.py)
+        assert "full-resident" in row and float(row.split()[6]) > 0 and row.split()[8] == "-"
 
 
 def test_hypura_cli_by_name(store):

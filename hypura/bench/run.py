@@ -115,7 +115,13 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
         if batched is not None:
             result = run_batch_bench(llm, plan, dataclasses.replace(batched, n_threads=llm.n_threads), run_rates, say)
         elif a.spec is not None:
-            result = run_spec_bench(llm, plan, a.spec, SpecBenchSettings(a.n_gen[0], a.repetitions), say, run_rates)
+            from hypura.speculative.auto import resolve
+
+            spec = resolve(a.spec, llm)  # --spec-type auto / -md auto: what this plan gets
+            if spec is None:
+                raise HypuraError("speculative decoding of type auto: no draft found and n-gram drafting does not "
+                                  "pay with this plan (a pass costs about its tokens)")
+            result = run_spec_bench(llm, plan, spec, SpecBenchSettings(a.n_gen[0], a.repetitions), say, run_rates)
         else:
             result = run_bench(llm, plan, dataclasses.replace(single, n_threads=llm.n_threads), say, run_rates)
     finally:

@@ -64,12 +64,15 @@ def run_spec_bench(llm, plan, spec, s: SpecBenchSettings, say=lambda msg: None, 
         "plain_tok_s": spread([r.tok_s for r in plain]),  # {} without plain runs
         "spec_tok_s": spread([r.tok_s for r in fast]),
         "tokens_per_pass": spread([x["tokens_per_pass"] for x in stats]),
+        "accepted_per_pass": spread([x["accepted_per_pass"] for x in stats]),
+        "drafted_per_pass": spread([x["drafted_per_pass"] for x in stats]),
         "acceptance": spread([x["acceptance"] for x in stats]),
         "pass_ms": spread([x["pass_ms"] for x in stats]),
         "draft_ms": spread([x["draft_ms"] for x in stats]),
         "pass_ms_by_tokens": last["pass_ms_by_tokens"],
         "greedy_identical": all(a.tokens == b.tokens for a, b in zip(plain, fast)) if plain else None,
         "draft_on_gpu": llm.decision.beside_on_gpu,
+        "tokens": {"plain": plain[-1].tokens if plain else None, "spec": fast[-1].tokens},  # the last runs'
     }
     if plain:
         result["speedup"] = result["spec_tok_s"]["median"] / result["plain_tok_s"]["median"]

@@ -10,24 +10,33 @@ from hypura.sizes import fmt_size
 from hypura.store.catalog import MODELS_DIR_ENV, Catalog
 
 
-def plan_now(header, profile):
-    """(mode, context, predicted decode tok/s) on this machine's free memory: hypura-cli's default path, and
-    where the model fits as llama.cpp places it, the plan within the same memory (as `hypura inspect`)."""
+def plan_now(header, profile, catalog=None):
+    """(mode, context, predicted decode tok/s, draft) on this machine's free memory: hypura-cli's default path, and
+    where the model fits as llama.cpp places it, the plan within the same memory (as `hypura inspect`); the draft
+    `-md auto` and `hypura serve` would keep beside it from `catalog` (speculative/auto.py; "-": none)."""
+    import dataclasses
+
     from hypura.plan.auto import Fit
     from hypura.plan.decision import Ask, Routing, decide
     from hypura.profile.free import free_memory
     from hypura.runtime.moe.coactivation import routing_frequencies
+    from hypura.speculative.auto import AutoDraft, find_draft
 
     routing = lambda: Routing(*routing_frequencies(header))  # noqa: E731  (as a run plans: recorded routing)
-    decision = decide(header, Ask(fit=Fit(measure_profile=False), always_plan=True), free_memory(), profile,
-                      routing=routing)
+    ask, free = Ask(fit=Fit(measure_profile=False), always_plan=True), free_memory()
+    decide_with = lambda beside: decide(header, dataclasses.replace(ask, beside=beside), free, profile,  # noqa: E731
+                                        routing=routing)
+    decision = decide_with(None)
     plan = decision.plan
-    return (f"fits ({plan.mode})" if decision.fits else plan.mode), decision.n_ctx, plan.prediction.decode_tok_s
+    found = find_draft(header, decision, decide_with, AutoDraft(), ask.n_ubatch, catalog) if catalog else None
+    draft = f"{found.name} ({found.gain:.1f}x)" if found else "-"
+    return (f"fits ({plan.mode})" if decision.fits else plan.mode), decision.n_ctx, plan.prediction.decode_tok_s, draft
 
 
 @click.command("list")
 @click.option("--plan", "with_plan", is_flag=True,
-              help="Also what Hypura would do with each model on this machine now: mode, context, predicted tok/s.")
+              help="Also what Hypura would do with each model on this machine now: mode, context, predicted tok/s, "
+                   "and the draft -md auto and `hypura serve` would keep beside it (with its predicted gain).")
 @click.option("--models-dir", type=click.Path(file_okay=False), envvar=MODELS_DIR_ENV,
               help=f"A folder of GGUF files searched too (or ${MODELS_DIR_ENV}).")
 def list_models(with_plan, models_dir) -> None:
@@ -42,17 +51,17 @@ def list_models(with_plan, models_dir) -> None:
         from hypura.profile.store import machine_profile
 
         profile = machine_profile(None)
-    rows = [("NAME", "SIZE", "QUANT", *(("MODE", "CONTEXT", "TOK/S") if with_plan else ()), "WHERE")]
+    rows = [("NAME", "SIZE", "QUANT", *(("MODE", "CONTEXT", "TOK/S", "DRAFT") if with_plan else ()), "WHERE")]
     problems = [f"{p.name}: {p.line}" for p in catalog.problems]
     for m in catalog:
         try:
             header = read_header(m.path)
-            planned = plan_now(header, profile) if with_plan else ()
+            planned = plan_now(header, profile, list(catalog)) if with_plan else ()
         except HypuraError as e:  # a broken file (ModelFileError) or a plan that cannot be made
             problems.append(f"{m.name}: {e}")
             continue
         if planned:
-            planned = (planned[0], str(planned[1]), f"{planned[2]:.1f}")
+            planned = (planned[0], str(planned[1]), f"{planned[2]:.1f}", planned[3])
         rows.append((m.name, fmt_size(m.size), quantization_level(header.metadata) or "?", *planned, m.where))
     if len(rows) == 1:
         where = ", ".join(str(root) for _, root in catalog.searched)

@@ -14,11 +14,14 @@ from hypura.serve.settings import DEFAULT_HOST, DEFAULT_MAX_LOADED, DEFAULT_PORT
 from hypura.store.catalog import MODELS_DIR_ENV
 
 
-def speculative(spec: dict):
-    """The --spec-* flags as the engine's SpecSettings; None (no speculation) without -md or --spec-type."""
+def speculative(spec: dict, models_dir=None):
+    """The --spec-* flags as the engine's SpecSettings; without -md or --spec-type, auto: a draft found in the
+    stores, else n-gram drafting, where the model's plan makes it pay (speculative/auto.py); --spec-type none: off."""
     from hypura.engine import EngineConfig
+    from hypura.speculative.auto import AutoDraft
+    from hypura.speculative.settings import SpecSettings
 
-    settings = spec_from_flags(spec)
+    settings = spec_from_flags(spec, SpecSettings(type="auto", draft_model=AutoDraft(models_dir and Path(models_dir))))
     EngineConfig(speculative=settings)  # what the engine refuses (a tree), refused before any model loads
     return settings
 
@@ -104,7 +107,7 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
                              host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
                              max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
-                             cors_origins=cors_origins, timeout_s=timeout_s, speculative=speculative(spec),
+                             cors_origins=cors_origins, timeout_s=timeout_s, speculative=speculative(spec, models_dir),
                              llama_kwargs={**_threads(threads, threads_batch),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr

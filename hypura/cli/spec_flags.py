@@ -15,12 +15,12 @@ def spec_options(command):
     return command
 
 
-def spec_from_flags(spec: dict):
-    """The --spec-* flags as SpecSettings; None (no speculation) without -md or --spec-type."""
+def spec_from_flags(spec: dict, default=None):
+    """The --spec-* flags as SpecSettings; `default` without -md or --spec-type (None: no speculation)."""
     from hypura.cli.completion.arg_values import ArgvError
     from hypura.cli.completion.speculative import spec_settings
 
     try:
-        return spec_settings(dict(spec))
+        return spec_settings(dict(spec), default)
     except ArgvError as e:
         raise HypuraError(str(e)) from None

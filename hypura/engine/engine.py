@@ -172,6 +172,9 @@ class Engine:
             active = self._counters.submitted - sum(self._counters.finished.values()) - queued
             out = self._counters.as_dict(active=active, queued=queued)
         out.update(parallel=self.config.parallel, n_ctx_per_seq=self.n_ctx_per_seq, step_tokens=self.step_tokens)
+        if self._spec is not None:  # what speculates (strings: in the JSON, not among /metrics' numbers)
+            s = self.config.speculative
+            out["speculative"].update(type=s.type, draft=s.draft_model.name if s.draft_model else None)
         with self._step_lock:  # the engine thread updates llm's counters during a step
             out["llm"] = self.llm.stats()
         return out
@@ -217,6 +220,9 @@ class Engine:
                     if self._active:
                         t0 = time.perf_counter()
                         drafts, draft_s = self._spec.drafts(self._active) if self._spec else ({}, 0.0)
+                        if self._spec is not None and self._spec.aside:
+                            with self._cond:
+                                self._counters.spec.aside_steps += 1
                         self._step(plan_step(self._active, self.step_tokens, drafts), t0, draft_s)
         except BaseException as e:  # a bug: every request learns of it, and submit() refuses new ones
             log.exception("the engine loop failed")
@@ -311,6 +317,8 @@ class Engine:
                 self._finish(seq, "error", error)
             return
         decode_s = time.perf_counter() - t_decode
+        if self._spec is not None and step.decode_only:
+            self._spec.record_step(step.n_tokens, decode_s, draft_s)
         picks = self._greedy_picks(step, first)
         generated, spec = 0, SpecCounters()
         seq_draft_s = draft_s / max(sum(not c.prompt for c in step.chunks), 1)  # drafting time, per sequence

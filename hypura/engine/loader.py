@@ -11,6 +11,7 @@ import llama_cpp
 from hypura.engine.config import EngineConfig
 from hypura.engine.engine import Engine
 from hypura.errors import HypuraError
+from hypura.speculative.auto import resolve
 
 
 def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, **kwargs) -> dict:
@@ -52,6 +53,8 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)
     llm = Llama(str(model_path), **engine_llama_kwargs(parallel, n_ctx_per_seq, **llama_kwargs))
     try:
+        # auto: the draft the decision found, n-gram drafting where the plan makes it pay, or none
+        config = dataclasses.replace(config, speculative=resolve(config.speculative, llm))
         engine = Engine(llm, config).start()
     except BaseException:
         llm.close()

@@ -30,10 +30,12 @@ class SpecCounters:
     drafted: int = 0
     accepted: int = 0  # drafted tokens the target's own samples confirmed
     draft_seconds: float = 0.0
+    aside_steps: int = 0  # steps of several sequences whose drafts the cost model set aside (speculate.py)
 
     def as_dict(self) -> dict:
         p = max(self.passes, 1)
-        return {"steps": self.steps, "passes": self.passes, "drafted_tokens": self.drafted,
+        return {"steps": self.steps, "aside_steps": self.aside_steps, "passes": self.passes,
+                "drafted_tokens": self.drafted,
                 "accepted_tokens": self.accepted, "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
                 "accepted_per_pass": self.accepted / p, "tokens_per_pass": (self.accepted + self.passes) / p,
                 "draft_seconds": self.draft_seconds}

@@ -7,7 +7,15 @@ part of the step (every next token plus the drafts) fits one micro-batch (n_ubat
 budget): a step over streamed weights that spills into a second micro-batch pays a second weight pass.
 The scheduler puts each draft after its sequence's next token, logits at every position; after the step
 the engine keeps, per sequence, what hypura.speculative.verify.accept keeps and removes the KV cells of
-the rest. Engine thread only.
+the rest.
+
+Speculation steps aside as the batch grows: with several sequences decoding, a step's drafts are kept only where
+the cost model predicts more tokens a second with them: every sequence's next token plus the accepted drafts its
+DraftLength expects, over the step's cost carrying them (and the drafting rounds), against one token a sequence
+over the step's cost without (a step's cost by the tokens its decode part carries: the plan's predicted step
+times, then the steps measured). Over streamed weights a step costs about the same whatever it carries and one
+client's drafts pay; with many clients the step is already full of tokens and drafts only add to it. A draft
+length pinned from below (--spec-draft-n-min > 0) always drafts. Engine thread only.
 """
 
 from __future__ import annotations
@@ -43,6 +51,11 @@ class Speculation:
         else:
             self.drafter = make_drafter(settings, llm)
         self._lengths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftLength
+        # a step's cost by the tokens its decode part carries (decode-only steps), seeded as a pass's is
+        self.steps = PassTimes.starting(settings.pass_ms, self.plan)
+        self.round_s = 0.0  # seconds a drafting round takes (a draft decode of every sequence, or their lookups)
+        self._rounds = 0  # drafting rounds of the last drafts (their longest)
+        self.aside = False  # the last step's drafts were set aside by the cost model
 
     def drafts(self, sequences: list[Sequence]) -> tuple[dict[Sequence, list[int]], float]:
         """Each decoding sequence's draft (maybe empty), cut to the step; and the seconds drafting took."""
@@ -52,12 +65,30 @@ class Speculation:
         for s in decoding:
             length = self._lengths.get(s) or self._lengths.setdefault(s, self._length())
             asks.append((s.slot, s.prompt + s.generated, length.choose(s.tokens_left - 1)))  # a pass emits k + 1
+        self.aside = len(decoding) > 1 and not self.settings.n_min and not self._pays(decoding, [k for *_, k in asks])
+        if self.aside:
+            return {}, time.perf_counter() - t0
         if self.model is not None:
             wants = self.model.draft(asks)
         else:
             wants = [list(self.drafter.draft(history, k))[:k] if k > 0 else [] for _, history, k in asks]
         cut = share([len(w) for w in wants], self.max_tokens - len(decoding))
+        self._rounds = max(cut, default=0)
         return {s: w[:n] for s, w, n in zip(decoding, wants, cut)}, time.perf_counter() - t0
+
+    def _pays(self, decoding: list[Sequence], ks: list[int]) -> bool:
+        """Whether drafting ks (each sequence's length) raises the step's predicted tokens per second (above)."""
+        n = len(decoding)
+        carried = min(n + sum(ks), self.max_tokens)
+        expected = n + sum(self._lengths[s].expected_tokens(k) - 1 for s, k in zip(decoding, ks))
+        spec = expected / (self.steps.predict(carried) + max(ks, default=0) * self.round_s)
+        return spec > n / self.steps.predict(n)
+
+    def record_step(self, tokens: int, step_s: float, draft_s: float) -> None:
+        """A decode-only step carried `tokens` (next tokens and drafts) in step_s, after draft_s of drafting."""
+        self.steps.add(tokens, step_s)
+        if self._rounds and not self.aside:
+            self.round_s += (draft_s / self._rounds - self.round_s) * 0.5  # the last few steps' rounds
 
     def _length(self) -> DraftLength:
         """A new sequence's: its pass times seeded with those measured beforehand (--spec-pass-ms), else the plan's."""

@@ -6,7 +6,7 @@ its value and what was expected. writer.py writes a header back (header_bytes): 
 the profile's slice of a model's first blocks.
 """
 
-from hypura.modelfile.header import KV, ModelHeader, TensorEntry, read_header, read_kv
+from hypura.modelfile.header import KV, ModelHeader, TensorEntry, read_header, read_kv, read_vocab
 from hypura.modelfile.reader import STRUCT_CODES
 
-__all__ = ["KV", "ModelHeader", "TensorEntry", "STRUCT_CODES", "read_header", "read_kv"]
+__all__ = ["KV", "ModelHeader", "TensorEntry", "STRUCT_CODES", "read_header", "read_kv", "read_vocab"]

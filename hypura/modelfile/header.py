@@ -23,7 +23,8 @@ from hypura.modelfile.checks import check_file
 from hypura.modelfile.ggml_types import GGMLType
 from hypura.modelfile.problems import Problem
 from hypura.modelfile.reader import RawFile, parse
-from hypura.modelfile.vocab import DECODED_ARRAYS
+from hypura.modelfile.metadata import Meta
+from hypura.modelfile.vocab import DECODED_ARRAYS, FileVocab, file_vocab
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 
@@ -92,6 +93,12 @@ def read_kv(path: str | os.PathLike) -> list[KV]:
     p = Path(read_header(path).path)  # validates the file first
     raw = _parse_file(p, decode_strings=True)
     return [KV(kv.key, _copyable(kv), kv.vtype, kv.sub_type) for kv in raw.kvs]
+
+
+def read_vocab(path: str | os.PathLike) -> FileVocab:
+    """The file's tokenizer (modelfile/vocab.py's FileVocab), from the header alone."""
+    header = read_header(path)  # validates the file first
+    return file_vocab(Meta(_parse_file(Path(header.path), decode_strings=DECODED_ARRAYS), header.arch))
 
 
 def _copyable(kv) -> object:

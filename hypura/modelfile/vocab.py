@@ -12,6 +12,9 @@ the BOS and EOS texts as UTF-8 when it loads. Each is checked here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import gguf
 
 from hypura.modelfile.metadata import Meta
@@ -87,18 +90,45 @@ def check_vocab(meta: Meta) -> int:
     return n_tokens
 
 
+@dataclass(frozen=True)
+class FileVocab:
+    """A file's tokenizer as llama.cpp's load() settles it, from the header alone (no weights): what a
+    draft's compatibility with its target is decided on (hypura.speculative.vocab)."""
+
+    kind: str  # the tokenizer model; BPE's variants as one ("bpe"), as llama_vocab_type sees them
+    tokens: tuple[bytes, ...]  # the texts as llama_vocab_get_text returns them (C strings: cut at a NUL)
+    add_bos: bool
+    bos: Optional[int]
+    add_eos: bool
+    eos: Optional[int]
+
+
+def file_vocab(meta: Meta) -> FileVocab:
+    model = meta.scalar(MODEL, V.STRING, required=True)
+    items = tuple(t.split(b"\0", 1)[0] for t in _array(meta, TOKENS, (V.STRING,), required=True).items)
+    defaults = _SPECIAL_DEFAULTS.get(model, ({}, False, False))[0]
+    adds = _added(meta, model)
+    ids = {which: _effective_id(meta, which, defaults, len(items)) for which in ("bos", "eos")}
+    return FileVocab("bpe" if model in _BPE_MODELS else model, items, adds["bos"], ids["bos"], adds["eos"], ids["eos"])
+
+
+def _added(meta: Meta, model: str) -> dict[str, bool]:
+    """Whether the tokenizer adds BOS, EOS, SEP to every prompt (the file's flags over its defaults)."""
+    _, add_bos, add_eos = _SPECIAL_DEFAULTS.get(model, ({}, False, False))
+    add_bos = meta.scalar("tokenizer.ggml.add_bos_token", V.BOOL, add_bos)
+    if model == "gemma4" or meta.scalar("tokenizer.ggml.pre", V.STRING) == "gemma4":
+        add_bos = True  # load(): forced for Gemma 4's pre-tokenizer
+    return {"bos": (add_bos or model == "bert") and model not in _NO_SPECIAL_TOKENS,
+            "eos": meta.scalar("tokenizer.ggml.add_eos_token", V.BOOL, add_eos), "sep": model == "bert"}
+
+
 def _special_tokens(meta: Meta, model: str, n_tokens: int) -> None:
     """Each special token the tokenizer adds to a prompt has an id within the vocabulary: the file's
     when it is (llama.cpp ignores one outside), else the tokenizer's default when that is."""
     if model not in _SPECIAL_DEFAULTS:
         return
-    defaults, add_bos, add_eos = _SPECIAL_DEFAULTS[model]
-    add_bos = meta.scalar("tokenizer.ggml.add_bos_token", V.BOOL, add_bos)
-    if model == "gemma4" or meta.scalar("tokenizer.ggml.pre", V.STRING) == "gemma4":
-        add_bos = True  # load(): forced for Gemma 4's pre-tokenizer
-    adds = {"bos": (add_bos or model == "bert") and model not in _NO_SPECIAL_TOKENS,
-            "eos": meta.scalar("tokenizer.ggml.add_eos_token", V.BOOL, add_eos), "sep": model == "bert"}
-    for which, added in adds.items():
+    defaults = _SPECIAL_DEFAULTS[model][0]
+    for which, added in _added(meta, model).items():
         if not added:
             continue
         if _effective_id(meta, which, defaults, n_tokens) is not None:

@@ -54,9 +54,12 @@ class Beside:
         """A speculative pass drafting knobs.DRAFT_TOKENS_PLANNED tokens: the target's step of that many plus one,
         at the plan's predicted rate for the step, and the draft's reads at the rate of where it is."""
         k = knobs.DRAFT_TOKENS_PLANNED
+        return plan.step_seconds(k + 1) + k * self.token_seconds(plan, on_gpu)
+
+    def token_seconds(self, plan, on_gpu: bool) -> float:
+        """A drafted token: the draft's weights read at the rate of where it is (the plan's machine rates)."""
         r = plan.rates
-        draft_rate = r.gpu_read if on_gpu and r.gpu_read else r.cpu_read
-        return plan.step_seconds(k + 1) + k * self.read_per_token / draft_rate
+        return self.read_per_token / (r.gpu_read if on_gpu and r.gpu_read else r.cpu_read)
 
 
 __all__ = ["Beside"]

@@ -195,3 +195,19 @@ class DraftLength:
         if levels:
             self.n_levels += levels
             self.draft_s += (draft_s / levels - self.draft_s) * levels / self.n_levels
+
+
+def chain_rate(pass_seconds, draft_token_s: float, agreement: float, n_max: int) -> tuple[float, int]:
+    """The best predicted tokens per second of chains of up to n_max drafted tokens, and its length, before any
+    pass is measured: each drafted token accepted with `agreement` once its parent was (a pass of k drafted
+    tokens yields 1 + a + ... + a^k), a pass of n tokens costing pass_seconds(n), drafting draft_token_s a token.
+    The same sum as DraftLength.rate's, with one rate for every depth."""
+    best, length, expected = 0.0, 0, 1.0
+    for k in range(n_max + 1):
+        if k:
+            expected += agreement ** k
+        rate = expected / (pass_seconds(k + 1) + k * draft_token_s)
+        if rate > best:
+            best, length = rate, k
+    return best, length
+

@@ -8,15 +8,16 @@ from typing import Optional
 
 from hypura.errors import HypuraError
 
-# the --spec-type names Hypura implements: llama.cpp's (common/speculative.cpp), and llama-cpp-python's
-# prompt lookup decoding
-SPEC_TYPES = ("draft-simple", "ngram-simple", "prompt-lookup")
+# the --spec-type names Hypura implements: llama.cpp's (common/speculative.cpp), llama-cpp-python's prompt lookup
+# decoding, and auto (speculative/auto.py: a draft found in the stores with -md auto, else ngram-simple where the
+# plan makes it pay, else none; what hypura-cli and hypura serve do unless told: `--spec-type none` turns it off)
+SPEC_TYPES = ("draft-simple", "ngram-simple", "prompt-lookup", "auto")
 
 
 @dataclass(frozen=True)
 class SpecSettings:
     type: str = "draft-simple"  # draft-simple needs draft_model
-    draft_model: Optional[Path] = None
+    draft_model: Optional[Path] = None  # auto: an AutoDraft (speculative/auto.py) searches the stores for one
     n_max: int = 16  # llama.cpp's default is 3; the cost model picks the length up to this
     n_min: int = 0
     p_min: float = 0.0  # a draft model stops drafting below this probability
@@ -29,22 +30,28 @@ class SpecSettings:
     @property
     def beside(self) -> Optional[Path]:
         """The draft GGUF loaded beside the target (draft-simple's), whose memory the target's plan keeps."""
-        return self.draft_model if self.type == "draft-simple" else None
+        return self.draft_model if self.type in ("draft-simple", "auto") else None
 
     def __post_init__(self):
+        from hypura.speculative.auto import is_auto
+
         if self.type not in SPEC_TYPES:
             raise HypuraError(f"unknown speculative decoding type {self.type!r} (one of {', '.join(SPEC_TYPES)})")
-        if self.type == "draft-simple" and self.draft_model is None:
+        if self.type == "draft-simple" and (self.draft_model is None or is_auto(self.draft_model)):
             raise HypuraError("--spec-type draft-simple needs a draft model (-md FNAME)")
+        if self.type == "auto" and self.draft_model is not None and not is_auto(self.draft_model):
+            raise HypuraError("--spec-type auto takes no draft model but -md auto (a draft found in the stores)")
         if self.n_max < 1 or self.n_min < 0 or self.n_min > self.n_max:
             raise HypuraError(f"draft lengths must satisfy 0 <= n_min <= n_max, n_max >= 1 "
                               f"(n_min {self.n_min}, n_max {self.n_max})")
-        if self.tree and (self.type != "draft-simple" or not 1 < self.tree <= 64):
+        if self.tree and (self.beside is None or not 1 < self.tree <= 64):
             raise HypuraError("--spec-tree N takes a draft model (-md FNAME) and 2 <= N <= 64 branches")
 
 
 def make_drafter(s: SpecSettings, target, **draft_kwargs):
-    """The drafter `s` names, for `target` (a loaded hypura.Llama)."""
+    """The drafter `s` names, for `target` (a loaded hypura.Llama); type auto resolved first (auto.resolve)."""
+    if s.type == "auto":
+        raise HypuraError("speculative decoding of type auto is resolved against its loaded target first")
     if s.type == "draft-simple":
         from hypura.speculative.draft_model import DraftModel
 

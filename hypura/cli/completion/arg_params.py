@@ -233,7 +233,7 @@ def build_settings(kw: dict) -> Settings:
     if kw["logit_bias"]:
         sp["logit_bias"] = tuple(_convert("-l", v, _logit_bias) for v in kw["logit_bias"])
 
-    s["speculative"] = spec_settings(kw)
+    s["speculative"] = spec_settings(kw, Settings.speculative)  # the default: n-gram drafting where the plan pays
     settings = Settings(**s, sampling=SamplingSettings(**sp, user_set=frozenset(user_set)))
     if settings.escape:  # common_params_parse_ex: escapes in the prompt, prefix/suffix, reverse prompts
         settings = replace(

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from hypura.speculative.settings import SpecSettings
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
 # common_sampler_type names (common/sampling.cpp), and their --sampler-seq letters
@@ -145,7 +147,8 @@ class Settings:
     plan: Optional[Path] = None
     expert_slots: Optional[int] = None
     stats: bool = False
-    speculative: Optional["SpecSettings"] = None  # noqa: F821  (hypura.speculative; None: plain decoding)
+    # hypura.speculative's; None: plain decoding. The default, auto: n-gram drafting where the plan makes it pay
+    speculative: Optional[SpecSettings] = SpecSettings(type="auto")
     # llama.cpp's --fit, -fitt (MiB left free on the GPU), -fitc (smallest context it may choose)
     fit: bool = True
     fit_target_mib: int = 1024

@@ -24,6 +24,7 @@ from hypura.cli.completion.arg_values import process_escapes
 from hypura.cli.completion.perf import print_perf
 from hypura.cli.completion.common_params import Settings
 from hypura.cli.completion.speculative import speculation
+from hypura.speculative.auto import resolve
 from hypura.errors import HypuraError
 
 import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)
@@ -147,8 +148,9 @@ class Completion:
                 self.interactive_first = True
         if self.interactive_first:
             self.interactive = True
-        if s.speculative is not None:
-            self.spec = speculation(s.speculative, self.llm, self.vocab, self.sampler, self.interactive, con)
+        spec = resolve(s.speculative, self.llm)  # auto: the draft found, n-gram drafting where it pays, or none
+        if spec is not None and not (self.interactive and s.speculative.type == "auto"):
+            self.spec = speculation(spec, self.llm, self.vocab, self.sampler, self.interactive, con)
 
         if s.verbose_prompt:
             con.inf(f"{FN}: prompt: '{s.prompt.decode('utf-8', 'replace')}'\n")

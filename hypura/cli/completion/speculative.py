@@ -5,20 +5,24 @@ llama.cpp spells them (common/arg.cpp): -md/--spec-draft-model, --spec-type, --s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
 from hypura.cli.completion.arg_values import stof, stoi, value_error
 from hypura.errors import HypuraError
+from hypura.speculative.auto import AUTO, AutoDraft
 from hypura.speculative.settings import SPEC_TYPES, SpecSettings
 
 SPEC_OPTIONS = [
     (("-md", "--spec-draft-model", "--model-draft", "spec_draft_model"),
-     dict(metavar="FNAME", help="draft model for speculative decoding (same vocabulary as -m)",
+     dict(metavar="FNAME|auto", help="draft model for speculative decoding (same vocabulary as -m); auto: one found "
+                                     "in the stores (`hypura list`), kept where the plan predicts a gain",
           envvar="LLAMA_ARG_SPEC_DRAFT_MODEL")),
     (("--spec-type", "spec_type"),
-     dict(metavar="|".join(SPEC_TYPES),
-          help="speculative decoding type (default: draft-simple with -md, else none)")),
+     dict(metavar="|".join(SPEC_TYPES) + "|none",
+          help="speculative decoding type (default: draft-simple with -md, else auto: ngram-simple where the plan "
+               "streams weights, a pass costing about the same whatever it carries; none: off)")),
     (("--spec-draft-n-max", "spec_draft_n_max"),
      dict(metavar="N", help="most tokens to draft a pass; Hypura picks the length up to N from pass costs "
                             f"(default: {SpecSettings.n_max})")),
@@ -48,8 +52,9 @@ _FLOATS = (("spec_draft_p_min", "p_min", "--spec-draft-p-min"),
            ("spec_draft_p_split", "p_split", "--spec-draft-p-split"))
 
 
-def spec_settings(kw: dict) -> Optional[SpecSettings]:
-    """The --spec-* flags (popped from kw) as SpecSettings; None without -md or --spec-type."""
+def spec_settings(kw: dict, default: Optional[SpecSettings] = None) -> Optional[SpecSettings]:
+    """The --spec-* flags (popped from kw) as SpecSettings; without -md or --spec-type, `default` (the other flags
+    over it); --spec-type none: None (off)."""
     model, kind = kw.pop("spec_draft_model"), kw.pop("spec_type")
     fields: dict = {}
     for key, field, flag, parse in [(*x, stoi) for x in _INTS] + [(*x, stof) for x in _FLOATS]:
@@ -65,12 +70,17 @@ def spec_settings(kw: dict) -> Optional[SpecSettings]:
             fields["pass_ms"] = tuple((stoi(n), stof(ms)) for n, ms in (x.split(":") for x in pass_ms.split(",")))
         except ValueError:
             raise value_error("--spec-pass-ms", f"expected N:MS[,N:MS...], not '{pass_ms}'") from None
-    if model is None and kind is None:
+    if kind == "none" or (model is None and kind is None and default is None):
         return None
-    if model is not None and not Path(model).is_file():
+    if model is None and kind is None:
+        return dataclasses.replace(default, **fields)
+    search = model == AUTO and not Path(model).is_file()  # -md auto: a draft found in the stores
+    if model is not None and not search and not Path(model).is_file():
         raise value_error("-md", f"error: failed to open file '{model}'")
+    draft = AutoDraft(getattr(default.draft_model, "models_dir", None) if default else None) if search else \
+        Path(model) if model else None
     try:
-        return SpecSettings(type=kind or "draft-simple", draft_model=Path(model) if model else None, **fields)
+        return SpecSettings(type=kind or (AUTO if search else "draft-simple"), draft_model=draft, **fields)
     except HypuraError as e:
         raise value_error("--spec-tree" if "--spec-tree" in str(e) else "--spec-type" if kind else "-md",
                           str(e)) from None
