@@ -17,7 +17,7 @@
 #   HYPURA_VENV        virtual environment (default: ./.venv)
 #   HYPURA_VENV_SYSTEM_SITE=1  let the venv see the system's packages (offline machines)
 #   HYPURA_JOBS        parallel build jobs (default: all cores)
-#   HYPURA_BUILD_TARGETS  CMake targets (default: "llama llama-completion")
+#   HYPURA_BUILD_TARGETS  CMake targets (default: "llama llama-completion ggml-rpc-server")
 #   HYPURA_CMAKE_ARGS  extra CMake flags (e.g. -DLLAMA_BUILD_EXAMPLES=ON for llama-speculative-simple)
 set -euo pipefail
 
@@ -122,7 +122,7 @@ detect_backend() {
 cmake_flags() {
     local flags="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
-        -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF"
+        -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_RPC=ON"
     case "$1" in
         cuda)  flags="$flags -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native}" ;;
         metal) flags="$flags -DGGML_METAL=ON" ;;
@@ -164,8 +164,9 @@ CPP
     [ $rc -ne 0 ]
 }
 
-# the tools the tests compare against are built beside the libraries
-BUILD_TARGETS=${HYPURA_BUILD_TARGETS:-llama llama-completion}
+# the tools the tests compare against are built beside the libraries, and the RPC server that lends this
+# machine's GPU or RAM to a client elsewhere (docs/devices.md)
+BUILD_TARGETS=${HYPURA_BUILD_TARGETS:-llama llama-completion ggml-rpc-server}
 
 build_libs() {
     vendor_and_patch
