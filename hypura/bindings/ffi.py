@@ -169,6 +169,23 @@ ffi.cdef(
     """
 )
 
+# ggml-backend.h's registry: RPC servers become devices through the RPC reg's own proc address, as common/arg.cpp
+# registers them (ggml-rpc.h: ggml_backend_rpc_add_server); a build without the RPC backend has no "RPC" reg
+ffi.cdef(
+    """
+    typedef struct ggml_backend_reg * ggml_backend_reg_t;
+    typedef ggml_backend_reg_t (*ggml_backend_rpc_add_server_t)(const char * endpoint);
+    ggml_backend_reg_t ggml_backend_reg_by_name(const char * name);
+    const char * ggml_backend_reg_name(ggml_backend_reg_t reg);
+    size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg);
+    ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);
+    void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
+    void ggml_backend_register(ggml_backend_reg_t reg);
+    ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device);
+    ggml_backend_dev_t ggml_backend_dev_by_name(const char * name);
+    """
+)
+
 EXPECTED_API_VERSION = 11
 
 
