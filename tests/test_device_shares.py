@@ -129,11 +129,11 @@ def test_device_tiers_from_a_profile_and_measured_rpc_devices():
     g = H200.gpus[0]
     profile = dataclasses.replace(H200, gpus=(dataclasses.replace(g, index=0, peer_bw=((1, 400e9),)),
                                               dataclasses.replace(g, index=1, name="CUDA1", peer_bw=((0, 390e9),))))
-    rpc = RpcDevice("RPC0", "10.0.0.7:50052", 30 * GiB, 32 * GiB, 1.1e9, 0.3e-3, "test")
+    rpc = RpcDevice("RPC0", "10.0.0.7:50052", 30 * GiB, 32 * GiB, 1.1e9, 0.3e-3, 40e9, "test")
     tiers = device_tiers(profile, (rpc,), gpu_mem=(8 * GiB,), rpc_mem=None)
     assert [t.name for t in tiers] == ["RPC0", "CUDA0", "CUDA1"]
     assert tiers[0].budget == 30 * GiB - knobs.GPU_MARGIN and tiers[0].link_bw == 1.1e9
-    assert tiers[0].read_bw == H200.cpu.decode_bw and "assumed" in tiers[0].method
+    assert tiers[0].read_bw == 40e9 * knobs.GPU_READ_EFFICIENCY and "device copy" in tiers[0].method
     assert tiers[1].budget == 8 * GiB and tiers[2].budget == g.mem_free - knobs.GPU_MARGIN
     assert tiers[1].peer_bw("CUDA1") == 400e9 and tiers[2].peer_bw("CUDA0") == 390e9
 
@@ -148,3 +148,28 @@ def test_the_split_is_exactly_llama_cpps_layer_assignment(l70):
     n_act = shares.n_gpu_layers
     got = [int(np.searchsorted(points, np.float32(i) / np.float32(n_act), side="right")) for i in range(n_act)]
     assert [got.count(d) for d in range(len(split))] == [n for n in shares.layers if n]
+
+
+def test_inspect_shows_each_devices_share_and_the_bound(tmp_path):
+    """`hypura inspect --split` on a profile of 2 unequal GPUs: a row per device with its share, then the bound and
+    the llama.cpp flags that load it; the layers over the 8-layer 8B shape add up."""
+    from click.testing import CliRunner
+
+    from hypura.cli.inspect_cmd import inspect
+
+    path = tmp_path / "l8.gguf"
+    writer.write_synth("llama3.1-8b", path, layers=8, ftype="q4_k_m", sparse=True)
+    g = H200.gpus[0]
+    two = dataclasses.replace(H200, gpus=(dataclasses.replace(g, index=0, name="CUDA0"),
+                                          dataclasses.replace(g, index=1, name="CUDA1", decode_bw=g.decode_bw / 2)))
+    profile = two.save(tmp_path / "two.json")
+    r = CliRunner().invoke(inspect, [str(path), "--profile", str(profile), "--split", "--gpu-mem", "1.5GiB,2GiB",
+                                     "--ram", "8GiB", "-c", "1024"])
+    assert r.exit_code == 0, r.output
+    rows = {line.split()[0]: line.split() for line in r.output.splitlines() if line.split()}
+    assert int(rows["host"][2]) + int(rows["CUDA0"][2]) + int(rows["CUDA1"][2]) == 9
+    assert int(rows["CUDA0"][2]) > 0 and int(rows["CUDA1"][2]) > 0
+    assert "tok/s decode (limit: " in r.output and "-dev CUDA0,CUDA1 -sm layer" in r.output
+    r = CliRunner().invoke(inspect, [str(path), "--profile", str(profile), "--split", "--gpu-mem", "0.5GiB",
+                                     "--ram", "1GiB", "--no-disk", "-c", "1024"])
+    assert r.exit_code != 0 and "does not fit" in str(r.exception)

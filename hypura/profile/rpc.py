@@ -179,6 +179,7 @@ class RpcDevice:
     mem_total: int
     link_bw: float  # bytes/s of a large write to the device
     latency_s: float  # one round trip: a 4-byte read
+    copy_bw: float  # a copy on the device, done by the server (RPC_CMD_COPY_TENSOR): bytes read + written per second
     method: str
 
 
@@ -200,7 +201,7 @@ def measure_device(name: str, nbytes: int = LINK_BYTES) -> RpcDevice:
     dev = _dev_by_name(name)
     free, total = ffi.new("size_t *"), ffi.new("size_t *")
     L.ggml_backend_dev_memory(dev, free, total)
-    params = ffi.new("struct ggml_init_params *", {"mem_size": 2 * L.ggml_tensor_overhead(),
+    params = ffi.new("struct ggml_init_params *", {"mem_size": 3 * L.ggml_tensor_overhead(),
                                                    "mem_buffer": ffi.NULL, "no_alloc": True})
     ctx = L.ggml_init(params[0])
     if ctx == ffi.NULL:
@@ -208,20 +209,24 @@ def measure_device(name: str, nbytes: int = LINK_BYTES) -> RpcDevice:
     buf = ffi.NULL
     try:
         t = L.ggml_new_tensor_1d(ctx, int(gguf.GGMLQuantizationType.I8), nbytes)
+        t2 = L.ggml_new_tensor_1d(ctx, int(gguf.GGMLQuantizationType.I8), nbytes)
         buf = L.ggml_backend_alloc_ctx_tensors_from_buft(ctx, L.ggml_backend_dev_buffer_type(dev))
         if buf == ffi.NULL:
-            raise HypuraError(f"{name}: the server could not allocate {nbytes >> 20} MiB")
+            raise HypuraError(f"{name}: the server could not allocate 2 x {nbytes >> 20} MiB")
         data = np.full(nbytes, 7, dtype=np.uint8)  # not zeros: no transport may shortcut them
         ptr, small = ffi.from_buffer(data), ffi.new("uint8_t[4]")
         link = nbytes / _best(lambda: L.ggml_backend_tensor_set(t, ptr, 0, nbytes), LINK_REPEATS)
         latency = _best(lambda: L.ggml_backend_tensor_get(t, small, 0, 4), LATENCY_REPEATS)
+        # the copy's answer is a round trip too: taken off, so a fast device is not read as its network's latency
+        copy = 2 * nbytes / max(_best(lambda: L.ggml_backend_tensor_copy(t, t2), LINK_REPEATS) - latency, 1e-9)
     finally:
         if buf != ffi.NULL:
             L.ggml_backend_buffer_free(buf)
         L.ggml_free(ctx)
     return RpcDevice(name, ffi.string(L.ggml_backend_dev_description(dev)).decode(), free[0], total[0], link,
-                     latency, f"memory as the server reports it; link: best of {LINK_REPEATS} writes of "
-                              f"{nbytes >> 20} MiB and {LATENCY_REPEATS} 4-byte reads")
+                     latency, copy, f"memory as the server reports it; link: best of {LINK_REPEATS} writes of "
+                                    f"{nbytes >> 20} MiB and {LATENCY_REPEATS} 4-byte reads; device copy of "
+                                    f"{nbytes >> 20} MiB on the server")
 
 
 def _best(fn, repeats: int) -> float:
