@@ -8,11 +8,11 @@
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
 #   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
-#           passes | serve-np16 | serve | store | spec | pack
+#           passes | serve-np16 | serve | store | spec | rpc-gpu | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
-export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench llama-completion llama-batched-bench llama-speculative-simple"
+export HYPURA_CACHE=/tmp/hypura-cache HYPURA_BUILD_TARGETS="llama llama-bench llama-completion llama-batched-bench llama-speculative-simple ggml-rpc-server"
 export HYPURA_CMAKE_ARGS=-DLLAMA_BUILD_EXAMPLES=ON  # llama-speculative-simple is an example
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 export XDG_CACHE_HOME=/tmp/xdg  # a fresh machine: no cached profile, no recorded routing
@@ -252,6 +252,23 @@ spec)  # speculative decoding: the 70B at 8 GiB with a synthetic draft per agree
             grep -v '^[{} ]' "$RES/spec-l70-$a${lm:+-lmnone}.txt" | tail -4 | sed "s/^/spec $a ${lm}: /" | tee -a "$RES/summary.txt"
         done
     done
+    ;;
+rpc-gpu)  # the GPU plus a loopback ggml-rpc-server on the same GPU: the RPC link's cost against the split's bound
+    # (the 14B held to 5 GiB here, the rest over RPC), beside vanilla with the same split; under 3 minutes
+    models_done
+    port=50152
+    "$(libdir)/ggml-rpc-server" -H 127.0.0.1 -p $port -d CUDA0 -t 4 > "$RES/rpc-server.log" 2>&1 &
+    echo $! > /tmp/rpc.pid
+    for _ in $(seq 30); do (exec 3<> /dev/tcp/127.0.0.1/$port) 2> /dev/null && break; sleep 1; done
+    timeout 60 hy inspect $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -c 4096 2>&1 | tee "$RES/rpc-gpu-inspect.txt" \
+        | tail -6 | tee -a "$RES/summary.txt"
+    timeout 90 hy bench $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -p 64 -n 64 -r 2 --json "$RES/rpc-gpu.json" \
+        2>&1 | tail -6 | tee -a "$RES/summary.txt"
+    flags=$(python3 -c "import json; print(json.load(open('$RES/rpc-gpu.json'))['split']['flags'])" 2> /dev/null)
+    [ -n "$flags" ] && timeout 60 "$(libdir)/llama-completion" -m $M14 --rpc 127.0.0.1:$port $flags -c 4096 -p hi \
+        -n 64 -no-cnv --temp 0 < /dev/null 2>&1 | grep -E "eval time|error" | sed 's/^/rpc-gpu vanilla: /' \
+        | tee -a "$RES/summary.txt"
+    kill "$(cat /tmp/rpc.pid)" 2> /dev/null
     ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null

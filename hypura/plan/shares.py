@@ -144,7 +144,7 @@ def plan_shares(mu: ModelUnits, devices: Sequence[DeviceTier], host: Host, *, n_
         pre_held.append(pre_held[-1] + h + k)
         pre_read.append(pre_read[-1] + r)
     buf = mu.dims.compute_buffer_bytes(n_ubatch)
-    embd = sum(u.nbytes for u in mu.units if u.host_only)
+    embd = sum(u.nbytes for u in mu.units if u.stage < 0)  # the input layer, on the host (a tied head: copied too)
     act, logits = mu.dims.n_embd * ACT_BYTES, max(mu.dims.n_vocab, 1) * ACT_BYTES
 
     # the host takes the first i layers: resident up to its RAM, the rest read from disk each token

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from hypura.cli.completion.devices import DeviceSettings
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
 # common_sampler_type names (common/sampling.cpp), and their --sampler-seq letters
@@ -146,6 +148,7 @@ class Settings:
     expert_slots: Optional[int] = None
     stats: bool = False
     speculative: Optional["SpecSettings"] = None  # noqa: F821  (hypura.speculative; None: plain decoding)
+    devices: DeviceSettings = field(default_factory=DeviceSettings)  # --rpc, -dev, -sm, -ts, -mg, --rpc-mem
     # llama.cpp's --fit, -fitt (MiB left free on the GPU), -fitc (smallest context it may choose)
     fit: bool = True
     fit_target_mib: int = 1024
