@@ -225,3 +225,18 @@ def test_a_killed_server_is_one_clear_line(rpc_servers, smollm2_path):
     assert p.returncode == 1
     assert p.stderr.strip().splitlines()[-1].endswith(f"RPC server {endpoints[1]}: connection refused "
                                                       "(is ggml-rpc-server running there?)")
+
+
+@pytest.mark.slow
+def test_given_devices_and_split_run_as_in_llama_completion(rpc_servers, smollm2_path, llama_tools_dir):
+    """--rpc with -dev/-ngl/-ts is placement as given: hypura-cli prints what llama-completion prints with the same
+    servers (one after the other: a server serves one client at a time)."""
+    _, endpoints = rpc_servers
+    args = ["-m", str(smollm2_path), "--rpc", ",".join(endpoints), "-dev", "RPC0,RPC1", "-ngl", "99", "-ts", "2,1",
+            "-p", "The three primary colors are", "-n", "12", "--temp", "0", "-no-cnv", "-t", "1"]
+    ref = subprocess.run([str(Path(llama_tools_dir) / "llama-completion"), *args], capture_output=True, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    hyp = subprocess.run(HYPURA_CLI + args, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert hyp.returncode == 0, hyp.stderr[-2000:]
+    assert hyp.stdout == ref.stdout and len(hyp.stdout) > 20
