@@ -129,11 +129,11 @@ def test_device_tiers_from_a_profile_and_measured_rpc_devices():
     g = H200.gpus[0]
     profile = dataclasses.replace(H200, gpus=(dataclasses.replace(g, index=0, peer_bw=((1, 400e9),)),
                                               dataclasses.replace(g, index=1, name="CUDA1", peer_bw=((0, 390e9),))))
-    rpc = RpcDevice("RPC0", "10.0.0.7:50052", 30 * GiB, 32 * GiB, 1.1e9, 0.3e-3, 40e9, "test")
+    rpc = RpcDevice("RPC0", "10.0.0.7:50052", 30 * GiB, 32 * GiB, 1.1e9, 0.3e-3, 21e9, "matvec")
     tiers = device_tiers(profile, (rpc,), gpu_mem=(8 * GiB,), rpc_mem=None)
     assert [t.name for t in tiers] == ["RPC0", "CUDA0", "CUDA1"]
     assert tiers[0].budget == 30 * GiB - knobs.GPU_MARGIN and tiers[0].link_bw == 1.1e9
-    assert tiers[0].read_bw == 40e9 * knobs.GPU_READ_EFFICIENCY and "device copy" in tiers[0].method
+    assert tiers[0].read_bw == 21e9 and "matvec" in tiers[0].method
     assert tiers[1].budget == 8 * GiB and tiers[2].budget == g.mem_free - knobs.GPU_MARGIN
     assert tiers[1].peer_bw("CUDA1") == 400e9 and tiers[2].peer_bw("CUDA0") == 390e9
 

@@ -186,6 +186,19 @@ ffi.cdef(
     """
 )
 
+# ggml.h / ggml-backend.h: a matrix-vector product computed on a device (what decode does), to time a remote one
+ffi.cdef(
+    """
+    struct ggml_cgraph;
+    struct ggml_tensor * ggml_new_tensor_2d(struct ggml_context * ctx, int type, int64_t ne0, int64_t ne1);
+    struct ggml_tensor * ggml_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+    struct ggml_cgraph * ggml_new_graph(struct ggml_context * ctx);
+    void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
+    size_t ggml_graph_overhead(void);
+    int ggml_backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph * cgraph);
+    """
+)
+
 EXPECTED_API_VERSION = 11
 
 

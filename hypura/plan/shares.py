@@ -226,9 +226,8 @@ def device_tiers(profile, rpc=(), gpu_mem: Sequence[int] | None = None, rpc_mem:
                  remote_read_bw: float | None = None) -> tuple[DeviceTier, ...]:
     """The chain llama.cpp builds by default: RPC servers' devices first (its order, "to minimize network
     transfers"), then the local GPUs. Budgets: free memory less knobs.GPU_MARGIN unless given (gpu_mem per local
-    GPU, rpc_mem per RPC device). An RPC device decodes at `remote_read_bw`, else at its measured device copy's
-    rate times knobs.GPU_READ_EFFICIENCY, as a local GPU's decode rate is derived (profile/measure.py): a proxy
-    the server's own copy gives, whatever its device (hypura.profile.rpc)."""
+    GPU, rpc_mem per RPC device). An RPC device decodes at `remote_read_bw`, else at the rate of the Q4_K
+    matrix-vector product it computed when measured (hypura.profile.rpc)."""
     def budget(given: Sequence[int] | None, i: int, free: int) -> int:
         if given is not None and i < len(given):
             return int(given[i])
@@ -237,9 +236,9 @@ def device_tiers(profile, rpc=(), gpu_mem: Sequence[int] | None = None, rpc_mem:
     out = []
     for i, r in enumerate(rpc):
         out.append(DeviceTier(
-            r.name, "rpc", budget(rpc_mem, i, r.mem_free), remote_read_bw or r.copy_bw * knobs.GPU_READ_EFFICIENCY,
-            r.link_bw, r.latency_s, layer_s=knobs.CPU_LAYER_S,
-            method=f"{r.endpoint}: {r.method}; decode rate {'given' if remote_read_bw else 'from the device copy'}"))
+            r.name, "rpc", budget(rpc_mem, i, r.mem_free), remote_read_bw or r.decode_bw, r.link_bw, r.latency_s,
+            layer_s=knobs.CPU_LAYER_S, method=f"{r.endpoint}: {r.method}" + ("; decode rate given" if remote_read_bw
+                                                                               else "")))
     names = {g.index: g.name for g in profile.gpus}
     for i, g in enumerate(profile.gpus):
         link = (g.h2d_pinned_bw or g.h2d_pageable_bw or knobs.PAGEABLE_LINK_DEFAULT)

@@ -43,6 +43,8 @@ TIMEOUT_ENV = "HYPURA_RPC_TIMEOUT"
 # the client first offers the server a hash of the data (ggml-rpc.cpp HASH_THRESHOLD); the round trip from a 4-byte
 # read, best of several
 LINK_BYTES = 8 << 20
+# the decode measurement's weight: beyond a server CPU's last-level cache, so its memory rate shows
+MATVEC_BYTES = 64 << 20
 LINK_REPEATS = 3
 LATENCY_REPEATS = 20
 
@@ -179,7 +181,7 @@ class RpcDevice:
     mem_total: int
     link_bw: float  # bytes/s of a large write to the device
     latency_s: float  # one round trip: a 4-byte read
-    copy_bw: float  # a copy on the device, done by the server (RPC_CMD_COPY_TENSOR): bytes read + written per second
+    decode_bw: float  # weight bytes/s of a Q4_K matrix-vector product the server computes (a decode step's kernel)
     method: str
 
 
@@ -201,7 +203,7 @@ def measure_device(name: str, nbytes: int = LINK_BYTES) -> RpcDevice:
     dev = _dev_by_name(name)
     free, total = ffi.new("size_t *"), ffi.new("size_t *")
     L.ggml_backend_dev_memory(dev, free, total)
-    params = ffi.new("struct ggml_init_params *", {"mem_size": 3 * L.ggml_tensor_overhead(),
+    params = ffi.new("struct ggml_init_params *", {"mem_size": 2 * L.ggml_tensor_overhead(),
                                                    "mem_buffer": ffi.NULL, "no_alloc": True})
     ctx = L.ggml_init(params[0])
     if ctx == ffi.NULL:
@@ -209,24 +211,70 @@ def measure_device(name: str, nbytes: int = LINK_BYTES) -> RpcDevice:
     buf = ffi.NULL
     try:
         t = L.ggml_new_tensor_1d(ctx, int(gguf.GGMLQuantizationType.I8), nbytes)
-        t2 = L.ggml_new_tensor_1d(ctx, int(gguf.GGMLQuantizationType.I8), nbytes)
         buf = L.ggml_backend_alloc_ctx_tensors_from_buft(ctx, L.ggml_backend_dev_buffer_type(dev))
         if buf == ffi.NULL:
-            raise HypuraError(f"{name}: the server could not allocate 2 x {nbytes >> 20} MiB")
+            raise HypuraError(f"{name}: the server could not allocate {nbytes >> 20} MiB")
         data = np.full(nbytes, 7, dtype=np.uint8)  # not zeros: no transport may shortcut them
         ptr, small = ffi.from_buffer(data), ffi.new("uint8_t[4]")
         link = nbytes / _best(lambda: L.ggml_backend_tensor_set(t, ptr, 0, nbytes), LINK_REPEATS)
         latency = _best(lambda: L.ggml_backend_tensor_get(t, small, 0, 4), LATENCY_REPEATS)
-        # the copy's answer is a round trip too: taken off, so a fast device is not read as its network's latency
-        copy = 2 * nbytes / max(_best(lambda: L.ggml_backend_tensor_copy(t, t2), LINK_REPEATS) - latency, 1e-9)
     finally:
         if buf != ffi.NULL:
             L.ggml_backend_buffer_free(buf)
         L.ggml_free(ctx)
+    decode = _matvec_rate(dev, MATVEC_BYTES, latency)
     return RpcDevice(name, ffi.string(L.ggml_backend_dev_description(dev)).decode(), free[0], total[0], link,
-                     latency, copy, f"memory as the server reports it; link: best of {LINK_REPEATS} writes of "
-                                    f"{nbytes >> 20} MiB and {LATENCY_REPEATS} 4-byte reads; device copy of "
-                                    f"{nbytes >> 20} MiB on the server")
+                     latency, decode,
+                     f"memory as the server reports it; link: best of {LINK_REPEATS} writes of {nbytes >> 20} MiB "
+                     f"and {LATENCY_REPEATS} 4-byte reads; decode: a {MATVEC_BYTES >> 20} MiB Q4_K matrix times a "
+                     f"vector on the server, best of {LINK_REPEATS}, less a round trip")
+
+
+def _matvec_rate(dev, nbytes: int, latency: float) -> float:
+    """Weight bytes/s of y = W x on the device: W a Q4_K matrix of about `nbytes` (random bytes: the kernel's time
+    does not depend on the values), x one f32 vector, computed by the device's backend (the server's threads)."""
+    from hypura.bindings.ffi import ffi, lib
+
+    L = lib()
+    q4_k = int(gguf.GGMLQuantizationType.Q4_K)
+    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K]
+    cols = 4096  # a 7-8B model's n_embd: rows of 16 blocks
+    rows = max(1, nbytes // (cols // block * block_bytes))
+    params = ffi.new("struct ggml_init_params *", {"mem_size": 4 * L.ggml_tensor_overhead() + L.ggml_graph_overhead(),
+                                                   "mem_buffer": ffi.NULL, "no_alloc": True})
+    ctx = L.ggml_init(params[0])
+    if ctx == ffi.NULL:
+        raise HypuraError("ggml_init failed")
+    buf, backend = ffi.NULL, ffi.NULL
+    try:
+        w = L.ggml_new_tensor_2d(ctx, q4_k, cols, rows)
+        x = L.ggml_new_tensor_2d(ctx, int(gguf.GGMLQuantizationType.F32), cols, 1)
+        y = L.ggml_mul_mat(ctx, w, x)
+        graph = L.ggml_new_graph(ctx)
+        L.ggml_build_forward_expand(graph, y)
+        buf = L.ggml_backend_alloc_ctx_tensors_from_buft(ctx, L.ggml_backend_dev_buffer_type(dev))
+        backend = L.ggml_backend_dev_init(dev, ffi.NULL)
+        if buf == ffi.NULL or backend == ffi.NULL:
+            raise HypuraError("the server could not hold a matrix-vector product")
+        w_bytes = L.ggml_nbytes(w)
+        data = np.random.default_rng(0).integers(0, 256, w_bytes, dtype=np.uint8)
+        L.ggml_backend_tensor_set(w, ffi.from_buffer(data), 0, w_bytes)
+        xs = np.ones(cols, dtype=np.float32)
+        L.ggml_backend_tensor_set(x, ffi.from_buffer(xs), 0, xs.nbytes)
+        out = ffi.new("float[1]")
+
+        def step():  # the read of one result waits for the compute: the server answers in order
+            L.ggml_backend_graph_compute(backend, graph)
+            L.ggml_backend_tensor_get(y, out, 0, 4)
+
+        # the result's read is a round trip: taken off, so a fast device is not read as its network's latency
+        return w_bytes / max(_best(step, LINK_REPEATS) - latency, 1e-9)
+    finally:
+        if backend != ffi.NULL:
+            L.ggml_backend_free(backend)
+        if buf != ffi.NULL:
+            L.ggml_backend_buffer_free(buf)
+        L.ggml_free(ctx)
 
 
 def _best(fn, repeats: int) -> float:
