@@ -21,12 +21,10 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import hypura  # noqa: F401  first: our library loads before numpy
 from hypura.bindings.library import lib_dir
-from hypura.errors import HypuraError
 from hypura.profile import rpc
 from hypura.sizes import parse_size
 
@@ -38,25 +36,23 @@ SERVER_PROCESS_RAM = 64 << 20
 CLEAR_GAP = 0.1
 
 _RUN = r"""
-import json, sys, time
+import json, sys
 import numpy as np
 from hypura import Llama
 
 model, prompt, n, threads, kw = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+forced = kw.pop("forced", None)  # the local run's tokens: this run's argmax at each of them (teacher forcing)
 llm = Llama(model, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False, logits_all=True, **kw)
 tokens = llm.tokenize(prompt)
-out, gaps, seconds = [], [], []
+out, gaps = [], []
 for i in range(n):
-    t0 = time.perf_counter()
-    llm.eval(tokens if not out else [out[-1]])
-    if out:
-        seconds.append(time.perf_counter() - t0)
+    llm.eval(tokens if i == 0 else [forced[i - 1] if forced else out[-1]])
     logits = np.array(llm.scores[llm.n_tokens - 1], copy=True)
     top2 = np.partition(logits, -2)[-2:]
     out.append(int(np.argmax(logits)))
     gaps.append(float(top2[1] - top2[0]))
 s = llm.device_choice.shares
-print(json.dumps({"tokens": out, "gaps": gaps, "decode_tok_s": len(seconds) / sum(seconds),
+print(json.dumps({"tokens": out, "gaps": gaps,
                   "split": None if s is None else {"host_layers": s.host_layers, "layers": list(s.layers),
                   "devices": list(s.device_names()), "predicted_tok_s": s.tok_s, "limit": s.limit, "flags": s.flags(),
                   "memory": s.memory, "seconds": dict(s.seconds)}}))
@@ -108,7 +104,7 @@ class Servers:
         if cg is not None:
             (cg / "cgroup.procs").write_text(str(proc.pid))
         self.procs[i] = proc
-        self._wait(self.endpoints[i])
+        rpc.wait_listening(self.endpoints[i])
 
     def revive(self) -> None:
         """Restart a server a run killed (its cgroup's limit, or a client that aborted)."""
@@ -121,19 +117,6 @@ class Servers:
         for i in range(2):
             self._start(i)
         return self
-
-    @staticmethod
-    def _wait(ep: str) -> None:
-        """Listening once it answers a hello."""
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                rpc.probe(rpc.parse_servers(ep)[0], timeout=1.0)
-                return
-            except HypuraError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
 
     def __exit__(self, *exc):
         for p in self.procs:
@@ -153,10 +136,12 @@ def _python(model: str, n: int, threads: int, kw: dict, dry_run: bool) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _vanilla(model: str, n: int, threads: int, args: list[str], dry_run: bool) -> dict:
-    cmd = [str(lib_dir() / "llama-completion"), "-m", model, "-p", PROMPT, "-n", str(n), "-no-cnv", "--temp", "0",
+def _vanilla(model: str, n: int, threads: int, args: list[str], dry_run: bool, tool: str = "vanilla") -> dict:
+    """llama-completion (or hypura-cli: tool "hypura") with `args`: its decode tok/s from the perf lines both print."""
+    exe = [str(lib_dir() / "llama-completion")] if tool == "vanilla" else [sys.executable, "-m", "hypura.cli.completion"]
+    cmd = [*exe, "-m", model, "-p", PROMPT, "-n", str(n), "-no-cnv", "--temp", "0",
            "-t", str(threads), "-tb", str(threads), "-c", "512", *args]
-    print(f"vanilla  {shlex.join(cmd)}", file=sys.stderr)
+    print(f"{tool:<8} {shlex.join(cmd)}", file=sys.stderr)
     if dry_run:
         return {"args": args}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
@@ -167,9 +152,10 @@ def _vanilla(model: str, n: int, threads: int, args: list[str], dry_run: bool) -
     return {"args": args, "decode_tok_s": float(m.group(1))}
 
 
-def _agree(a: list[int], b: list[int], gaps: list[float]) -> dict:
-    clear = next((i for i, g in enumerate(gaps) if g < CLEAR_GAP), len(gaps))
-    return {"compared": clear, "equal": a[:clear] == b[:clear]}
+def _agree(got: list[int], want: list[int], gaps: list[float]) -> dict:
+    """Teacher-forced argmax against the local run's, at every position where the local top two are clearly apart."""
+    clear = [i for i, g in enumerate(gaps) if g >= CLEAR_GAP]
+    return {"positions": len(gaps), "compared": len(clear), "equal": all(got[i] == want[i] for i in clear)}
 
 
 def main() -> int:
@@ -188,15 +174,22 @@ def main() -> int:
     out: dict = {"model": a.model, "server_mem": a.server_mem, "ram": a.ram, "n": a.n, "threads": a.threads,
                  "machine": os.uname().nodename}
     out["local"] = _python(a.model, a.n, a.threads, {}, a.dry_run)
+    out["local_cli"] = _vanilla(a.model, a.n, a.threads, [], a.dry_run, tool="hypura")
+    out["vanilla_local"] = _vanilla(a.model, a.n, a.threads, [], a.dry_run)
+    mem = ",".join([f"{(limit - SERVER_PROCESS_RAM) >> 20}MiB"] * 2)
     with Servers(limit, a.threads, a.dry_run) as servers:
         out["servers_limited"] = servers.limited
-        hyp = _python(a.model, a.n, a.threads, {"n_gpu_layers": -1, "ram": a.ram, "rpc_servers": ",".join(servers.endpoints),
-                                                "rpc_mem": [limit - SERVER_PROCESS_RAM] * 2}, a.dry_run)
+        rpc_arg = ["--rpc", ",".join(servers.endpoints)]
+        hyp = _python(a.model, a.n, a.threads, {"n_gpu_layers": -1, "ram": a.ram, "rpc_servers": rpc_arg[1],
+                                                "rpc_mem": mem.split(","), "forced": out["local"].get("tokens")},
+                      a.dry_run)
+        hyp["cli"] = _vanilla(a.model, a.n, a.threads, rpc_arg + ["--rpc-mem", mem, "--ram", a.ram], a.dry_run,
+                              tool="hypura")
         out["hypura"] = hyp
         if hyp.get("tokens") and out["local"].get("tokens"):
             hyp["greedy_vs_local"] = _agree(hyp["tokens"], out["local"]["tokens"], out["local"]["gaps"])
-            hyp["of_bound"] = hyp["decode_tok_s"] / hyp["split"]["predicted_tok_s"]
-        rpc_arg = ["--rpc", ",".join(servers.endpoints)]
+        if "decode_tok_s" in hyp["cli"] and hyp.get("split"):
+            hyp["of_bound"] = hyp["cli"]["decode_tok_s"] / hyp["split"]["predicted_tok_s"]
         split = hyp.get("split") or {"host_layers": 0, "layers": [1, 1]}
         tries = ([(int(t.split(":")[0]), t.split(":")[1]) for t in a.splits.split(";")] if a.splits else
                  _neighbours(split))

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -121,7 +120,6 @@ def test_device_flags_parse_as_llama_completion_reads_them():
 
 def test_cli_with_a_dead_server_fails_in_one_line(smollm2_path):
     port = _free_port()
-    t0 = time.monotonic()
     p = subprocess.run(HYPURA_CLI + ["-m", str(smollm2_path), "--rpc", f"127.0.0.1:{port}", "-p", "hi", "-n", "2",
                                      "-no-cnv"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stdout == ""
@@ -146,16 +144,8 @@ def rpc_servers(llama_tools_dir):
             procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port), "-d", "CPU", "-t", "1"],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             endpoints.append(f"127.0.0.1:{port}")
-        for ep in endpoints:  # listening once it answers a hello
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    rpc.probe(rpc.parse_servers(ep)[0], timeout=1.0)
-                    break
-                except HypuraError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+        for ep in endpoints:
+            rpc.wait_listening(ep)
         yield procs, endpoints
     finally:
         for p in procs:

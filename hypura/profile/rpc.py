@@ -126,6 +126,21 @@ def probe(ep: Endpoint, timeout: float | None = None) -> tuple[int, int, int]:
     return major, minor, patch
 
 
+def wait_listening(endpoint: str, timeout: float = 30.0) -> None:
+    """Wait until a server just started answers a hello (scripts and tests that start their own); HypuraError
+    with the last probe's line after `timeout` seconds."""
+    ep = parse_servers(endpoint)[0]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            probe(ep, timeout=1.0)
+            return
+        except HypuraError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
