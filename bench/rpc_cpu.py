@@ -140,7 +140,7 @@ def _vanilla(model: str, n: int, threads: int, args: list[str], dry_run: bool, t
     """llama-completion (or hypura-cli: tool "hypura") with `args`: its decode tok/s from the perf lines both print."""
     exe = [str(lib_dir() / "llama-completion")] if tool == "vanilla" else [sys.executable, "-m", "hypura.cli.completion"]
     cmd = [*exe, "-m", model, "-p", PROMPT, "-n", str(n), "-no-cnv", "--temp", "0",
-           "-t", str(threads), "-tb", str(threads), "-c", "512", *args]
+           "-t", str(threads), "-tb", str(threads), "-c", "512", "-lv", "4", *args]
     print(f"{tool:<8} {shlex.join(cmd)}", file=sys.stderr)
     if dry_run:
         return {"args": args}
@@ -149,7 +149,13 @@ def _vanilla(model: str, n: int, threads: int, args: list[str], dry_run: bool, t
     if p.returncode != 0 or m is None:
         tail = [line for line in p.stderr.strip().splitlines() if line.strip()][-3:]
         return {"args": args, "rc": p.returncode, "error": " | ".join(tail)}
-    return {"args": args, "decode_tok_s": float(m.group(1))}
+    # where the weights went: llama.cpp's "<device> model buffer size = ... MiB" lines
+    buffers = dict(re.findall(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", p.stderr))
+    out = {"args": args, "decode_tok_s": float(m.group(1)), "model_buffers_mib": buffers}
+    split = re.search(r"hypura: devices: (.*predicted ([\d.]+) tok/s.*)", p.stderr)  # hypura-cli's own split
+    if split:
+        out.update(split_line=split.group(1), predicted_tok_s=float(split.group(2)))
+    return out
 
 
 def _agree(got: list[int], want: list[int], gaps: list[float]) -> dict:
@@ -167,6 +173,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads per process (servers included)")
     ap.add_argument("--splits", default="", help="vanilla -ngl/--tensor-split to try, 'NGL:A,B;...' (default: "
                                                  "Hypura's split and its neighbours)")
+    ap.add_argument("--rounds", type=int, default=3, help="then this many rounds of hypura-cli and llama-completion "
+                                                          "on Hypura's split, alternating (a busy machine's noise)")
     ap.add_argument("--json")
     ap.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     a = ap.parse_args()
@@ -188,8 +196,8 @@ def main() -> int:
         out["hypura"] = hyp
         if hyp.get("tokens") and out["local"].get("tokens"):
             hyp["greedy_vs_local"] = _agree(hyp["tokens"], out["local"]["tokens"], out["local"]["gaps"])
-        if "decode_tok_s" in hyp["cli"] and hyp.get("split"):
-            hyp["of_bound"] = hyp["cli"]["decode_tok_s"] / hyp["split"]["predicted_tok_s"]
+        if "predicted_tok_s" in hyp["cli"]:
+            hyp["of_bound"] = hyp["cli"]["decode_tok_s"] / hyp["cli"]["predicted_tok_s"]
         split = hyp.get("split") or {"host_layers": 0, "layers": [1, 1]}
         tries = ([(int(t.split(":")[0]), t.split(":")[1]) for t in a.splits.split(";")] if a.splits else
                  _neighbours(split))
@@ -200,6 +208,11 @@ def main() -> int:
             servers.revive()
         out["vanilla_fit"] = _vanilla(a.model, a.n, a.threads, rpc_arg + ["-fit", "on"], a.dry_run)
         servers.revive()
+        same = rpc_arg + shlex.split(split.get("flags", "-ngl 0"))
+        rounds = [(_vanilla(a.model, a.n, a.threads, rpc_arg + ["--rpc-mem", mem, "--ram", a.ram], a.dry_run,
+                            tool="hypura"), _vanilla(a.model, a.n, a.threads, same, a.dry_run)) for _ in range(a.rounds)]
+        out["rounds"] = [{"hypura": h.get("decode_tok_s"), "vanilla_same_split": v.get("decode_tok_s"),
+                          "predicted": h.get("predicted_tok_s")} for h, v in rounds]
         out["server_restarts"] = servers.restarts
     ok = [v for v in out["vanilla"] if "decode_tok_s" in v]
     out["vanilla_best"] = max(ok, key=lambda v: v["decode_tok_s"]) if ok else None

@@ -230,3 +230,18 @@ def test_given_devices_and_split_run_as_in_llama_completion(rpc_servers, smollm2
     assert ref.returncode == 0, ref.stderr[-2000:]
     assert hyp.returncode == 0, hyp.stderr[-2000:]
     assert hyp.stdout == ref.stdout and len(hyp.stdout) > 20
+
+
+@pytest.mark.slow
+def test_serve_and_bench_with_a_dead_server_fail_in_one_line(smollm2_path):
+    """`hypura serve -m ... --rpc` loads its model at start and `hypura bench --rpc` before it measures: a dead server
+    is one error line and status 1 for both."""
+    port = _free_port()
+    for args in (["serve", "-m", str(smollm2_path), "--port", "0", "--rpc", f"127.0.0.1:{port}"],
+                 ["bench", str(smollm2_path), "--rpc", f"127.0.0.1:{port}", "-p", "8", "-n", "4", "-r", "1"]):
+        p = subprocess.run([sys.executable, "-m", "hypura.cli.main", *args], capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+        errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+        assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert len(errors) == 1 and errors[0].endswith(f"RPC server 127.0.0.1:{port}: connection refused "
+                                                       "(is ggml-rpc-server running there?)"), p.stderr[-2000:]
