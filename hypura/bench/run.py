@@ -128,6 +128,7 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
                   expert_cache=dataclasses.asdict(cache) if cache else None)
     shares = llm.device_choice.shares
     if shares is not None:  # the split over the RPC servers: its own bound (hypura.plan.shares)
+        say(f"split    {shares.flags()}: predicted {shares.tok_s:.2f} tok/s decode (limit: {shares.limit})")
         result["split"] = {"devices": list(shares.device_names()), "layers": [n for n in shares.layers if n],
                            "host_layers": shares.host_layers, "n_ctx": shares.n_ctx,
                            "predicted_tok_s": shares.tok_s, "limit": shares.limit, "flags": shares.flags(),
