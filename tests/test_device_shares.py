@@ -173,3 +173,11 @@ def test_inspect_shows_each_devices_share_and_the_bound(tmp_path):
     r = CliRunner().invoke(inspect, [str(path), "--profile", str(profile), "--split", "--gpu-mem", "0.5GiB",
                                      "--ram", "1GiB", "--no-disk", "-c", "1024"])
     assert r.exit_code != 0 and "does not fit" in str(r.exception)
+
+
+def test_peer_copies_are_timed_between_two_devices_buffers():
+    """measure_peer runs on any pair of ggml devices; on a CPU-only build, the CPU with itself (a memcpy)."""
+    from hypura.profile.devices import list_devices, measure_peer
+
+    cpu = next(d for d in list_devices() if d.kind == "CPU")
+    assert measure_peer(cpu.index, cpu.index, nbytes=8 << 20, repeats=2) > 0
