@@ -7,7 +7,7 @@
 # llama-batched-bench from it are vanilla llama.cpp of the same source.
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
-#   phases: setup | ab | profile | defaults | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
+#   phases: setup | ab | profile | defaults | prefill | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
 #           passes | serve-np16 | serve | store | spec | rpc-gpu | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
@@ -87,7 +87,8 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
         lib=$(./build.sh lib 2> "$RES/build.log") || { tail -40 "$RES/build.log"; exit 1; }
         note "build: $((SECONDS - start)) s, lib: $lib"
         echo "$lib" > /tmp/hypura-lib
-        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench llama-completion llama-batched-bench llama-speculative-simple | xz -T16 -3) \
+        (cd "$lib" && tar cf - --dereference ./*.so* llama-bench llama-completion llama-batched-bench llama-speculative-simple \
+            ggml-rpc-server | xz -T16 -3) \
             | split -b 15M -d - "$OUT/lib-$KEY.tar.xz.part"
     fi
     export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)
@@ -140,6 +141,7 @@ defaults)  # no placement flags, the GPU held by another process: vanilla's --fi
     # (a fresh $XDG_CACHE_HOME): the profile is measured on each model's own blocks; --stats: RSS peak beside budgets
     models_done
     args='-p "Once upon a time" -n 16 -no-cnv --temp 0'
+    export XDG_CACHE_HOME=/tmp/xdg-first-use  # no profile yet, whatever ran before
     hold_gpu 8.5
     eval "\"$(libdir)/llama-completion\" -m $M70 $args" > "$RES/vanilla-l70-default.txt" 2>&1
     note "l70 vanilla default @8.5: $(grep -a 'eval time' "$RES/vanilla-l70-default.txt" | tail -1)"
@@ -193,6 +195,33 @@ perstep)  # one load, every step at its path: the engine's plan for 32 sequences
     models_done
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-perstep-l70.json" \
         2>&1 | tail -8 | tee -a "$RES/summary.txt"
+    ;;
+prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one prompt of 512 / 2048 (/ 8192) tokens and
+    # 128-token prompts of 1 / 4 / 16 / 32 sequences, beside vanilla's mmap and -lm none (pinned host weights), one
+    # load of each; the plans Hypura chose (micro-batch, pinned CPU weights) from `inspect`
+    models_done
+    for cfg in mmap lmnone; do
+        lm=""; [ $cfg = mmap ] || lm="-lm none"
+        timeout 150 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -p 512,2048 -n 32 -r 2 -o json \
+            > "$RES/vanilla-q3-pp-$cfg.json" 2> /dev/null
+        note "q3 vanilla -ncmoe 41 $lm pp512 pp2048 tg32: $(tps "$RES/vanilla-q3-pp-$cfg.json")"
+        timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 $lm \
+            2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-$cfg.txt"
+        sed "s/^/q3 vanilla batched $cfg: /" "$RES/vanilla-batched-q3-$cfg.txt" | tee -a "$RES/summary.txt"
+        timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 14 $lm -p 512,2048 -n 0 -r 1 -o json \
+            > "$RES/vanilla-l70-pp-$cfg.json" 2> /dev/null
+        note "l70 vanilla -ngl 14 $lm pp512 pp2048: $(tps "$RES/vanilla-l70-pp-$cfg.json")"
+    done
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB --json "$RES/plan-q3-g4.json" 2>&1 | grep -E "context|mode|chosen|predict" \
+        | sed "s/^/q3 plan: /" | tee -a "$RES/summary.txt"
+    timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 512,2048 -n 32 -r 2 \
+        --json "$RES/hypura-q3-pp.json" 2>&1 | tail -6 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
+    timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 \
+        --json "$RES/hypura-batched-q3.json" 2>&1 | tail -7 | sed "s/^/q3 hypura batched: /" | tee -a "$RES/summary.txt"
+    hy inspect $M70 --gpu-mem 8GiB --ram 64GiB --json "$RES/plan-l70-g8.json" 2>&1 | grep -E "context|mode|chosen|predict" \
+        | sed "s/^/l70 plan: /" | tee -a "$RES/summary.txt"
+    timeout 240 python3 -m hypura.cli.main bench $M70 --gpu-mem 8GiB --ram 64GiB -p 512,2048,8192 -n 0 -r 1 \
+        --json "$RES/hypura-l70-pp.json" 2>&1 | tail -6 | sed "s/^/l70 hypura: /" | tee -a "$RES/summary.txt"
     ;;
 vanilla-best)  # vanilla's best at each size: mmap (its default), and -lm none with GGML_OP_OFFLOAD_MIN_BATCH=4 (pinned
     # host weights, op offload from 4 tokens; at 1 token it is -lm none, at 32 the default min batch's)
@@ -253,6 +282,28 @@ spec)  # speculative decoding: the 70B at 8 GiB with a synthetic draft per agree
         done
     done
     ;;
+smoke)  # the MoE alone, once its model is written: the plan, a 2048-token prompt and decode, beside vanilla mmap and
+    # -lm none; then the same plan with CPU weights forced pinned and forced as llama.cpp holds them (the measured
+    # profile with the unrepacked rate set to the repacked one's, and to half of it): what pinning costs decode
+    while ! grep -q wrote /tmp/synthq3.log 2> /dev/null; do sleep 5; done
+    for cfg in mmap lmnone; do
+        lm=""; [ $cfg = mmap ] || lm="-lm none"
+        timeout 90 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -p 2048 -n 32 -r 1 -o json \
+            > "$RES/smoke-vanilla-q3-$cfg.json" 2> /dev/null
+        note "q3 vanilla -ncmoe 41 $lm pp2048 tg32: $(tps "$RES/smoke-vanilla-q3-$cfg.json")"
+    done
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB 2>&1 | grep -E "context|mode|chosen|predict|prompts" | sed "s/^/q3 plan: /" \
+        | tee -a "$RES/summary.txt"
+    cp "$(ls $XDG_CACHE_HOME/hypura/profile*.json | head -1)" "$RES/profile.json"
+    grep -o '"decode_bw[_a-z]*": [0-9.e+]*' "$RES/profile.json" | paste -sd' ' | sed "s/^/profile: /" | tee -a "$RES/summary.txt"
+    for share in 1.0 0.5; do
+        python3 -c "import json,sys; p=json.load(open('$RES/profile.json')); c=p['cpu']; c['decode_bw_plain']=c['decode_bw']*$share
+json.dump(p, open('/tmp/profile-$share.json','w'))"
+        timeout 150 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 2048 -n 32 -r 1 \
+            --profile /tmp/profile-$share.json --json "$RES/smoke-q3-$share.json" 2>&1 | grep -E "plan|pp|tg|prefill|decode" \
+            | tail -6 | sed "s/^/q3 hypura plain-share $share: /" | tee -a "$RES/summary.txt"
+    done
+    ;;
 rpc-gpu)  # the GPU plus a loopback ggml-rpc-server on the same GPU: the RPC link's cost against the split's bound
     # (the 14B held to 5 GiB here, the rest over RPC), beside vanilla with the same split; under 3 minutes
     models_done
@@ -281,4 +332,5 @@ esac
 for p in "$@"; do
     echo "== $p $(date +%T)" | tee -a "$RES/summary.txt"
     phase "$p"
+    cp "$RES/summary.txt" "$OUT/summary.txt"  # back even when a later phase outlasts the call
 done

@@ -6,7 +6,9 @@ __all__ = ["Llama", "__version__"]
 
 from hypura.bindings.library import preload_our_library
 
-preload_our_library()  # `import llama_cpp` after `import hypura` gets our library; before numpy
+# the one place of the import-order rule: every hypura module is imported after this package, so its
+# `import llama_cpp` gets our library (bindings.ffi.lib() says so at first use where another one was loaded first)
+preload_our_library()  # before numpy too
 
 
 def __getattr__(name: str):

@@ -24,10 +24,6 @@ from typing import Callable, Iterable, Optional, Union
 import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
-from hypura.bindings.library import point_llama_cpp_at_our_library
-
-point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
-
 import llama_cpp  # noqa: E402
 import llama_cpp._internals as internals  # noqa: E402  (the model and context owners llama_cpp.Llama's methods use)
 from llama_cpp import LlamaTokenizer  # noqa: E402
@@ -43,7 +39,7 @@ from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan.auto import Fit  # noqa: E402
 from hypura.plan.beside import Beside  # noqa: E402
-from hypura.plan.decision import Ask, Decision, Routing, decide  # noqa: E402
+from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.devices import DeviceAsk, DeviceChoice, choose as choose_devices  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
@@ -183,8 +179,8 @@ class Llama(llama_cpp.Llama):
         k["n_ctx"] = decision.n_ctx
         if "n_ctx" in context:
             context["n_ctx"] = decision.n_ctx
-        for key, value in decision.context_params.items():
-            context.setdefault(key, value)
+        context.update(context_fields(decision, {"n_ubatch": k["n_ubatch"], "n_batch": k["n_batch"], **context}))
+        k["n_batch"] = context.get("n_batch", k["n_batch"])
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)
         self._runtime = runtime = Runtime(self.header, model_path, self.plan,
@@ -202,11 +198,8 @@ class Llama(llama_cpp.Llama):
                 from hypura.speculative.llama_draft import SpecDraft
 
                 self.draft_model = SpecDraft(self.draft_model, self)
-        except BaseException as e:
+        except BaseException:
             runtime.close()  # the model, context and streams go with the failed constructor
-            clearer = LogCapture().failure(e, model_path) if isinstance(e, Exception) else None
-            if clearer is not None:  # llama-cpp-python parses the file's chat templates while loading too
-                raise clearer from None
             raise
 
     def _devices(self, ask: DeviceAsk, k: dict, overrides: dict, placed: bool, fit: Fit, profile) -> DeviceChoice:

@@ -9,9 +9,9 @@ import time
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from hypura.chat_template import ChatTemplate, TemplateError, TemplateLimits, TemplateRejected
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.serve.chat_template import ChatTemplate, TemplateError, TemplateLimits, TemplateRejected
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                 {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a planet."}]
@@ -131,3 +131,68 @@ def test_error_messages_are_printable_and_short():
     with pytest.raises(TemplateRejected) as e:
         ChatTemplate("{{ raise_exception('bad\\n\\x1b[31m' + 'x' * 5000) }}").render([])
     assert e.value.args[0].isprintable() and len(str(e.value)) < 300
+
+
+# --- hypura.Llama's chat completions: the same bounded renderer ------------------------------------------
+
+def _with_template(src, dst, template: str):
+    """A copy of the GGUF `src` whose tokenizer.chat_template is `template` (the header rewritten, the data copied)."""
+    import shutil
+
+    from gguf import GGUFValueType
+
+    from hypura.chat_template import METADATA_KEY
+    from hypura.modelfile import KV, read_kv
+    from hypura.modelfile.writer import TensorInfo, header_bytes
+
+    h = read_header(src)
+    kvs = [kv for kv in read_kv(src) if kv.key != METADATA_KEY] + [KV(METADATA_KEY, template, GGUFValueType.STRING,
+                                                                     None)]
+    infos = [TensorInfo(t.name, tuple(reversed(t.shape)), t.ggml_type, t.offset - h.data_offset) for t in h.tensors]
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        d.write(header_bytes(kvs, infos, int(h.get("general.alignment", 32))))
+        s.seek(h.data_offset)
+        shutil.copyfileobj(s, d)
+    return dst
+
+
+@pytest.mark.parametrize("name", ["power", "format-filter", "percent-star", "percent-many", "parse-error"])
+def test_a_hostile_template_raises_from_llamas_chat_completion(name, tiny_llama, tmp_path):
+    """A GGUF whose template froze the server: hypura.Llama loads it (a completion needs no template) and its
+    chat completion raises TemplateError in bounded time (llama-cpp-python's Jinja2ChatFormatter ran the
+    power for 31 s), the same refusal the server gives; a template that does not parse too."""
+    from hostile_templates import HOSTILE, MESSAGES
+    from hypura import Llama
+
+    template = {**HOSTILE, "parse-error": "{% if %}"}[name]
+    llm = Llama(str(_with_template(tiny_llama, tmp_path / "hostile.gguf", template)), n_ctx=64, n_threads=1,
+                verbose=False)
+    try:
+        assert llm.chat_format == "chat_template.default"
+        started = time.perf_counter()
+        with pytest.raises(TemplateError, match="chat template") as e:
+            llm.create_chat_completion(MESSAGES, max_tokens=1)
+        assert time.perf_counter() - started < TemplateLimits().seconds  # refused before it builds anything
+        assert "\n" not in str(e.value)
+        assert llm.create_completion("x", max_tokens=1)["choices"][0]["finish_reason"] == "length"
+    finally:
+        llm.close()
+
+
+def test_llamas_chat_completion_renders_the_models_template_as_llama_cpp_python(smollm2_path, smollm2_template):
+    """The bounded renderer's prompt is llama-cpp-python's Jinja2ChatFormatter's for SmolLM2's own template, and
+    create_chat_completion keeps llama-cpp-python's response shape."""
+    from hypura import Llama
+    from hypura.bindings.chat_formats import BoundedChatFormatter
+
+    ours = BoundedChatFormatter(smollm2_template, "<|im_end|>", "<|im_start|>", [2])(messages=CONVERSATION, tools=None)
+    theirs = Jinja2ChatFormatter(smollm2_template, "<|im_end|>", "<|im_start|>", stop_token_ids=[2])(
+        messages=CONVERSATION, tools=None)
+    assert (ours.prompt, ours.stop, ours.added_special) == (theirs.prompt, theirs.stop, theirs.added_special)
+    llm = Llama(str(smollm2_path), n_ctx=256, n_threads=1, chat_format="chat_template.default", verbose=False)
+    try:
+        r = llm.create_chat_completion(CONVERSATION, max_tokens=4, temperature=0.0)
+        assert r["object"] == "chat.completion" and r["choices"][0]["message"]["role"] == "assistant"
+        assert r["usage"]["completion_tokens"] <= 4
+    finally:
+        llm.close()

@@ -325,3 +325,18 @@ def test_each_probe_reads_other_experts(tiny_qwen3moe, monkeypatch):
     finally:
         llm.close()
     assert read[0] != read[1] and set(read[0]) | set(read[1]) <= disk  # disk experts only, others each time
+
+
+def test_a_prompt_of_several_micro_batches_pages_its_experts(tiny_qwen3moe):
+    """A batch larger than the micro-batch (llama.cpp splits it) runs with experts paged from disk: between its
+    micro-batches the router hook may see a graph of no tokens, which routes nothing."""
+    from hypura.bench.single import BenchSettings, run_bench
+
+    plan = _plan(tiny_qwen3moe)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=1024, n_batch=1024, n_ubatch=256, n_threads=1,
+                       verbose=False)
+    try:
+        out = run_bench(llm, plan, BenchSettings(1000, 0, 1, 1))
+    finally:
+        llm.close()
+    assert out["stats"]["prefill"]["tokens"] >= 1000

@@ -257,3 +257,34 @@ def test_per_step_paths_on_the_gpu(dense_model):
         assert np.array_equal(_logits(llm, tokens), batch_want)
     finally:
         llm.close()
+
+
+def test_a_plan_that_pins_cpu_weights(moe_model):
+    """A plan whose CPU weights are held pinned (Traffic.host_pinned: the experts here) loads them into the GPU's
+    pinned host buffers, unrepacked, and computes what llama.cpp computes with the same placement and -lm none
+    (pinned host weights): a prompt's experts offloaded at the link's rate, a token's on the CPU, bitwise."""
+    def experts_in_ram(t):
+        if t.experts:
+            n = len(t.experts)
+            return dataclasses.replace(t, tier="ram", compute="cpu", experts=("ram",) * n, expert_compute=("cpu",) * n)
+        return dataclasses.replace(t, tier="gpu", compute="gpu") if t.name != "token_embd.weight" else t
+
+    plan = _design_plan(moe_model, experts_in_ram)
+    plan = dataclasses.replace(plan, traffic=dataclasses.replace(plan.traffic, host_pinned=True, op_offload=True))
+    kwargs = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=4)
+    pinned = {"model_params": {"load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE, "no_host": False,
+                               "use_extra_bufts": False}}
+    vanilla = hypura.Llama(str(moe_model), n_gpu_layers=99, override_tensor="exps=CPU", param_overrides=pinned,
+                           **kwargs)
+    tokens = vanilla.tokenize(b"The quick brown fox jumps over the lazy dog. " * 8)
+    want = _logits(vanilla, tokens), _decode_logits(vanilla, tokens[:6])
+    vanilla.close()
+    llm = hypura.Llama(str(moe_model), plan=plan, **kwargs)
+    try:
+        names = [t.name for t in llm.header.tensors]
+        for name, buft in _buffers(llm.model, names).items():
+            assert buft == ("CUDA_Host" if "_exps" in name else buft), name
+        assert np.array_equal(_logits(llm, tokens), want[0])
+        assert np.array_equal(_decode_logits(llm, tokens[:6]), want[1])
+    finally:
+        llm.close()

@@ -15,8 +15,7 @@ from hypura.cli.inspect_cmd import inspect
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import Plan
-
-writer = pytest.importorskip("hypura.synth.writer")
+from hypura.synth import writer
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ from hypura.plan import (Plan, PlanSettings, RateOverrides, budgets_for, greedy,
 from hypura.plan import knobs
 from hypura.plan.solve import turn_seconds
 from hypura.profile import resolve_profile
-
-writer = pytest.importorskip("hypura.synth.writer")
+from hypura.synth import writer
 
 GiB = 1 << 30
 SEED = resolve_profile("m1-max-32gb")

@@ -15,9 +15,10 @@ import pytest
 import hypura.models
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.profile import compute, disk, measure, store
+from hypura.profile import compute, disk, load_profile, measure, store
 from hypura.profile.host import cores
 from hypura.profile.model_slice import write_slice
+from hypura.synth import write_synth
 
 MiB = 1 << 20
 
@@ -101,24 +102,39 @@ def test_the_first_plan_measures_the_cpu_on_the_models_own_blocks(first_use, sha
     assert measure.planning_profile(model, say=again.append).cpu.method.startswith("llama.cpp on")  # ... plans don't
 
 
-def test_the_model_cpu_cache_is_per_mix_and_threads(tiny_llama, tiny_qwen3moe):
+def test_the_model_cpu_cache_is_per_mix_and_threads(tiny_llama, tiny_qwen3moe, tmp_path):
     dense, moe = read_header(tiny_llama), read_header(tiny_qwen3moe)
-    assert store.model_mix(dense, 4) == store.model_mix(dense, 4)
-    assert len({store.model_mix(dense, 4), store.model_mix(dense, 8), store.model_mix(moe, 4)}) == 3
+    # other weights in another file, the same types and shapes: the measurement stands for it too
+    other = read_header(write_synth("tiny-llama", tmp_path / "other.gguf", seed=1).path)
+    assert other.path != dense.path and store.model_mix(other, 4) == store.model_mix(dense, 4)
+    q8 = read_header(write_synth("tiny-llama", tmp_path / "q8.gguf", ftype="q8_0", sparse=True).path)
+    mixes = {store.model_mix(dense, 4), store.model_mix(dense, 8), store.model_mix(moe, 4), store.model_mix(q8, 4)}
+    assert len(mixes) == 4  # another quantization, other threads, another architecture: each its own
+
+
+# `hypura` with the disk the pinned profile has (argv[1]) in place of the disk test: how many concurrent readers
+# a disk rewards (each a request buffer of RAM within the budget) follows the disk and its load, not the code
+_PINNED_DISK = ("import sys; from hypura.profile import load_profile, measure; "
+                "disk = load_profile(sys.argv.pop(1)).disk; "
+                "measure.measure_disk = measure.measure_file = lambda *args, **kwargs: disk; "
+                "from hypura.cli.main import main; sys.argv[0] = 'hypura'; main()")
 
 
 @pytest.mark.live_machine
 @pytest.mark.slow
 def test_first_use_rss_stays_within_the_printed_budget(smollm2_path, tmp_path):
     """A first run with no profile cached measures the machine and the model's blocks in the same command;
-    the blocks load in a child process, so the run's RSS peak stays within the RAM budget it printed."""
+    the blocks load in a child process, so the run's RSS peak stays within the RAM budget it printed. The disk
+    is the pinned profile's (_PINNED_DISK); RAM and the CPU on the model's blocks are measured."""
     out = tmp_path / "bench.json"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HYPURA_FREE_MEMORY": "ram=8GiB"}
-    env.pop("HYPURA_PROFILE", None)  # no profile: the first use measures one
-    r = subprocess.run([sys.executable, "-m", "hypura.cli.main", "bench", str(smollm2_path), "--ram", "250MiB",
+    pinned = env.pop("HYPURA_PROFILE")  # no profile: the first use measures one
+    r = subprocess.run([sys.executable, "-c", _PINNED_DISK, pinned, "bench", str(smollm2_path), "--ram", "250MiB",
                         "-c", "256", "-p", "16", "-n", "4", "-r", "1", "-t", "1", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "no machine profile yet" in r.stderr and "blocks" in r.stderr  # measured now, on the model
+    measured = load_profile(next((tmp_path / "cache" / "hypura").glob("profile-*.json")))
+    assert measured.disk == load_profile(pinned).disk and measured.cpu.method.startswith("llama.cpp on")
     mem = json.loads(out.read_text())["stats"]["memory"]
     assert mem["rss_peak"] <= mem["budget"]["ram"] == 250 * MiB

@@ -17,7 +17,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from hypura.serve.chat_template import ChatTemplate  # noqa: E402
+from hypura.chat_template import ChatTemplate  # noqa: E402
 from serve_helpers import MODEL, engine_of, openai_client, serving, wait_idle  # noqa: E402
 
 N_EMBD = 576  # SmolLM2-135M's llama.embedding_length

@@ -9,7 +9,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
-from hypura.serve.chat_template import ChatTemplate  # noqa: E402
+from hypura.chat_template import ChatTemplate  # noqa: E402
 from serve_fakes import MODEL, FakeLlama, ndjson_lines, sse_events, start_fake  # noqa: E402
 
 

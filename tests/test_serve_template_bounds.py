@@ -1,7 +1,7 @@
-"""Untrusted chat templates are bounded in time, memory and place (issue 33): each template below froze
-the server (a big-integer power ran 31 s on the event loop, /health unanswered) or took ~190 MB per
-request before its bound was checked. Now each is refused before it builds anything, in well under its
-time bound, with RSS flat, while the server answers other requests."""
+"""Untrusted chat templates are bounded in time, memory and place (issue 33): each template of
+tests/hostile_templates.py froze the server (a big-integer power ran 31 s on the event loop, /health
+unanswered) or took ~190 MB per request before its bound was checked. Now each is refused before it builds
+anything, in well under its time bound, with RSS flat, while the server answers other requests."""
 
 from __future__ import annotations
 
@@ -10,31 +10,14 @@ import time
 import psutil
 import pytest
 
-from hypura.serve.chat_template import ChatTemplate, TemplateError
+from hypura.chat_template import ChatTemplate, TemplateError
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from serve_fakes import MODEL, start_fake  # noqa: E402
+from hostile_templates import HOSTILE, MESSAGES  # noqa: E402
 from serve_helpers import health_probed  # noqa: E402
-
-DEEP = "[" * 40 + "1" + "]" * 40
-# the issue's templates (n from messages|length), then more that multiply a size in one operation
-HOSTILE = {
-    "power": "{% set n = messages|length %}{% set x = ((6 + n) ** 65536) ** 256 %}{{ x }}",
-    "format-filter": "{% set n = messages|length %}{{ '%0200000000d' | format(n) }}",
-    "percent-star": "{% set n = messages|length %}{{ '%*d' % (200000000, n) }}",
-    "str-format-nested": "{% set n = messages|length %}{{ '{:>{}}'.format(n, '200000000') }}",
-    "tojson-indent": "{{ %s | tojson(indent=65536) }}" % DEEP,
-    "percent-many": "{{ ('%65536d' * 64) % ((1,) * 64) }}",
-    "concat": "{% set s = 'x' * 4000000 %}{% set s = s ~ s ~ s %}{{ s }}",
-    "replace": "{% set s = 'x' * 40000 %}{{ s.replace('x', s) }}",
-    "indent": "{{ ('\\n' * 60000) | indent(65536) }}",
-    "join": "{{ range(1000) | map('string') | join('y' * 60000) }}",
-    "expandtabs": "{{ ('\\t' * 1000000).expandtabs(65536) }}",
-    "multiply": "{% set x = 7 ** 20000 %}{{ x * x * x * x }}",
-}
-MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))

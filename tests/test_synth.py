@@ -350,3 +350,17 @@ def test_tokenizer_from_another_gguf(tmp_path):
     tokens = next(kv.value for kv in read_kv(out) if kv.key == TOKENS)
     assert len(src_tokens) < len(tokens) == get_shape("tiny-llama").n_vocab
     assert tokens[: len(src_tokens)] == src_tokens
+
+
+def test_synth_and_inspect_need_no_llama_cpp_library(tmp_path):
+    """A fresh GPU machine makes its models while llama.cpp builds: `hypura synth` and `hypura inspect` import no
+    command that loads the library."""
+    env = {**os.environ, "HYPURA_LIB_DIR": str(tmp_path / "not-built"), "LLAMA_CPP_LIB_PATH": ""}
+    code = "from hypura.cli.main import main; main()"
+    out = tmp_path / "x.gguf"
+    r = subprocess.run([sys.executable, "-c", code, "synth", "tiny-llama", str(out)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0 and out.is_file(), r.stderr
+    r = subprocess.run([sys.executable, "-c", code, "inspect", str(out), "--profile", "h200-design", "--gpu-mem", "0",
+                        "--ram", "1GiB"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "predict" in r.stdout, r.stderr

@@ -117,6 +117,6 @@ def predicted(header, plan, b: int) -> Optional[dict]:
     tiers = [t.experts[u.expert] if u.expert >= 0 else t.tier for u, t in zip(mu.units, placed)]
     compute = [t.expert_compute[u.expert] if u.expert >= 0 else plan.compute_at(t, b) for u, t in zip(mu.units, placed)]
     pr = predict(traffic(mu, tiers, compute, plan.kv_tier, plan.kv_bytes, plan.rates, plan.n_ubatch, b,
-                         plan.traffic.op_offload), plan.rates)
+                         plan.traffic.op_offload, plan.traffic.host_pinned), plan.rates)
     return {"decode_tok_s": pr.decode_tok_s, "decode_limit": pr.decode_limit, "prefill_tok_s": pr.prefill_tok_s,
             "prefill_limit": pr.prefill_limit}

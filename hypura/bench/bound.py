@@ -7,7 +7,8 @@ matrix too: get_rows reads b rows), and of a stacked expert tensor the experts a
 and compute devices (without a plan, llama.cpp's placement: every weight resident, on the GPU or in RAM) and
 each path is timed on its own: CPU reads, link copies, disk reads, GPU reads (a shared CPU+link budget would
 credit the CPU's rate to bytes only the link can move). Left out: KV reads, compute, fixed per-layer costs,
-and an expert cache's hits (expert_cache_bound covers a run with one).
+and an expert cache's hits (expert_cache_bound covers a run with one). The paths, the experts a step touches
+and each path's seconds are the cost model's (hypura.plan.cost: PATHS, step_probability, bytes_seconds).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-PATHS = ("gpu", "cpu", "link", "disk")
+from hypura.plan.cost import PATHS, bytes_seconds, step_probability
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def bound(header, plan, rates, b: int = 1, on_gpu: Optional[bool] = None,
         units = [(t.tier, plan.compute_at(t, b) if plan is not None else t.compute, t.nbytes)]
         if t.experts:
             n = len(t.experts)
-            touched = 1.0 - (1.0 - min(k, n) / n) ** b
+            touched = step_probability(min(k, n) / n, b)
             computes = t.expert_compute or (t.compute,) * n
             units = [(tier, dev, t.nbytes / n * touched) for tier, dev in zip(t.experts, computes)]
         for tier, dev, nbytes in units:
@@ -75,11 +76,9 @@ def bound(header, plan, rates, b: int = 1, on_gpu: Optional[bool] = None,
     limit_note = ""
     if disk_bytes is not None:
         paths["disk"], expert_disk, limit_note = disk_bytes * b, disk_bytes * b, ", at the measured hit rate"
-    disk_s = paths["disk"] / disk_rate if disk_rate else rates.disk_seconds(paths["disk"], expert_disk)
-    terms = {"cpu": paths["cpu"] / rates.cpu_read,
-             "link": paths["link"] / rates.link if rates.link else 0.0,
-             "disk": disk_s,
-             "gpu": paths["gpu"] / rates.gpu_read if rates.gpu_read else 0.0}
+    terms = bytes_seconds(paths, rates, expert_disk)
+    if disk_rate:
+        terms["disk"] = paths["disk"] / disk_rate
     limit = max(terms, key=terms.get)
     step_s = terms[limit]
     return {"decode_tok_s": b / step_s if step_s else float("inf"),

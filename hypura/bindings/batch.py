@@ -4,11 +4,7 @@ a step of many sequences (the engine fills one)."""
 
 from __future__ import annotations
 
-from hypura.bindings.library import point_llama_cpp_at_our_library
-
-point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
-
-import llama_cpp  # noqa: E402
+import llama_cpp
 
 
 class Batch:

@@ -18,7 +18,6 @@ import os
 import re
 from typing import Optional
 
-import jinja2
 import llama_cpp
 
 from hypura.errors import HypuraError, ModelFileError
@@ -76,11 +75,7 @@ class LogCapture:
         return clip(_PREFIX.sub("", lines[0]), MAX_REASON)
 
     def failure(self, exc: BaseException, model_path) -> Optional[Exception]:
-        """A clearer exception for a load llama-cpp-python reported without its reason, else None.
-        Besides llama.cpp's loader, llama-cpp-python parses the file's chat templates while loading."""
-        if isinstance(exc, jinja2.TemplateError):  # a template that does not parse: the file's, not the caller's
-            line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-            return ModelFileError(f"{model_path}: tokenizer.chat_template does not parse{line}: {clip(str(exc))}")
+        """A clearer exception for a load llama-cpp-python reported without its reason, else None."""
         reason = self.reason()
         if reason is None or not isinstance(exc, ValueError) or isinstance(exc, HypuraError):
             return None

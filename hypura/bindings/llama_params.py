@@ -11,11 +11,7 @@ import multiprocessing
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.bindings.library import point_llama_cpp_at_our_library
-
-point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
-
-import llama_cpp  # noqa: E402
+import llama_cpp
 
 _SIGNATURE = inspect.signature(llama_cpp.Llama.__init__)
 _KV_STR_BYTES = 128  # llama_model_kv_override's val_str

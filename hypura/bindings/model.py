@@ -7,14 +7,10 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
-from hypura.bindings.library import point_llama_cpp_at_our_library
+import llama_cpp
+import llama_cpp._internals as internals
 
-point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
-
-import llama_cpp  # noqa: E402
-import llama_cpp._internals as internals  # noqa: E402
-
-from hypura.bindings.llama_params import set_fields  # noqa: E402
+from hypura.bindings.llama_params import set_fields
 
 _backend_ready = False  # llama_backend_init, once per process
 

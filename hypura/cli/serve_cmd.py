@@ -43,8 +43,9 @@ def speculative(spec: dict):
               help="Port (Ollama's by default; 0 picks a free one).")
 @click.option("-np", "--parallel", type=click.IntRange(1), default=4, show_default=True,
               help="Sequences decoded together in each step; more requests wait in the queue.")
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
-              help="Context per sequence, in tokens (prompt and reply).")
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=None,
+              help="Context per sequence, in tokens (prompt and reply). Default: 4096, less where the model's "
+                   "training context over --parallel is less (the sequences share one KV cache).")
 @click.option("--gpu-mem", metavar="SIZE", help="GPU memory budget, e.g. 8GiB: placement is planned from it.")
 @click.option("--ram", metavar="SIZE", help="RAM budget, e.g. 16GiB: placement is planned from it.")
 @click.option("--api-key", envvar="HYPURA_API_KEY", metavar="KEY",

@@ -204,7 +204,8 @@ def summary(plan: Plan) -> str:
     tiers = ", ".join(f"{t} {fmt_size(w[t])}" for t in (GPU, RAM, DISK) if w[t])
     pr = plan.prediction
     return (f"weights {tiers}; context {plan.n_ctx} (KV {fmt_size(plan.kv_bytes)} in {plan.kv_tier}); "
-            f"predicts decode {pr.decode_tok_s:.2f} tok/s, limited by {pr.decode_limit}")
+            f"predicts decode {pr.decode_tok_s:.2f} tok/s, limited by {pr.decode_limit}"
+            + (f"; {plan.why}" if plan.why else ""))
 
 
 def _explain(e: HypuraError, n_ctx: int, m: _Model, free: FreeMemory, caps: Caps, margins: str,

@@ -68,14 +68,17 @@ def rates_for(profile: MachineProfile, o: RateOverrides = RateOverrides()) -> Ra
     readers = disk_readers(profile.disk.by_threads)
     # a given disk rate stands for both kinds of reads; an older profile measured no random ones
     experts = pick(o.disk_bw, profile.disk.random_read_bw or None)
+    # a given CPU rate stands for both layouts
+    plain = None if o.cpu_bw else profile.cpu.decode_bw_plain
     if gpu is None:
         return Rates(cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
-                     cpu_flops=profile.cpu.prefill_flops, disk_readers=readers, expert_disk_read=experts)
+                     cpu_flops=profile.cpu.prefill_flops, disk_readers=readers, expert_disk_read=experts,
+                     cpu_read_plain=plain)
     # a discrete GPU is fed over the link from pinned memory; unified memory: a RAM copy
     link = profile.host.ram_copy_bw if gpu.unified else (gpu.h2d_pinned_bw or gpu.h2d_pageable_bw)
     return Rates(
         cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
         cpu_flops=profile.cpu.prefill_flops, gpu_read=pick(o.gpu_bw, gpu.decode_bw),
         link=pick(o.link_bw, link), gpu_flops=gpu.prefill_flops, unified=gpu.unified, disk_readers=readers,
-        expert_disk_read=experts, pageable_link=None if gpu.unified else gpu.h2d_pageable_bw,
+        expert_disk_read=experts, pageable_link=None if gpu.unified else gpu.h2d_pageable_bw, cpu_read_plain=plain,
     )

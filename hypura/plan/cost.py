@@ -17,22 +17,26 @@ FLOP-bound within a few tokens, while a streamed or disk-read layer's bytes are 
 whatever the batch, so a batch moves the best split toward GPU compute. A batch also widens what a
 step reads of an MoE layer: each expert with probability 1 - (1 - p)^parallel, under uniform routing
 n_expert * (1 - (1 - k/n_expert)^parallel) distinct experts of a layer. From OP_OFFLOAD_MIN_BATCH
-tokens on, llama.cpp's op offload computes CPU-resident weights on the GPU after copying them (a
-stacked expert tensor whole) from pageable memory every step, at PAGEABLE_LINK_DEFAULT-like rates: why
-vanilla's batched decode of a partly offloaded model is slower at 32 sequences than at 16. The runtime
-turns op offload off beside CPU weights that hooks fill mid-graph (disk-tier ones).
+tokens on, llama.cpp's op offload computes CPU-resident weights on the GPU after copying them (of a
+stacked expert tensor, the experts the step selects: ggml-backend.cpp) every step: from pageable memory at
+PAGEABLE_LINK_DEFAULT-like rates, why vanilla's batched decode of a partly offloaded model is slower at 32
+sequences than at 16; from pinned memory (a plan that streams to the GPU holds its CPU weights pinned,
+`host_pinned`) at the link's rate, read by the CPU at its plain-layout rate. The runtime turns op offload off
+beside CPU weights that hooks fill mid-graph (disk-tier ones).
 
 For one sequence and the hybrid (the CPU computes some non-resident layers while the link streams
 others into GPU slots) this gives the hybrid's bound (docs/design.md): non-resident bytes / (CPU rate + link rate).
 Prefill, per micro-batch: llama.cpp offloads every matmul of a batch >= 32 to the GPU, copying host
 weights over the link (streamed ones from pinned memory, CPU-resident ones from pageable memory), so
-time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate). Beside CPU-computed weights from
+time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate), an expert's bytes counted when any of the
+micro-batch's tokens selects it. Beside CPU-computed weights from
 disk the runtime turns that offload off: the CPU's units then add their FLOPs at the CPU's rate, and
 their bytes leave the link.
 
 `traffic()` turns a placement into `Traffic` (through `StepLoad`, which the solver also updates unit by
-unit); the runtime and `bench` build `Traffic` from their counters and call the same `predict()` for
-the bound they print beside a measurement.
+unit); `hypura bench --parallel` calls the same `traffic()` and `predict()` for the prediction it prints
+beside a measurement. The bound it prints too (hypura/bench/bound.py) is this model's bytes alone: each
+path's bytes at its rate (`bytes_seconds`), experts by `step_probability`, no compute and no fixed costs.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class Rates:
     disk_readers: int = 1  # concurrent O_DIRECT readers that read fastest (the profile's best thread count)
     expert_disk_read: float | None = None  # random expert-sized reads (None: an older profile; disk_read)
     pageable_link: float | None = None  # host->GPU copies from pageable memory (llama.cpp's op offload)
+    # the CPU's decode rate from weights in ggml's plain layout (pinned, or beside hook-filled buffers): where
+    # llama.cpp repacks (x86 AVX2/AVX-512, ARM) the measured cpu_read is the repacked layout's. None: cpu_read
+    cpu_read_plain: float | None = None
 
     def disk_seconds(self, nbytes: float, expert_bytes: float = 0.0) -> float:
         """Seconds to read nbytes from disk, of which expert_bytes are experts read where routers send
@@ -79,6 +86,14 @@ class Rates:
     @property
     def pageable_rate(self) -> float:
         return self.pageable_link or knobs.PAGEABLE_LINK_DEFAULT
+
+    def cpu_rate(self, pinned: bool) -> float:
+        """The CPU's decode rate from host weights held pinned (plain layout) or as llama.cpp holds them."""
+        return (self.cpu_read_plain or self.cpu_read) if pinned else self.cpu_read
+
+    def host_copy_rate(self, pinned: bool) -> float:
+        """Op offload's copies of host weights to the GPU: from pinned memory at the link's rate."""
+        return self.link if pinned and self.link else self.pageable_rate
 
     @property
     def has_gpu(self) -> bool:
@@ -114,6 +129,9 @@ class Traffic:
     decode_cpu_flops: float = 0.0
     offload_bytes: float = 0.0  # host weights op offload copies to the GPU every step (parallel >= 32)
     op_offload: bool = True  # llama.cpp's op offload as the plan wants it (the engine's loader applies False)
+    # CPU-computed RAM weights held in pinned host memory, plain layout (a plan that streams to the GPU): the CPU
+    # reads them at Rates.cpu_read_plain, op offload copies them at the link's rate
+    host_pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +160,14 @@ def step_probability(p: float, parallel: int) -> float:
     return 1.0 if p >= 1.0 else 1.0 - (1.0 - p) ** parallel
 
 
+def bytes_seconds(nbytes: dict, r: Rates, expert_disk: float = 0.0) -> dict:
+    """Each path's seconds for its bytes alone at its rate (PATHS' keys; a path without a rate moves nothing):
+    no compute, no fixed costs, no path slowed by another, the bound hypura/bench/bound.py prints."""
+    return {CPU: nbytes[CPU] / r.cpu_read, "link": nbytes["link"] / r.link if r.link else 0.0,
+            "disk": r.disk_seconds(nbytes["disk"], expert_disk),
+            GPU: nbytes[GPU] / r.gpu_read if r.gpu_read else 0.0}
+
+
 def batch_compute_s(nbytes: float, flops: float, read_rate: float | None, flop_rate: float | None,
                     parallel: int) -> float:
     """A device's seconds for a step: its weight bytes at the one-token decode rate (that token's compute
@@ -150,20 +176,22 @@ def batch_compute_s(nbytes: float, flops: float, read_rate: float | None, flop_r
 
 
 def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, offload: float, link: float,
-                   disk: float, expert_disk: float, r: Rates, parallel: int) -> dict:
-    """Seconds of one decode step on each path, fixed costs left out (predict adds them)."""
+                   disk: float, expert_disk: float, r: Rates, parallel: int, pinned: bool = False) -> dict:
+    """Seconds of one decode step on each path, fixed costs left out (predict adds them); pinned: host weights
+    are held pinned (Traffic.host_pinned)."""
+    copy = r.host_copy_rate(pinned)
     return {GPU: batch_compute_s(gpu, gpu_flops, r.gpu_read, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT, parallel),
-            CPU: batch_compute_s(cpu, cpu_flops, r.cpu_read,
+            CPU: batch_compute_s(cpu, cpu_flops, r.cpu_rate(pinned),
                                  r.cpu_flops * (knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING if link > 0 else 1.0), parallel),
-            "offload": _div(offload, r.pageable_rate),
-            # op offload's pageable copies hold the link while they run, beside the streamed ones
-            "link": _div(link, r.link_beside(cpu)) + _div(offload, r.pageable_rate),
+            "offload": _div(offload, copy),
+            # op offload's copies hold the link while they run, beside the streamed ones
+            "link": _div(link, r.link_beside(cpu)) + _div(offload, copy),
             "disk": r.disk_seconds(disk, expert_disk),
             # experts read where the routers send decode are read after the router and before their matmuls: the
             # compute waits for them (bench/RESULTS.md moe-paging-cpu: the sum predicts, the larger of the two did not)
             "paged": _div(expert_disk, r.expert_disk_read or r.disk_read),
             # both read RAM: with the CPU busy too, the two share its bandwidth (knobs.RAM_SHARED_HEADROOM)
-            "ram": _div(cpu + link, r.cpu_read * knobs.RAM_SHARED_HEADROOM) if cpu > 0 and link > 0
+            "ram": _div(cpu + link, r.cpu_rate(pinned) * knobs.RAM_SHARED_HEADROOM) if cpu > 0 and link > 0
             and not r.unified else 0.0}
 
 
@@ -178,13 +206,15 @@ class StepLoad:
     rates: Rates
     parallel: int
     op_offload_on: bool = True  # llama.cpp's context setting op_offload, as the plan leaves it
+    pinned: bool = False  # CPU-computed RAM weights held pinned (Traffic.host_pinned)
     gpu: float = 0.0
     gpu_flops: float = 0.0
     cpu: float = 0.0
     cpu_flops: float = 0.0
     host: float = 0.0
     host_flops: float = 0.0
-    host_copy: float = 0.0  # whole tensors: op offload copies a stacked expert tensor, not the experts used
+    # what op offload copies: llama.cpp's scheduler copies the experts a step's tokens select, not the whole stack
+    host_copy: float = 0.0
     link: float = 0.0
     disk: float = 0.0
     expert_disk: float = 0.0
@@ -203,7 +233,7 @@ class StepLoad:
                 self.link += a
         elif tier == RAM and not u.host_only:
             self.host, self.host_flops = self.host + a, self.host_flops + f
-            self.host_copy += sign * u.nbytes
+            self.host_copy += a
         else:
             self.cpu, self.cpu_flops = self.cpu + a, self.cpu_flops + f
 
@@ -229,13 +259,13 @@ class StepLoad:
     def seconds(self) -> float:
         """The step's time without fixed costs: what the solver's split minimises."""
         s = decode_seconds(**self.paths(), link=self.link, disk=self.disk, expert_disk=self.expert_disk,
-                           r=self.rates, parallel=self.parallel)
+                           r=self.rates, parallel=self.parallel, pinned=self.pinned)
         return max(s[GPU] + s[CPU] + s["offload"] + s["paged"], s["link"], s["disk"], s["ram"])
 
 
 def predict(t: Traffic, r: Rates) -> Prediction:
     s = decode_seconds(t.gpu_bytes, t.decode_gpu_flops, t.cpu_bytes, t.decode_cpu_flops, t.offload_bytes,
-                       t.link_bytes, t.disk_bytes, t.expert_disk_bytes, r, t.parallel)
+                       t.link_bytes, t.disk_bytes, t.expert_disk_bytes, r, t.parallel, t.host_pinned)
     gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
     streaming = t.link_bytes > 0 or t.disk_bytes > 0
     overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
@@ -252,7 +282,7 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     else:
         pre_compute = _div(t.prefill_flops, r.cpu_flops)
     pre_link = _div(t.prefill_link_bytes - t.prefill_offload_bytes, r.link) + _div(t.prefill_offload_bytes,
-                                                                                   r.pageable_rate)
+                                                                                   r.host_copy_rate(t.host_pinned))
     pre = {"compute": pre_compute, "link": pre_link, "disk": _div(t.prefill_disk_bytes, r.disk_read)}
     pre_limit = max(pre, key=pre.get)
     batch_s = max(pre.values())
@@ -271,13 +301,14 @@ def predict(t: Traffic, r: Rates) -> Prediction:
 
 
 def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tier: str, kv_bytes: int,
-            rates: Rates, n_ubatch: int = knobs.N_UBATCH, parallel: int = 1, op_offload: bool = True) -> Traffic:
+            rates: Rates, n_ubatch: int = knobs.N_UBATCH, parallel: int = 1, op_offload: bool = True,
+            pinned: bool = False) -> Traffic:
     """Bytes per path of a placement: `tiers[i]` (gpu|ram|disk) and `compute[i]` (gpu|cpu) of
     unit i; a dense unit is read every step, an expert when any of the step's `parallel` tokens selects
     it (each with its probability p). op_offload False: the plan turns llama.cpp's op offload off (a batch's
-    CPU units then compute on the CPU, prompts too)."""
+    CPU units then compute on the CPU, prompts too). pinned: Traffic.host_pinned."""
     on_gpu = rates.has_gpu and GPU in compute
-    step = StepLoad(rates, parallel, op_offload)
+    step = StepLoad(rates, parallel, op_offload, pinned)
     for u, tier, dev in zip(mu.units, tiers, compute):
         step.add(u, tier, dev)
     step.add_kv(kv_tier, kv_bytes)
@@ -327,5 +358,5 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         # CPU-resident weights sit in pageable host memory; on unified memory the GPU reads RAM as it is
         prefill_offload_bytes=cpu_link if on_gpu and not offload_off and not rates.unified else 0.0,
         parallel=parallel, decode_gpu_flops=paths["gpu_flops"], decode_cpu_flops=paths["cpu_flops"],
-        offload_bytes=paths["offload"], op_offload=op_offload,
+        offload_bytes=paths["offload"], op_offload=op_offload, host_pinned=pinned,
     )

@@ -150,7 +150,21 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
 def _applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
     # the plan was made for many sequences without llama.cpp's op offload (plan/cost.py): it is turned off
     context = {"op_offload": False} if plan is not None and not plan.traffic.op_offload else {}
+    if plan is not None and plan.n_ubatch > knobs.N_UBATCH:  # a larger micro-batch pays (plan/microbatch.py)
+        context["n_ubatch"] = plan.n_ubatch
     return Decision(plan, n_ctx, context, line, beside_on_gpu=beside_on_gpu)
+
+
+def context_fields(decision: Decision, given: Mapping[str, object]) -> dict:
+    """The context fields the decision adds to those `given` (llama.cpp's names): a given field stands, but a
+    micro-batch equal to llama.cpp's default is no choice (the CLI passes every flag) and yields to the plan's,
+    with a batch at least as large (llama.cpp splits a batch into micro-batches, never the other way)."""
+    out = {key: value for key, value in decision.context_params.items() if key not in given}
+    ubatch = decision.context_params.get("n_ubatch")
+    if ubatch and given.get("n_ubatch", knobs.N_UBATCH) == knobs.N_UBATCH:
+        out["n_ubatch"] = ubatch
+        out["n_batch"] = max(int(given.get("n_batch") or 0), ubatch)
+    return out
 
 
 def _beside_planned(beside: Beside, plan_within: Callable, unified: bool, drafts: dict) -> Callable:
@@ -200,4 +214,4 @@ def unified_memory() -> bool:
     return bool(gpus and gpus[0].unified)
 
 
-__all__ = ["Ask", "Decision", "Planner", "Routing", "decide", "unified_memory"]
+__all__ = ["Ask", "Decision", "Planner", "Routing", "context_fields", "decide", "unified_memory"]

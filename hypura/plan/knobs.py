@@ -71,9 +71,23 @@ KV_READ_FILL = 0.5
 OBJECTIVE_PROMPT_TOKENS = 512
 OBJECTIVE_DECODE_TOKENS = 256
 
+# a plan that streams (GPU slots, pinned CPU weights) replaces llama.cpp's kind of placement only when it predicts
+# a chat turn at least this much faster: on an H100 host (2026-12-06) the 70B's streamed plan at 8.5 GiB measured
+# 22 % under its prediction (2.87 tok/s against 3.51) while llama.cpp's --fit ran 3.30; part of that was the CPU's
+# unrepacked rate, which profiles now measure (Rates.cpu_read_plain)
+STREAM_GAIN_MIN = 0.10
+
 # --- prefill cost ---------------------------------------------------------------------------
 # llama.cpp's default micro-batch (llama_context_default_params().n_ubatch)
 N_UBATCH = 512
+# larger micro-batches a plan whose prompts wait on weight copies may take (plan/microbatch.py), judged by a turn
+# with a prompt of this many tokens: a chat history, a file in a coding agent, a RAG context
+MICROBATCH_CHOICES = (1024, 2048, 4096)
+MICROBATCH_PROMPT_TOKENS = 4096
+# ... a larger one only for a real gain: each costs GPU memory that weights could use
+MICROBATCH_GAIN_MIN = 0.05
+# ... and only while decode stays within this share of the default micro-batch's (as an unset context grows)
+MICROBATCH_DECODE_TOLERANCE = 0.03
 
 # --- streaming ------------------------------------------------------------------------------
 # layers in flight ahead of the one computing: one absorbs the next layer's read, two absorb the

@@ -70,6 +70,7 @@ class Plan:
     # per-step paths: ((tokens, RAM tensors streamed into GPU slots at steps of up to that many tokens, predicted
     # aggregate tok/s), ...) in rising order; the CPU computes the other RAM tensors. Empty: `compute` at every step
     step_paths: tuple = ()
+    why: str = ""  # why the planner chose this placement over its other candidates, where it matters
 
     # --- what the loader and the runtime ask ------------------------------------------------
     def _index(self) -> dict[str, TensorPlacement]:
@@ -238,6 +239,7 @@ def build_plan(model: str, mu: ModelUnits, sol: Solution, settings: PlanSettings
         memory=memory, unified=budgets.unified, traffic=sol.traffic, prediction=sol.prediction, rates=rates,
         step_paths=tuple((k, tuple(sorted(name for i in moved for name in units[i].tensors)), rate)
                          for (k, moved), rate in zip(sol.steps, step_rates(mu, sol, rates, settings))),
+        why=sol.why,
     )
     _check_budgets(plan)
     return plan

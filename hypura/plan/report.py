@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections import Counter
 from pathlib import Path
 
@@ -89,6 +91,8 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
     out.append(f"context  {plan.n_ctx} tokens: KV cache {fmt_size(plan.kv_bytes)} on {plan.kv_tier}; "
                f"micro-batch {plan.n_ubatch}")
     out.append(f"mode     {plan.mode}  ({plan.solver}: {plan.config})")
+    if plan.why:
+        out.append(f"chosen   {plan.why}")
     out.append("")
     rows = [["tier", "budget", "weights", "kv", "buffers", "used", "tensors", "experts"]]
     count = plan.tensors_by_tier()
@@ -144,7 +148,19 @@ def describe_prediction(plan: Plan) -> list[str]:
              f"{rate(pr.decode_tok_s)} tok/s (limited by {pr.decode_limit}), "
              f"prefill {rate(pr.prefill_tok_s)} tok/s (limited by {pr.prefill_limit})",
              f"         a chat turn ({knobs.OBJECTIVE_PROMPT_TOKENS} prompt + {knobs.OBJECTIVE_DECODE_TOKENS} "
-             f"generated tokens, what plans minimise): {turn_seconds(pr):.1f} s"] + _table(rows))
+             f"generated tokens, what plans minimise): {turn_seconds(pr):.1f} s",
+             describe_prompts(plan)] + _table(rows))
+
+
+def describe_prompts(plan: Plan) -> str:
+    """A prompt's time by its length: micro-batches of the plan's size, each at the predicted prefill rate."""
+    pr = plan.prediction
+    batch_s = plan.n_ubatch / pr.prefill_tok_s if pr.prefill_tok_s > 0 else float("inf")
+    times = ", ".join(f"{n}: {math.ceil(n / plan.n_ubatch) * batch_s:.2f} s" for n in (512, 2048, 8192)
+                      if n <= plan.n_ctx)
+    grown = ", grown from llama.cpp's 512: fewer weight copies a token" if plan.n_ubatch > knobs.N_UBATCH else ""
+    return (f"         prompts in micro-batches of {plan.n_ubatch} ({pr.prefill_limit}-bound{grown}): "
+            f"{times or 'none fits the context'}")
 
 
 def describe_steps(plan: Plan) -> list[str]:

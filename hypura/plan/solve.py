@@ -71,6 +71,13 @@ class Solution:
     config: str
     steps: tuple = ()  # ((tokens, RAM units streamed at steps of up to that many tokens), ...)
     one: Prediction | None = None  # one sequence's prediction, when the plan is made for several
+    why: str = ""  # why this candidate over the others (_pick), where the choice was close or ran against the fastest
+
+    @property
+    def streams(self) -> bool:
+        """Hypura's own mechanism: weights streamed into GPU slots. Otherwise the placement is llama.cpp's kind
+        (resident tiers, CPU weights as llama.cpp holds them or pinned as its -lm none does, its kernels)."""
+        return bool(self.slot_bytes)
 
     @property
     def turn_s(self) -> float:
@@ -82,14 +89,14 @@ def step_rates(mu: ModelUnits, sol: Solution, rates: Rates, settings: PlanSettin
     """The predicted aggregate tok/s of each step size of the solution's table."""
     kv = sol.memory[sol.kv_tier]["kv"]
     return tuple(predict_step(mu, sol.tiers, sol.compute, sol.steps, sol.kv_tier, kv, rates, settings.n_ubatch, k,
-                              sol.traffic.op_offload).decode_tok_s for k, _ in sol.steps)
+                              sol.traffic.op_offload, sol.traffic.host_pinned).decode_tok_s for k, _ in sol.steps)
 
 
 def predict_step(mu: ModelUnits, tiers, compute, steps: tuple, kv_tier: str, kv: int, rates: Rates, n_ubatch: int,
-                 tokens: int, op_offload: bool) -> Prediction:
+                 tokens: int, op_offload: bool, pinned: bool = False) -> Prediction:
     """The prediction for a step of `tokens` tokens on its own path through the placement (path_at)."""
     return predict(traffic(mu, tiers, path_at(compute, tiers, steps, tokens), kv_tier, kv, rates, n_ubatch, tokens,
-                           op_offload), rates)
+                           op_offload, pinned), rates)
 
 
 def path_at(base, tiers, steps: tuple, tokens: int | None) -> list[str]:
@@ -219,13 +226,13 @@ class _Problem:
         return tiers
 
     def split(self, tiers: list[str], kv_tier: str, op_offload: bool, parallel: int | None = None,
-              base: list[str] | None = None) -> list[str]:
+              base: list[str] | None = None, pinned: bool = False) -> list[str]:
         """Move non-resident units to GPU compute (streamed into slots) while the time of a step of `parallel`
         tokens (the plan's) falls. base: the plan's split, whose disk units keep their path; then only RAM
         units move (a step's own path: step_paths)."""
         units = self.mu.units
         compute = [GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers)]
-        step = StepLoad(self.r, parallel or self.s.parallel, op_offload)
+        step = StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned)
         for u, t, c in zip(units, tiers, compute):
             step.add(u, t, c)
         step.add_kv(kv_tier, self.kv)
@@ -256,12 +263,16 @@ class _Problem:
         return compute
 
     def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
-              op_offload: bool = True) -> Solution | _Shortfall:
+              op_offload: bool = True, pinned: bool = False) -> Solution | _Shortfall:
         """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
         host compute buffer) grown until what the placement needs fits in what was reserved."""
         b, units = self.b, self.mu.units
+        # CPU weights held pinned (plain layout): a plan that streams to a discrete GPU always (per-step paths copy
+        # them to slots), one that does not where asked (llama.cpp's -lm none); op offload then copies a batch's
+        # share at the link's rate (cost.py)
+        pinned = use_gpu and not self.r.unified and (stream or pinned)
         config = ((f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
-                  + ("" if op_offload else ", op offload off"))
+                  + (", CPU weights pinned" if pinned and not stream else "") + ("" if op_offload else ", op offload off"))
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
         runtime = knobs.GPU_PROCESS_RAM if use_gpu else 0
         process = 0 if use_gpu else knobs.PROCESS_RAM  # GPU_PROCESS_RAM includes it
@@ -276,9 +287,10 @@ class _Problem:
                 return self._shortfall(gpu_cap < 0, use_gpu, kv_tier, gpu_fixed + pool, b.ram - ram_cap,
                                        pool, staging, host_buf)
             tiers = fill(gpu_cap, ram_cap)
-            compute = self.split(tiers, kv_tier, op_offload) if stream else [GPU if t == GPU else CPU for t in tiers]
+            compute = (self.split(tiers, kv_tier, op_offload, pinned=pinned) if stream
+                       else [GPU if t == GPU else CPU for t in tiers])
             # with a GPU to stream to, each step size has its own path for RAM units; slots hold any of them
-            steps = self.step_paths(tiers, kv_tier, op_offload, compute) if stream else ()
+            steps = self.step_paths(tiers, kv_tier, op_offload, compute, pinned) if stream else ()
             compute = path_at(compute, tiers, steps, self.s.parallel)
             ever = path_at(compute, tiers, steps, None)
             slots = self.slots_need(tiers, ever, lambda t, c: t != GPU and c == GPU)
@@ -309,11 +321,13 @@ class _Problem:
                   "compute": need_host, "staging": sum(stages), "runtime": runtime, "process": process + readers},
             DISK: {"weights": weights[DISK]},
         }
-        tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch, self.s.parallel, op_offload)
+        tr = traffic(self.mu, tiers, compute, kv_tier, self.kv, self.r, self.s.n_ubatch, self.s.parallel, op_offload,
+                     pinned)
         prediction = predict(tr, self.r)
 
         def at(k: int) -> Prediction:
-            return predict_step(self.mu, tiers, compute, steps, kv_tier, self.kv, self.r, self.s.n_ubatch, k, op_offload)
+            return predict_step(self.mu, tiers, compute, steps, kv_tier, self.kv, self.r, self.s.n_ubatch, k, op_offload,
+                                pinned)
 
         if steps:  # a prompt's micro-batch is one more step, with its own path: all RAM layers streamed, mostly
             batch = at(self.s.n_ubatch)
@@ -325,14 +339,15 @@ class _Problem:
         return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
                         solver, config, steps, one)
 
-    def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str]) -> tuple:
+    def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str],
+                   pinned: bool = False) -> tuple:
         """((tokens, RAM units streamed at that step size), ...) for steps of 1, 2, 4, ... n_ubatch tokens:
         the CPU computes few tokens from RAM faster than the link streams the bytes, a batch the other way."""
         if not any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers)):
             return ()
         out, k = [], 1
         while True:
-            c = self.split(tiers, kv_tier, op_offload, k, base)
+            c = self.split(tiers, kv_tier, op_offload, k, base, pinned)
             out.append((k, tuple(i for i, t in enumerate(tiers) if t == RAM and c[i] == GPU)))
             if k >= self.s.n_ubatch:
                 return tuple(out)
@@ -371,7 +386,27 @@ def _spread_order(stages: list[int]) -> dict[int, float]:
 def _pick(candidates: list, problem: _Problem) -> Solution:
     solutions = [c for c in candidates if isinstance(c, Solution)]
     if solutions:
-        return min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
+        best = min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
+        if not best.streams:
+            rival = min((s for s in solutions if s.streams), key=lambda s: s.turn_s, default=None)
+            return best if rival is None else dataclasses.replace(
+                best, why=f"llama.cpp's kind of placement (nothing streamed): predicts "
+                          f"{best.prediction.decode_tok_s:.2f} tok/s decode, the best streaming plan "
+                          f"{rival.prediction.decode_tok_s:.2f}")
+        # llama.cpp's kind of placement, where one fits, is kept unless streaming predicts a gain beyond the cost
+        # model's error on streamed plans: within it, what llama.cpp itself would run is never the slower
+        plain = min((s for s in solutions if not s.streams), key=lambda s: s.turn_s, default=None)
+        if plain is None:
+            return best
+        # a plan for several sequences counts its aggregate decode too (its turn weighs the one sequence's most)
+        gain = max(plain.turn_s / best.turn_s - 1,
+                   best.prediction.decode_tok_s / plain.prediction.decode_tok_s - 1 if best.prediction.parallel > 1 else 0)
+        if gain < knobs.STREAM_GAIN_MIN:
+            return dataclasses.replace(plain, why=f"llama.cpp's kind of placement (nothing streamed): the best "
+                                                  f"streaming plan predicts only {gain:.0%} faster, within "
+                                                  f"the cost model's error ({knobs.STREAM_GAIN_MIN:.0%})")
+        return dataclasses.replace(best, why=f"streaming predicts {gain:.0%} faster than llama.cpp's kind of "
+                                             f"placement ({plain.prediction.decode_tok_s:.2f} tok/s decode)")
     short = min(candidates, key=lambda c: c.need - c.have)
     mu, b = problem.mu, problem.b
     raise HypuraError(
@@ -394,7 +429,10 @@ def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSetti
     # from OP_OFFLOAD_MIN_BATCH sequences on, op offload copies CPU weights every step: a plan may turn it
     # off (the CPU computes them, prompts too), which the objective weighs against slower prefill
     offloads = (True, False) if rates.has_gpu and settings.parallel >= knobs.OP_OFFLOAD_MIN_BATCH else (True,)
-    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off)
-                  for g, kv, st in p.configs(streams) for off in offloads]
+    # without streaming, CPU weights as llama.cpp holds them (repacked where it repacks: the CPU's faster layout)
+    # or pinned (plain: a prompt's copies at the link's rate), as the turn weighs them
+    pins = (False, True) if rates.can_stream_to_gpu and not rates.unified else (False,)
+    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off, pin)
+                  for g, kv, st in p.configs(streams) for off in offloads for pin in (pins if not st else (True,))]
     candidates += [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
     return _pick(candidates, p)

@@ -9,7 +9,9 @@ the output head. From them: the blocks' rate (the extra blocks' bytes over the t
 costs, such as an MoE block's router, included), the head's time and the step's fixed part. The decode
 rate is what a token of the whole model reads over the time those give it (all its blocks at the blocks'
 rate, the head, the fixed part), as a run of the whole model on the CPU would measure it: a small model's
-output head is a large share of its token, and may run at another rate than its blocks. Bytes and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E).
+output head is a large share of its token, and may run at another rate than its blocks. The `top` blocks are
+timed once more from ggml's plain layout (no repacking), as a plan that streams to a GPU holds its CPU weights
+(pinned): the median ratio of paired steps scales the decode rate to `decode_bw_plain`. Bytes and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E).
 The prefill rate is 2 FLOP per weight of the extra blocks over a prompt's extra time. Without llama.cpp or
 a model, the RAM copy rate stands in (a proxy, and the method says so).
 """
@@ -17,6 +19,7 @@ a model, the RAM copy rate stands in (a proxy, and the method says so).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import statistics
 import time
@@ -64,7 +67,7 @@ class _Steps:
     """One loaded slice and its next position: decode steps, with the last token's logits or none (then the
     output head is not computed)."""
 
-    def __init__(self, path: Path, threads: int):
+    def __init__(self, path: Path, threads: int, plain: bool = False):
         import llama_cpp
 
         from hypura.bindings.batch import Batch
@@ -72,8 +75,9 @@ class _Steps:
 
         n = knobs.LLAMA_PROMPT_TOKENS
         with _quiet_stderr():  # on a GPU build too: the CPU alone computes, from plain (not pinned) memory
+            # plain: ggml's own layout, as a plan holds pinned CPU weights; else repacked where llama.cpp repacks
             self.llm = Loaded(str(path), {"n_gpu_layers": 0, "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE,
-                                          "no_host": True},
+                                          "no_host": True, **({"use_extra_bufts": False} if plain else {})},
                               {"n_ctx": knobs.LLAMA_CTX, "n_batch": n, "n_ubatch": n, "n_threads": threads,
                                "n_threads_batch": threads, "offload_kqv": False, "op_offload": False})
         self.batch = Batch(n)
@@ -98,18 +102,25 @@ class _Steps:
         self.llm.close()
 
 
-def time_steps(paths: list[str], threads: int, n_vocab: int) -> list[tuple[float, float, float]]:
+def time_steps(paths: list[str], threads: int, n_vocab: int,
+               plain: bool = False) -> tuple[list[tuple[float, float, float]], float | None]:
     """For each model: median seconds of a one-token decode step without logits and with them, and seconds of
-    a knobs.LLAMA_PROMPT_TOKENS prompt, on the CPU; the models take turns, step by step."""
+    a knobs.LLAMA_PROMPT_TOKENS prompt, on the CPU; the models take turns, step by step. plain: also the last
+    model's weights in ggml's plain layout, timed beside it step for step: the median of the paired ratios
+    (repacked step / plain step, at most 1), else None."""
     tokens = [(7 + 13 * i) % n_vocab for i in range(knobs.LLAMA_PROMPT_TOKENS)]
-    runs = []
+    runs, unpacked = [], None
     try:
         for p in paths:
             runs.append(_Steps(Path(p), threads))
+        if plain:
+            unpacked = _Steps(Path(paths[-1]), threads, plain=True)
+            unpacked(tokens)
         for run in runs:
             run(tokens)  # warm-up: caches, buffers, an MoE block's experts (most of them)
         prompt = [min(run(tokens) for _ in range(2)) for run in runs]
         steps: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
+        ratios = []
         t0 = time.perf_counter()
         for i in range(knobs.LLAMA_DECODE_TOKENS):
             if i >= 3 and time.perf_counter() - t0 > knobs.LLAMA_DECODE_S:
@@ -118,9 +129,12 @@ def time_steps(paths: list[str], threads: int, n_vocab: int) -> list[tuple[float
                 # another token for the head's step: the same one would find its experts in the CPU's caches
                 bare.append(run([tokens[2 * i % len(tokens)]]))
                 head.append(run([tokens[(2 * i + 1) % len(tokens)]], logits=True))
-        return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)]
+            if unpacked is not None:  # paired with the step just before it: a load on the machine weighs on both
+                ratios.append(steps[-1][0][-1] / unpacked([tokens[2 * i % len(tokens)]]))
+        share = min(1.0, statistics.median(ratios)) if ratios else None
+        return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)], share
     finally:
-        for run in runs:
+        for run in runs + ([unpacked] if unpacked is not None else []):
             run.close()
 
 
@@ -139,11 +153,15 @@ def measure_model(model: Path, threads: int, folder: Path,
              f"({size / 1e9:.2f} GB copied) on {threads} thread(s)")
     with slices(header, counts, folder) as paths:
         # apart: the blocks loaded never count in the caller's RSS peak
-        times = dict(zip(counts, apart.call(time_steps, [str(paths[n]) for n in counts], threads,
-                                            ModelDims.from_header(header).n_vocab)))
+        timed, share = apart.call(time_steps, [str(paths[n]) for n in counts], threads,
+                                  ModelDims.from_header(header).n_vocab, True)  # and the plain layout
+    times = dict(zip(counts, timed))
     cpu = _rates(header, model.name, threads, base, top, times)
-    progress(f"decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights, prefill {cpu.prefill_flops / 1e9:.0f} GFLOP/s")
-    return cpu
+    # the same `top` blocks read from the plain layout: the steps' paired ratio scales the rate
+    plain_bw = cpu.decode_bw * share
+    progress(f"decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights ({plain_bw / 1e9:.1f} unrepacked), "
+             f"prefill {cpu.prefill_flops / 1e9:.0f} GFLOP/s")
+    return dataclasses.replace(cpu, decode_bw_plain=plain_bw)
 
 
 def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, times: dict) -> CpuCompute:

@@ -53,6 +53,9 @@ class CpuCompute:
     prefill_flops: float
     threads: int
     method: str
+    # decode from weights in ggml's plain layout (pinned host memory, no repacking): where llama.cpp repacks
+    # (x86 AVX2/AVX-512, ARM) a plan that holds CPU weights pinned reads them at this rate; None: decode_bw
+    decode_bw_plain: float | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from hypura.errors import HypuraError
 from hypura.modelfile import KV, ModelHeader, read_kv
-from hypura.synth.gguf_kv import TensorInfo, header_bytes
+from hypura.modelfile.writer import TensorInfo, header_bytes
 
 COPY_CHUNK = 64 << 20  # bytes a copy request moves where copy_file_range is refused
 

@@ -42,9 +42,6 @@ class LlamaParams:
         """(3): Hypura's choice where neither the runtime needs a value nor the caller gave one."""
         self.preferred[struct].update(fields)
 
-    def given_or_needed(self, struct: str, key: str):
-        return self.needed[struct].get(key, self.given.get(struct, {}).get(key))
-
     def merged(self) -> dict:
         """struct -> fields to set over llama-cpp-python's params, in the precedence above."""
         return {name: {**self.preferred[name], **self.given.get(name, {}), **self.needed[name]} for name in STRUCTS}

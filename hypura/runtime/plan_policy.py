@@ -1,6 +1,7 @@
 """A Plan as a placement policy for the loader hooks.
 
-gpu -> GPU-resident; ram computed by the CPU -> host memory, as `-ot X=CPU` places it; streamed
+gpu -> GPU-resident; ram computed by the CPU -> host memory, as `-ot X=CPU` places it (pinned where the
+plan says so: `host_pinned`); streamed
 tensors (ram computed on the GPU, and disk) -> their pool slot (dense/stream_layout.py), filled by the
 layer streamer, never mapped from the file; stacked experts with experts on disk -> host memory,
 filled by the expert pager (moe/expert_paging.py).
@@ -24,6 +25,8 @@ def plan_layout(plan: Plan) -> StreamLayout:
 
 def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset()) -> PlacementPolicy:
     """paged: stacked expert tensors with disk experts (moe/expert_paging.py), host memory filled by Python."""
+    pinned = plan.traffic.host_pinned and not paged
+
     def policy(info: TensorInfo) -> Placement:
         streamed = layout.tensors.get(info.name)
         if streamed is not None:
@@ -31,6 +34,11 @@ def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset())
                              pool_slot=layout.slot_of(info.name))
         if info.name in paged:
             return Placement(tier=Tier.HOST, defer=True)
-        return Placement(tier=Tier.GPU if plan.placement(info.name).tier == GPU else Tier.HOST)
+        if plan.placement(info.name).tier == GPU:
+            return Placement(tier=Tier.GPU)
+        # a plan that streams to the GPU holds its CPU weights pinned: op offload copies a batch's share at the
+        # link's rate (plan/cost.py, host_pinned); beside experts paged from disk nothing is (pinned memory is
+        # resident whole, and op offload is off there)
+        return Placement(tier=Tier.PINNED if pinned else Tier.HOST)
 
     return policy

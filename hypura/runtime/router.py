@@ -21,6 +21,8 @@ from hypura.modelfile import ModelHeader
 def selected_ids(tensor, n_expert: int, k: int) -> np.ndarray:
     """[n_tokens, k] expert ids held by an ffn_moe_topk view (struct ggml_tensor *)."""
     n = lib().ggml_nbytes(tensor) // 4
+    if n == 0:  # a graph of no tokens (seen between the micro-batches of a 2048-token batch): nothing routed
+        return np.zeros((0, k), np.int32)
     ids = np.zeros(n + n_expert - k, np.int32)  # the last token's row ends after its k ids
     lib().ggml_backend_tensor_get(tensor, ffi.from_buffer(ids), 0, 4 * n)
     return ids.reshape(-1, n_expert)[:, :k]

@@ -107,10 +107,15 @@ class Runtime:
         # RSS peak 70.6 GiB against a 59.9 GiB budget, CPU_Mapped 42 GiB), and a CPU plan's repacked weights were
         # in RSS twice (2.26 GiB for a 2 GiB plan of the llama3.1-8b shape, 8 layers)
         self.params.need("model_params", "a plan within a RAM budget", load_mode=llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO)
-        if uses_gpu and not (plan.expert_slots or self.expert_cache):
+        pinned = plan.traffic.host_pinned and not paged
+        if uses_gpu and not (plan.expert_slots or self.expert_cache or pinned):
             # read, CPU weights would take the GPU's pinned host buffers, which come before the repacking CPU ones:
             # plain memory, as the profile measured the CPU's rate (an expert cache's experts stay pinned)
             self.params.need("model_params", "CPU weights in plain memory", no_host=True)
+        if pinned:
+            # the hooks pin the plan's CPU weights (plan_policy; the host buffer type must be llama.cpp's to choose),
+            # in ggml's plain layout: the cost model reads every CPU weight at that one rate
+            self.params.need("model_params", "CPU weights held pinned", use_extra_bufts=False)
         if self.layout.layers(HOST_POOL):
             # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the 70B
             # on the CPU VM decoded 26.0 s a token with it, 16.0 without (bench/RESULTS.md, default-70b-cpu)

@@ -23,10 +23,9 @@
     registry.py       the models on offer and those loaded (at start, or on demand: its protocol), their names
     room.py           which idle models a load unloads, and the free memory it is planned within
     keep_alive.py     Ollama's keep_alive durations; model_info.py what is said about a model
-    chat_template.py  the GGUF's Jinja chat template, rendered in a bounded sandbox
-    template_sandbox.py  its operations sized before they run (powers, formats, tojson, repetition)
     metrics.py        Prometheus text of engine.metrics()
     fields.py, errors.py  request fields with types and ranges; error bodies
 
-Needs the `server` extra (Starlette, uvicorn); chat_template.py needs only jinja2 (llama-cpp-python's).
+The GGUF's chat template renders in hypura.chat_template's bounded sandbox (hypura.Llama's chat completions
+too). Needs the `server` extra (Starlette, uvicorn).
 """

@@ -12,11 +12,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from hypura.chat_template import TemplateError, TemplateRejected
 from hypura.engine import EngineClosed, PromptTooLong, QueueFull, SamplingParams
 from hypura.errors import HypuraError
 from hypura.serve import lifecycle, prompt_tokens
 from hypura.serve.bridge import EngineStream
-from hypura.serve.chat_template import TemplateError, TemplateRejected
 from hypura.serve.errors import ApiError
 from hypura.serve.registry import ModelEntry
 

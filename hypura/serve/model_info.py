@@ -17,7 +17,7 @@ from typing import Optional
 
 import gguf
 
-from hypura.serve.chat_template import METADATA_KEY
+from hypura.chat_template import METADATA_KEY
 
 _NOT_NAME = re.compile(r"[^a-z0-9._-]+")
 # quantization names as files spell them (Q4_K_M, q4km, IQ2_XXS, F16, BF16, MXFP4...), at the end of a stem

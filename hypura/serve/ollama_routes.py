@@ -19,10 +19,11 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 import hypura
+from hypura.chat_template import METADATA_KEY
 from hypura.engine.types import MAX_TOP_LOGPROBS
+from hypura.modelfile import read_header
 from hypura.serve import fields
 from hypura.serve.chat import ChatSpec, prepare, thinks, thinks_in, tools_served
-from hypura.serve.chat_template import METADATA_KEY
 from hypura.serve.errors import bad_request
 from hypura.serve.generation import Job, checked_token_ids, fim_tokens, make_job, submit, text_tokens
 from hypura.serve.grammars import ollama_format_grammar
@@ -81,7 +82,7 @@ async def show(request: Request):
     registry = request.app.state.registry
     offer = registry.find(fields.string(body, "model") or fields.string(body, "name"))
     entry = registry.entries.get(offer.name)
-    n_ctx = entry.n_ctx if entry else registry.settings.n_ctx
+    n_ctx = entry.n_ctx if entry else registry.settings.ctx_per_seq(read_header(offer.path))
     parameters = _parameters(offer.params, n_ctx)
     modelfile = "".join(f"PARAMETER {line}\n" for line in parameters.splitlines())
     return JSONResponse({

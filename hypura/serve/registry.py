@@ -36,8 +36,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
+from hypura.chat_template import ChatTemplate, TemplateError
 from hypura.errors import HypuraError
-from hypura.serve.chat_template import ChatTemplate, TemplateError
 from hypura.serve.errors import ApiError
 from hypura.serve.model_info import ModelInfo, model_info
 from hypura.serve.prompt_tokens import Vocab, read_vocab

@@ -79,7 +79,8 @@ def make_room(registry, offer) -> Room:
     fit = _fit(settings)
     measured = free_memory()
     on_gpu = measured.gpu is not None
-    need = resident_need(read_header(offer.path), settings.parallel * settings.n_ctx, knobs.N_UBATCH, on_gpu,
+    header = read_header(offer.path)
+    need = resident_need(header, settings.parallel * settings.ctx_per_seq(header), knobs.N_UBATCH, on_gpu,
                          on_gpu and unified_memory())
     with registry._lock:
         loaded = list(registry.entries.values())

@@ -41,14 +41,14 @@ KEEP_ALIVE_S = 5
 
 
 def start_engine(path: Path, settings: ServeSettings):
-    """(llm, engine) for `path`: a hypura.Llama sized for `parallel` sequences of `n_ctx` tokens, planned
-    from the budgets when given, and its batched engine, started."""
+    """(llm, engine) for `path`: a hypura.Llama sized for `parallel` sequences of settings.ctx_per_seq tokens,
+    planned from the budgets when given, and its batched engine, started."""
     from hypura.engine import EngineConfig, load
 
     config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache,
                           speculative=settings.speculative)
-    return load(path, settings.parallel, settings.n_ctx, config=config, gpu_mem=settings.gpu_mem, ram=settings.ram,
-                **settings.llama_kwargs)
+    return load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
+                gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 DEFAULT_HOST = "127.0.0.1"  # closed by default: reachable from this machine only unless --host says otherwise
 DEFAULT_PORT = 11434  # Ollama's port, so that Ollama clients find the server without configuration
 DEFAULT_MAX_LOADED = 3  # Ollama's OLLAMA_MAX_LOADED_MODELS default (3 a GPU, 3 on the CPU)
+DEFAULT_CTX_PER_SEQ = 4096  # tokens a sequence holds when -c is not given and the model was trained on enough
+MIN_CTX_PER_SEQ = 16  # -c's floor: a prompt and a reply of a few tokens
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class ServeSettings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     parallel: int = 4  # sequences decoded together per llama_decode (the engine's batch)
-    n_ctx: int = 4096  # context per sequence, in tokens
+    n_ctx: Optional[int] = None  # context per sequence, in tokens (-c); None: ctx_per_seq() decides per model
     gpu_mem: Union[int, str, None] = None  # budgets passed to hypura.Llama, which plans placement from them
     ram: Union[int, str, None] = None
     api_key: Optional[str] = None  # when set, every route but /health wants "Authorization: Bearer KEY"
@@ -53,8 +55,8 @@ class ServeSettings:
             bad.append(f"--port {self.port} (want 0..65535)")
         if self.parallel < 1:
             bad.append(f"--parallel {self.parallel} (want >= 1)")
-        if self.n_ctx < 16:
-            bad.append(f"-c {self.n_ctx} (want >= 16 tokens per sequence)")
+        if self.n_ctx is not None and self.n_ctx < MIN_CTX_PER_SEQ:
+            bad.append(f"-c {self.n_ctx} (want >= {MIN_CTX_PER_SEQ} tokens per sequence)")
         if self.max_queue < 1 or self.max_body_bytes < 1024:
             bad.append(f"--max-queue {self.max_queue} / max_body_bytes {self.max_body_bytes} (want >= 1 / >= 1024)")
         if not 0 < self.timeout_s <= 86400:
@@ -63,3 +65,16 @@ class ServeSettings:
             bad.append("--api-key is empty")
         if bad:
             raise HypuraError("bad serve settings: " + "; ".join(bad))
+
+    def ctx_per_seq(self, header) -> int:
+        """Tokens each of the `parallel` sequences holds for the model of `header`: -c when given (the user asks
+        for it, past the training context too); else DEFAULT_CTX_PER_SEQ, held to the training context over the
+        sequences. The sequences share one unified KV cache, which llama.cpp takes for one sequence's context
+        (n_ctx_seq: its RoPE factors are chosen by it), so the whole cache stays within what the model was
+        trained on, as llama-server's default context (n_ctx_train over its slots)."""
+        if self.n_ctx is not None:
+            return self.n_ctx
+        n_train = int(header.get("context_length", 0) or 0)
+        if not n_train:
+            return DEFAULT_CTX_PER_SEQ
+        return max(MIN_CTX_PER_SEQ, min(DEFAULT_CTX_PER_SEQ, n_train // self.parallel))

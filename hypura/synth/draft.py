@@ -26,7 +26,7 @@ from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.modelfile.ggml_types import TRAITS
 from hypura.modelfile.header import KV, read_kv
-from hypura.synth.gguf_kv import TensorInfo, header_bytes
+from hypura.modelfile.writer import TensorInfo, header_bytes
 
 # byte offsets of the f16 scales in one block of each type: scaling them scales every value
 _SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),

@@ -1,6 +1,6 @@
 """Streaming GGUF writer for synthetic models.
 
-The header (KV metadata, tensor infos) is built in memory (gguf_kv.py); the data region is then
+The header (KV metadata, tensor infos) is built in memory (hypura.modelfile.writer); the data region is then
 written one tensor at a time, in chunks of at most a block pool's size (blocks.py), so a
 40 GB model writes with bounded memory. Each tensor's bytes come from the producer for its
 kind (PRODUCERS), which is the place to change what a tensor holds (e.g. router weights that
@@ -23,9 +23,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from hypura.errors import HypuraError
+from hypura.modelfile.writer import KV, TensorInfo, header_bytes
 from hypura.synth import layout
 from hypura.synth.blocks import POOL_BYTES, TARGET_STD, BlockPool
-from hypura.synth.gguf_kv import KV, TensorInfo, header_bytes
 from hypura.synth.layout import TensorSpec
 from hypura.synth.quant_mix import FileType, get_ftype, tensor_types
 from hypura.synth.routing import RouterRows, Routing
@@ -56,10 +56,6 @@ class SynthResult:
     file_bytes: int
     seconds: float
     sparse: bool
-
-    @property
-    def data_bytes(self) -> int:
-        return self.file_bytes - self.data_offset
 
     @property
     def mb_per_s(self) -> float:

@@ -5,13 +5,9 @@ from __future__ import annotations
 import ctypes
 from typing import Optional
 
+import llama_cpp
+
 from hypura.errors import HypuraError
-
-from hypura.bindings.library import point_llama_cpp_at_our_library
-
-point_llama_cpp_at_our_library()  # before llama_cpp loads a library of its own
-
-import llama_cpp  # noqa: E402
 
 
 # common/chat.cpp's fallback when the model has none (a jinja source llama.cpp detects as chatml)

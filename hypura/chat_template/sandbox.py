@@ -3,7 +3,7 @@ its operands, and the operation refused before Python allocates or computes it.
 
 A deadline checked between operations cannot stop one operation that runs for a minute (`(7 ** 65536) **
 256`), and a size checked after an operation has already taken the memory (`'%0200000000d' | format(n)`:
-200 MB). So `SizeChecks`, mixed into the chat template's sandbox (chat_template.py), estimates first:
+200 MB). So `SizeChecks`, mixed into the chat template's sandbox (render.py), estimates first:
 
 - integers: `a ** b` and `a * b` by their result's bits (`bits(a) * b`, `bits(a) + bits(b)`);
 - printf formats (`%` and the `format` filter): every width and precision, written or given by `*`, and

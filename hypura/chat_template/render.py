@@ -12,7 +12,7 @@ capped; the output capped. A template that breaks any of this, or fails to parse
 TemplateError with one printable line; `raise_exception(...)` in the template raises TemplateRejected
 (the conversation, not the server, is at fault).
 
-Sizes are estimated before the operation that would build them (template_sandbox.py): a power, a format
+Sizes are estimated before the operation that would build them (sandbox.py): a power, a format
 width, a repetition, a concatenation over its bound is refused before it allocates or computes anything.
 """
 
@@ -32,7 +32,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from hypura.errors import HypuraError
-from hypura.serve.template_sandbox import SizeChecks, bounded_filters, bounded_tojson
+from hypura.chat_template.sandbox import SizeChecks, bounded_filters, bounded_tojson
 
 METADATA_KEY = "tokenizer.chat_template"
 
@@ -41,8 +41,9 @@ class TemplateError(HypuraError):
     """A chat template that does not parse, or failed or ran out of bounds while rendering."""
 
 
-class TemplateRejected(TemplateError):
-    """The template's own `raise_exception(...)`: it refuses this conversation (e.g. roles out of order)."""
+class TemplateRejected(TemplateError, ValueError):
+    """The template's own `raise_exception(...)`: it refuses this conversation (e.g. roles out of order). A
+    ValueError too, as llama-cpp-python's Jinja2ChatFormatter raises it."""
 
 
 @dataclass(frozen=True)
@@ -228,18 +229,16 @@ class ChatTemplate:
         except Exception as e:  # constant folding runs filters at parse time; anything they raise is the template's
             raise TemplateError(f"chat template does not parse: {type(e).__name__}: {_short(e)}") from None
 
-    @classmethod
-    def from_metadata(cls, metadata: dict, bos_token: str = "", eos_token: str = "") -> Optional["ChatTemplate"]:
-        """The template of a GGUF's metadata (llama-cpp-python's `Llama.metadata`), None if it has none."""
-        source = metadata.get(METADATA_KEY)
-        return cls(source, bos_token, eos_token) if source else None
-
-    def render(self, messages: Iterable[dict], add_generation_prompt: bool = True,
-               tools: Optional[list] = None, **extra: Any) -> str:
-        """The prompt for `messages` ([{"role": ..., "content": ...}, ...]). Raises TemplateError."""
+    def render(self, messages: Iterable[dict], add_generation_prompt: bool = True, tools: Optional[list] = None,
+               functions: Optional[list] = None, function_call: Any = None, tool_choice: Any = None,
+               **extra: Any) -> str:
+        """The prompt for `messages` ([{"role": ..., "content": ...}, ...]), with llama-cpp-python's variables
+        (functions, function_call, tool_choice: what a chat completion passed) and `extra` ones (e.g.
+        enable_thinking). Raises TemplateError."""
         context = dict(messages=list(messages), bos_token=self.bos_token, eos_token=self.eos_token,
-                       add_generation_prompt=add_generation_prompt, tools=tools, functions=None, function_call=None,
-                       tool_choice=None, raise_exception=_raise_exception, strftime_now=_strftime_now, **extra)
+                       add_generation_prompt=add_generation_prompt, tools=tools, functions=functions,
+                       function_call=function_call, tool_choice=tool_choice, raise_exception=_raise_exception,
+                       strftime_now=_strftime_now, **extra)
         try:
             with _Bounds(self.limits) as bounds:
                 return self._generate(context, bounds)

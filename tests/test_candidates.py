@@ -1,0 +1,122 @@
+"""llama.cpp's kind of placement as a candidate of every plan, CPU weights pinned or as llama.cpp holds them, and
+a prompt's micro-batch as large as pays (plan/solve.py `_pick`, plan/microbatch.py, plan/decision.py).
+
+Nothing here is measured: synthetic headers of real shapes, the bundled H200 profile with the rates of the H100
+host the issues describe (pinned 55.2 GB/s, pageable 10.3) and a CPU made fast or slow by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hypura.modelfile import read_header
+from hypura.plan import PlanSettings, knobs, plan_model
+from hypura.plan.auto import Fit
+from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide
+from hypura.plan.microbatch import turn_with_long_prompt
+from hypura.profile import resolve_profile
+from hypura.profile.free import FreeMemory
+from hypura.runtime.placement import TensorInfo, Tier
+from hypura.runtime.plan_policy import plan_policy
+from hypura.runtime.dense.stream_layout import StreamLayout
+from hypura.synth import writer
+
+GiB = 1 << 30
+DESIGN = resolve_profile("h200-design")
+
+
+def host(cpu_bw: float, plain_share: float | None = 1.0):
+    """The H100 host's links, a CPU that decodes at cpu_bw (and plain_share of it from the unrepacked layout)."""
+    gpu = dataclasses.replace(DESIGN.gpu, h2d_pinned_bw=55.2e9, h2d_pageable_bw=10.3e9)
+    cpu = dataclasses.replace(DESIGN.cpu, decode_bw=cpu_bw,
+                              decode_bw_plain=None if plain_share is None else cpu_bw * plain_share)
+    return dataclasses.replace(DESIGN, cpu=cpu, gpus=(gpu,) + DESIGN.gpus[1:])
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shapes")
+    out = {}
+    for shape in ("llama3.3-70b", "qwen3-30b-a3b"):
+        writer.write_synth(shape, folder / f"{shape}.gguf", ftype="q4_k_m", sparse=True)
+        out[shape] = read_header(folder / f"{shape}.gguf")
+    return out
+
+
+def held_gpu(gib: float) -> FreeMemory:
+    """The GPU held by another process down to `gib` free, RAM plenty: the issues' no-flags runs."""
+    return FreeMemory(gpu=int(gib * GiB), ram=100 * GiB, gpu_total=80 * GiB, ram_total=125 * GiB, source="test")
+
+
+def no_flags(header, profile, gib: float) -> Decision:
+    return decide(header, Ask(fit=Fit()), held_gpu(gib), profile, routing=Routing())
+
+
+def test_llamas_placement_is_kept_where_streaming_does_not_clearly_win(shapes):
+    """The 70B with 8.5 GiB of the GPU free, no flags, beside a fast CPU (the H100 host's first-use rate, its
+    unrepacked layout at 0.88 of the repacked one, as vanilla's q3 decode with -lm none against mmap): for one
+    sequence llama.cpp's kind of placement runs (nothing streamed); for 16 sequences streaming wins clearly.
+    A CPU whose unrepacked layout reads as fast gets a streamed plan for one sequence too. The line says which."""
+    h = shapes["llama3.3-70b"]
+    fast = host(121e9, 0.88)
+    one = no_flags(h, fast, 8.5)
+    assert not one.fits  # it does not run as llama.cpp would place it whole
+    assert not one.plan.pool_slots and one.plan.why.startswith("llama.cpp's kind of placement")
+    assert "llama.cpp's kind" in one.line
+    many = decide(h, Ask(fit=Fit()), held_gpu(8.5), fast, steps=(16,), routing=Routing())
+    assert many.plan.pool_slots and many.plan.why.startswith("streaming predicts")
+    assert many.plan.prediction.decode_tok_s > 2 * one.plan.prediction.decode_tok_s
+    plain = no_flags(h, host(121e9, 1.0), 8.5)
+    assert plain.plan.pool_slots and plain.plan.traffic.host_pinned
+    gain = float(plain.plan.why.split("predicts ")[1].split("%")[0]) / 100
+    assert gain >= knobs.STREAM_GAIN_MIN
+
+
+def test_moe_experts_pinned_for_prompts_where_the_cpu_reads_them_as_fast(shapes):
+    """q3 at 4 GiB: with the unrepacked layout as fast as the repacked one, experts are held pinned (a prompt's
+    selected experts cross at the link's rate, not pageable memory's), with a larger micro-batch; where the
+    unrepacked layout is much slower, they stay as llama.cpp holds them."""
+    h = shapes["qwen3-30b-a3b"]
+    pinned = plan_model(h, host(78e9, 1.0), gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
+    kept = plan_model(h, host(78e9, 0.5), gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
+    assert pinned.traffic.host_pinned and not kept.traffic.host_pinned
+    assert pinned.prediction.prefill_tok_s > 3 * kept.prediction.prefill_tok_s
+    assert pinned.n_ubatch > knobs.N_UBATCH
+    # the policy the loader hooks ask: RAM weights the CPU computes go to pinned memory, GPU ones to the GPU
+    policy = plan_policy(pinned, StreamLayout.empty())
+    for t in pinned.tensors[:60]:
+        info = TensorInfo(name=t.name, ggml_type=0, shape=(), file_offset=0, nbytes=t.nbytes, file_idx=0,
+                          layer=t.layer, default_tier=Tier.DEFAULT, default_buft="")
+        want = Tier.GPU if t.tier == "gpu" else Tier.PINNED
+        assert policy(info).tier == want, t.name
+
+
+def test_the_micro_batch_grows_only_where_it_pays(shapes):
+    h, prof = shapes["qwen3-30b-a3b"], host(78e9, 1.0)
+    base = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096, n_ubatch=1024 - 1))
+    grown = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
+    assert base.n_ubatch == 1023  # a micro-batch the caller chose stands
+    assert grown.n_ubatch in knobs.MICROBATCH_CHOICES
+    assert turn_with_long_prompt(grown) < turn_with_long_prompt(base)
+    one = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096, n_ubatch=512))
+    # never bought with slower replies
+    assert grown.prediction.decode_tok_s >= one.prediction.decode_tok_s * (1 - knobs.MICROBATCH_DECODE_TOLERANCE)
+    # no larger than the context
+    small = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=768))
+    assert small.n_ubatch == knobs.N_UBATCH
+    # the whole model on the GPU: prompts are compute-bound, llama.cpp's micro-batch stays
+    resident = plan_model(h, prof, gpu_mem="40GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
+    assert resident.n_ubatch == knobs.N_UBATCH
+
+
+def test_the_decisions_micro_batch_reaches_llamas_context(shapes):
+    h = shapes["qwen3-30b-a3b"]
+    d = decide(h, Ask(gpu_mem="4GiB", ram="64GiB", n_ctx=4096), None, host(78e9, 1.0), routing=Routing())
+    ub = d.plan.n_ubatch
+    assert ub > knobs.N_UBATCH and d.context_params["n_ubatch"] == ub
+    # llama.cpp's defaults are no choice: the plan's micro-batch, a batch at least as large
+    assert context_fields(d, {"n_ubatch": 512, "n_batch": 512}) == {"n_ubatch": ub, "n_batch": ub}
+    assert context_fields(d, {"n_ubatch": 512, "n_batch": 8192}) == {"n_ubatch": ub, "n_batch": 8192}
+    # a micro-batch the user chose stands
+    assert context_fields(d, {"n_ubatch": 256, "n_batch": 2048}) == {}
