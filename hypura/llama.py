@@ -209,7 +209,7 @@ class Llama(llama_cpp.Llama):
 
         say = fit.say or (_stderr if k["verbose"] else None)
         return choose_devices(self.header, ask, k, overrides, placed=placed, ram=self.ram, gpu_mem=self.gpu_mem,
-                              say=say, profile=lambda: profile or planning_profile(self.header.path, say,
+                              say=say, warn=fit.say, profile=lambda: profile or planning_profile(self.header.path, say,
                                                                           measure=fit.measure_profile))
 
     def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,

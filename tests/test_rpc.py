@@ -245,3 +245,17 @@ def test_serve_and_bench_with_a_dead_server_fail_in_one_line(smollm2_path):
         assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
         assert len(errors) == 1 and errors[0].endswith(f"RPC server 127.0.0.1:{port}: connection refused "
                                                        "(is ggml-rpc-server running there?)"), p.stderr[-2000:]
+
+
+def test_cli_says_a_remote_server_is_unauthenticated(smollm2_path):
+    """TEST-NET-1 (192.0.2.0/24) is never a real host: refused or silent, one error after the one warning line."""
+    import os
+
+    p = subprocess.run(HYPURA_CLI + ["-m", str(smollm2_path), "--rpc", "192.0.2.1:50052", "-p", "hi", "-n", "2",
+                                     "-no-cnv"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HYPURA_RPC_TIMEOUT": "1"})
+    assert p.returncode == 1
+    warned = [line for line in p.stderr.splitlines() if "not on loopback" in line]
+    assert len(warned) == 1 and warned[0].endswith("hypura: RPC server 192.0.2.1:50052 is not on loopback: rpc-server "
+                                                   "has no authentication, its traffic is plain TCP")
+    assert p.stderr.strip().splitlines()[-1].startswith("error: RPC server 192.0.2.1:50052: ")

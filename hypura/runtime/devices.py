@@ -43,17 +43,19 @@ class DeviceChoice:
 
 
 def choose(header, ask: DeviceAsk, k: dict, overrides: dict, *, placed: bool, ram: Optional[int], profile: Callable,
-           gpu_mem=None, say: Optional[Callable[[str], None]] = None) -> DeviceChoice:
+           gpu_mem=None, say: Optional[Callable[[str], None]] = None,
+           warn: Optional[Callable[[str], None]] = None) -> DeviceChoice:
     """Register the RPC servers (each probed first: a dead one is one error line, never an abort), then the
     devices list; with RPC servers, every layer offered (n_gpu_layers -1), no split or device list given,
     llama.cpp's layer split and no other placement (`placed`), the split is planned: `k` (llama_cpp.Llama's
     keywords) and `overrides` (hypura.Llama's param_overrides, which win over them) get its n_gpu_layers,
-    tensor_split and n_ctx. gpu_mem: a budget for each local GPU (one size: each), ram the host's."""
+    tensor_split and n_ctx. gpu_mem: a budget for each local GPU (one size: each), ram the host's. say: where the
+    split's line goes (None: nowhere); warn: where a remote server's line goes (None: stderr), always said."""
     if not ask.given:
         return DeviceChoice()
     from hypura.profile.rpc import add_servers
 
-    rpc = add_servers(ask.rpc_servers) if ask.rpc_servers else ()  # its line on a remote server: always stderr
+    rpc = (add_servers(ask.rpc_servers, warn) if warn else add_servers(ask.rpc_servers)) if ask.rpc_servers else ()
     if ask.devices is not None:
         choice = DeviceChoice(tuple(ask.devices))
         choice.array()  # an unknown device is refused now, before anything loads
