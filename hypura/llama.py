@@ -92,6 +92,7 @@ class Llama(llama_cpp.Llama):
         rpc_servers: Union[str, Iterable[str], None] = None,
         devices: Optional[Iterable[str]] = None,
         rpc_mem: Optional[Iterable[Union[int, str]]] = None,
+        split: bool = False,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does (or a model named as Ollama names it, e.g.
@@ -144,6 +145,8 @@ class Llama(llama_cpp.Llama):
             and this machine (hypura.plan.shares; docs/devices.md) within gpu_mem (each local GPU's; "8GiB,8GiB"
             one each) and ram. rpc_mem: a budget per RPC device ("2GiB").
         devices: llama.cpp's `--device` list (["CUDA1", "RPC0"], ["none"]): the devices llama.cpp offloads to.
+        split: the same split over this machine's GPUs without RPC servers (several GPUs; otherwise the first GPU's
+            plan, as before).
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
@@ -165,13 +168,13 @@ class Llama(llama_cpp.Llama):
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
         placed = placement_policy is not None or override_tensor is not None
         self.device_choice = self._devices(DeviceAsk(rpc_servers, None if devices is None else list(devices),
-                                                     None if rpc_mem is None else list(rpc_mem)),
+                                                     None if rpc_mem is None else list(rpc_mem), split),
                                            k, param_overrides, placed or plan is not None
                                            or expert_cache is not None or not fit.enabled, fit, profile)
         if self.device_choice.shares is not None:  # the split took the budgets: the decision is llama.cpp's placement
             self.gpu_mem = self.ram = None
         self.decision = decision = self._decide(k, param_overrides, plan, placed or bool(rpc_servers)
-                                                or devices is not None, expert_cache is not None, fit, profile,
+                                                or devices is not None or split, expert_cache is not None, fit, profile,
                                                 draft_beside or draft_path(kwargs.get("draft_model")))
         self.fit_decision = decision if decision.line else None  # what the default path or the budgets chose
         self.plan = decision.plan

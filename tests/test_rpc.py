@@ -259,3 +259,16 @@ def test_cli_says_a_remote_server_is_unauthenticated(smollm2_path):
     assert len(warned) == 1 and warned[0].endswith("hypura: RPC server 192.0.2.1:50052 is not on loopback: rpc-server "
                                                    "has no authentication, its traffic is plain TCP")
     assert p.stderr.strip().splitlines()[-1].startswith("error: RPC server 192.0.2.1:50052: ")
+
+
+def test_split_without_servers_plans_over_this_machines_devices(smollm2_path):
+    """--split on a machine with no GPU and no server: every layer stays on the host, nothing is offloaded, the text
+    is the default path's."""
+    base = ["-m", str(smollm2_path), "-p", "The three primary colors are", "-n", "8", "--temp", "0", "-no-cnv",
+            "-t", "1"]
+    plain = subprocess.run(HYPURA_CLI + base, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    split = subprocess.run(HYPURA_CLI + base + ["--split", "--ram", "2GiB"], capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+    assert plain.returncode == 0 and split.returncode == 0, split.stderr[-2000:]
+    assert "hypura: devices: host 31 of 31 layers" in split.stderr
+    assert split.stdout == plain.stdout

@@ -46,6 +46,7 @@ class BenchArgs:
     spec: Optional["SpecSettings"] = None  # speculative decoding beside plain decode (speculative.py)
     rpc: Optional[str] = None  # llama.cpp RPC servers, host:port,... (docs/devices.md)
     rpc_mem: Optional[tuple[str, ...]] = None  # a budget per RPC device
+    split: bool = False  # the layers split over this machine's GPUs (and the RPC servers) and its RAM
 
     def __post_init__(self):
         if self.plan_file and (self.gpu_mem or self.ram):
@@ -97,7 +98,8 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     common = dict(n_threads=a.threads, n_threads_batch=a.threads, expert_cache=cache, plan=a.plan_file, **budgets,
                   n_gpu_layers=a.n_gpu_layers, param_overrides={"context_params": context},
                   draft_beside=a.spec.beside if a.spec is not None else None,
-                  **({"rpc_servers": a.rpc, "rpc_mem": a.rpc_mem} if a.rpc else {}))
+                  **({"rpc_servers": a.rpc, "rpc_mem": a.rpc_mem} if a.rpc else {}),
+                  **({"split": True} if a.split else {}))
     if batched is not None:
         say(f"{max(batched.parallel)} sequences of {batched.n_ctx_per_seq} tokens at most")
         # a plan from budgets is made for the largest size (docs/engine.md)

@@ -6,6 +6,7 @@ Without any of these the model's devices are llama.cpp's default and nothing her
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -20,15 +21,17 @@ from hypura.sizes import parse_size
 @dataclass(frozen=True)
 class DeviceAsk:
     """What the caller gave: RPC servers (llama-cpp-python's `rpc_servers`, "host:port,..."), llama.cpp's
-    `--device` names ("none": nothing offloaded), and Hypura's per-RPC-device budgets."""
+    `--device` names ("none": nothing offloaded), Hypura's per-RPC-device budgets, and `split`: plan the split
+    over this machine's GPUs too where no RPC server is given (several GPUs; without it they load as one)."""
 
     rpc_servers: Union[str, Sequence[str], None] = None
     devices: Optional[Sequence[str]] = None
     rpc_mem: Optional[Sequence[Union[int, str]]] = None
+    split: bool = False
 
     @property
     def given(self) -> bool:
-        return bool(self.rpc_servers) or self.devices is not None
+        return bool(self.rpc_servers) or self.devices is not None or self.split
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,8 @@ def choose(header, ask: DeviceAsk, k: dict, overrides: dict, *, placed: bool, ra
     import llama_cpp
 
     model, context = overrides.setdefault("model_params", {}), overrides.setdefault("context_params", {})
-    if (not rpc or placed or model.get("n_gpu_layers", k["n_gpu_layers"]) != -1 or k["tensor_split"] is not None
-            or model.get("split_mode", k["split_mode"]) != llama_cpp.LLAMA_SPLIT_MODE_LAYER):
+    if (not (rpc or ask.split) or placed or model.get("n_gpu_layers", k["n_gpu_layers"]) != -1
+            or k["tensor_split"] is not None or model.get("split_mode", k["split_mode"]) != llama_cpp.LLAMA_SPLIT_MODE_LAYER):
         return DeviceChoice()
     k["n_ctx"] = context.get("n_ctx", k["n_ctx"])
     shares = plan_devices(header, rpc, ask.rpc_mem, k, ram, profile(), gpu_mem)
@@ -82,7 +85,12 @@ def plan_devices(header, rpc_names: Sequence[str], rpc_mem, k: dict, ram: Option
     from hypura.profile.free import free_memory
     from hypura.profile.rpc import measure_device
 
+    from hypura.profile.devices import list_devices
+
     rpc = [measure_device(name) for name in rpc_names]
+    free = {d.index: d.mem_free for d in list_devices() if d.is_gpu}  # now, not when the profile was measured
+    profile = dataclasses.replace(profile, gpus=tuple(dataclasses.replace(g, mem_free=free.get(g.index, g.mem_free))
+                                                      for g in profile.gpus))
     given = [parse_size(m) for m in rpc_mem] if rpc_mem else None
     ram_budget = parse_size(ram) if ram is not None else max(0, free_memory().ram - knobs.RAM_MARGIN)
     # disk off: streaming the host's layers beside devices is planned (inspect) but not loaded yet

@@ -66,11 +66,12 @@ def load_model(s: Settings, model_path: str, say=None) -> Llama:
 
 
 def _device_kwargs(s: Settings) -> dict:
-    """--rpc, -dev, -sm, -ts, -mg, --rpc-mem as hypura.Llama's keywords; none given: none passed (the one-GPU
+    """--rpc, -dev, -sm, -ts, -mg, --rpc-mem, --split as hypura.Llama's keywords; none given: none passed (the one-GPU
     path, unchanged)."""
     d = s.devices
-    out = {"rpc_servers": d.rpc, "devices": d.devices, "rpc_mem": d.rpc_mem, "split_mode": d.split_mode,
-           "main_gpu": d.main_gpu, "tensor_split": list(d.tensor_split) if d.tensor_split is not None else None}
+    out = {"rpc_servers": d.rpc, "devices": d.devices, "rpc_mem": d.rpc_mem, "split": d.split or None,
+           "split_mode": d.split_mode, "main_gpu": d.main_gpu,
+           "tensor_split": list(d.tensor_split) if d.tensor_split is not None else None}
     defaults = {"split_mode": llama_cpp.LLAMA_SPLIT_MODE_LAYER, "main_gpu": 0}
     return {k: v for k, v in out.items() if v is not None and defaults.get(k, object()) != v}
 

@@ -27,6 +27,9 @@ DEVICE_OPTIONS = [
     (("-mg", "--main-gpu", "main_gpu"),
      dict(metavar="INDEX", help="the GPU to use for the model (with split-mode = none), or for intermediate "
                                 "results and KV (with split-mode = row) (default: 0)", envvar="LLAMA_ARG_MAIN_GPU")),
+    (("--split", "split"),
+     dict(is_flag=True, default=False, help="Hypura: split the layers over this machine's GPUs (and the --rpc "
+                                            "servers) and its RAM, as -sm layer runs them (docs/devices.md)")),
     (("--rpc-mem", "rpc_mem"),
      dict(metavar="SIZE,...", help="Hypura: memory budget of each RPC device, in order (default: what each server "
                                    "reports free, less 1 GiB)")),
@@ -47,6 +50,7 @@ class DeviceSettings:
     tensor_split: Optional[tuple[float, ...]] = None
     main_gpu: int = 0
     rpc_mem: Optional[tuple[int, ...]] = None
+    split: bool = False
 
     @property
     def placement(self) -> bool:
@@ -60,6 +64,8 @@ def device_settings(kw: dict) -> DeviceSettings:
     out: dict = {}
     rpc, device, mode = kw.pop("rpc"), kw.pop("device"), kw.pop("split_mode")
     split, main, mem = kw.pop("tensor_split"), kw.pop("main_gpu"), kw.pop("rpc_mem")
+    if kw.pop("split"):
+        out["split"] = True
     if rpc is not None:
         if not [s for s in rpc.split(",") if s]:
             raise value_error("--rpc", "no RPC servers specified")
