@@ -8,7 +8,7 @@
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
 #   phases: setup | ab | profile | defaults | prefill | cgroup | batched-l70 | batched-q14 | batched-q3 | perstep | vanilla-best |
-#           passes | serve-np16 | serve | store | spec | rpc-gpu | pack
+#           passes | serve-np16 | serve | store | spec | rpc-gpu | split-gpus (2+ GPUs) | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -320,6 +320,18 @@ rpc-gpu)  # the GPU plus a loopback ggml-rpc-server on the same GPU: the RPC lin
         -n 64 -no-cnv --temp 0 < /dev/null 2>&1 | grep -E "eval time|error" | sed 's/^/rpc-gpu vanilla: /' \
         | tee -a "$RES/summary.txt"
     kill "$(cat /tmp/rpc.pid)" 2> /dev/null
+    ;;
+split-gpus)  # several GPUs (an x2/x4 kind): the 70B split over them by Hypura (--split) beside vanilla's -sm layer, and
+    # the batched engine at 1 / 16 / 32 sequences over both; under 5 minutes
+    models_done
+    timeout 60 hy inspect $M70 --split -c 4096 2>&1 | tail -8 | tee "$RES/split-gpus-inspect.txt" | tee -a "$RES/summary.txt"
+    timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 99 -sm layer -p 512 -n 32 -r 2 -o json > "$RES/vanilla-l70-smlayer.json" \
+        2> /dev/null
+    note "l70 vanilla -sm layer pp512 tg32: $(tps "$RES/vanilla-l70-smlayer.json")"
+    timeout 150 hy bench $M70 --split -p 512 -n 32 -r 2 --json "$RES/split-gpus-l70.json" 2>&1 | tail -6 \
+        | tee -a "$RES/summary.txt"
+    timeout 150 hy bench $M70 --split --parallel 1,16,32 -p 128 -n 16 -r 1 --json "$RES/split-gpus-l70-batched.json" \
+        2>&1 | tail -8 | tee -a "$RES/summary.txt"
     ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null
