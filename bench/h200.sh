@@ -8,7 +8,8 @@
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
 #   phases: setup | ab | profile | defaults | loads | prefill | smoke | cgroup | batched-l70 | batched-q14 | batched-q3 |
-#           perstep | vanilla-best | passes | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu | pack
+#           perstep | vanilla-best | passes | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu |
+#           split-gpus (2+ GPUs) | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -347,6 +348,35 @@ json.dump(p, open('/tmp/profile-$share.json','w'))"
             --profile /tmp/profile-$share.json --json "$RES/smoke-q3-$share.json" 2>&1 | grep -E "plan|pp|tg|prefill|decode" \
             | tail -6 | sed "s/^/q3 hypura plain-share $share: /" | tee -a "$RES/summary.txt"
     done
+    ;;
+rpc-gpu)  # the GPU plus a loopback ggml-rpc-server on the same GPU: the RPC link's cost against the split's bound
+    # (the 14B held to 5 GiB here, the rest over RPC), beside vanilla with the same split; under 3 minutes
+    models_done
+    port=50152
+    "$(libdir)/ggml-rpc-server" -H 127.0.0.1 -p $port -d CUDA0 -t 4 > "$RES/rpc-server.log" 2>&1 &
+    echo $! > /tmp/rpc.pid
+    for _ in $(seq 30); do (exec 3<> /dev/tcp/127.0.0.1/$port) 2> /dev/null && break; sleep 1; done
+    timeout 60 hy inspect $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -c 4096 2>&1 | tee "$RES/rpc-gpu-inspect.txt" \
+        | tail -6 | tee -a "$RES/summary.txt"
+    timeout 90 hy bench $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -p 64 -n 64 -r 2 --json "$RES/rpc-gpu.json" \
+        2>&1 | tail -6 | tee -a "$RES/summary.txt"
+    flags=$(python3 -c "import json; print(json.load(open('$RES/rpc-gpu.json'))['split']['flags'])" 2> /dev/null)
+    [ -n "$flags" ] && timeout 60 "$(libdir)/llama-completion" -m $M14 --rpc 127.0.0.1:$port $flags -c 4096 -p hi \
+        -n 64 -no-cnv --temp 0 < /dev/null 2>&1 | grep -E "eval time|error" | sed 's/^/rpc-gpu vanilla: /' \
+        | tee -a "$RES/summary.txt"
+    kill "$(cat /tmp/rpc.pid)" 2> /dev/null
+    ;;
+split-gpus)  # several GPUs (an x2/x4 kind): the 70B split over them by Hypura (--split) beside vanilla's -sm layer, and
+    # the batched engine at 1 / 16 / 32 sequences over both; under 5 minutes
+    models_done
+    timeout 60 hy inspect $M70 --split -c 4096 2>&1 | tail -8 | tee "$RES/split-gpus-inspect.txt" | tee -a "$RES/summary.txt"
+    timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 99 -sm layer -p 512 -n 32 -r 2 -o json > "$RES/vanilla-l70-smlayer.json" \
+        2> /dev/null
+    note "l70 vanilla -sm layer pp512 tg32: $(tps "$RES/vanilla-l70-smlayer.json")"
+    timeout 150 hy bench $M70 --split -p 512 -n 32 -r 2 --json "$RES/split-gpus-l70.json" 2>&1 | tail -6 \
+        | tee -a "$RES/summary.txt"
+    timeout 150 hy bench $M70 --split --parallel 1,16,32 -p 128 -n 16 -r 1 --json "$RES/split-gpus-l70-batched.json" \
+        2>&1 | tail -8 | tee -a "$RES/summary.txt"
     ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null

@@ -43,6 +43,7 @@ from hypura.plan.auto import Fit  # noqa: E402
 from hypura.plan.beside import Beside  # noqa: E402
 from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
+from hypura.runtime.devices import DeviceAsk, DeviceChoice, choose as choose_devices  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
 from hypura.runtime.placement import Placement, PlacementPolicy  # noqa: E402
 from hypura.runtime.runtime import Runtime, as_model_pointer  # noqa: E402
@@ -91,6 +92,10 @@ class Llama(llama_cpp.Llama):
         fit: Union[Fit, bool] = True,
         profile=None,
         draft_beside: Union[str, os.PathLike, None] = None,
+        rpc_servers: Union[str, Iterable[str], None] = None,
+        devices: Optional[Iterable[str]] = None,
+        rpc_mem: Optional[Iterable[Union[int, str]]] = None,
+        split: bool = False,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does (or a model named as Ollama names it, e.g.
@@ -141,6 +146,15 @@ class Llama(llama_cpp.Llama):
             the faster speculative pass (hypura.plan.beside), and the draft loads there. "auto" or a
             hypura.speculative.auto.AutoDraft: one found as for draft_model="auto" (`draft_found`).
 
+        rpc_servers: llama.cpp RPC servers, "host:port,host:port" (llama-cpp-python's keyword; `--rpc`) or a list:
+            each is probed (a dead one is a HypuraError, never a hang) and its devices registered. With
+            n_gpu_layers=-1 and no tensor_split, devices or other placement, Hypura splits the layers over them
+            and this machine (hypura.plan.shares; docs/devices.md) within gpu_mem (each local GPU's; "8GiB,8GiB"
+            one each) and ram. rpc_mem: a budget per RPC device ("2GiB").
+        devices: llama.cpp's `--device` list (["CUDA1", "RPC0"], ["none"]): the devices llama.cpp offloads to.
+        split: the same split over this machine's GPUs without RPC servers (several GPUs; otherwise the first GPU's
+            plan, as before).
+
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
         """
@@ -159,8 +173,15 @@ class Llama(llama_cpp.Llama):
             param_overrides.setdefault("context_params", {}).setdefault(key, value)
         if placement_policy is not None and override_tensor is not None:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
-        self.decision = decision = self._decide(k, param_overrides, plan, placement_policy is not None or
-                                                override_tensor is not None, expert_cache is not None, fit, profile,
+        placed = placement_policy is not None or override_tensor is not None
+        self.device_choice = self._devices(DeviceAsk(rpc_servers, None if devices is None else list(devices),
+                                                     None if rpc_mem is None else list(rpc_mem), split),
+                                           k, param_overrides, placed or plan is not None
+                                           or expert_cache is not None or not fit.enabled, fit, profile)
+        if self.device_choice.shares is not None:  # the split took the budgets: the decision is llama.cpp's placement
+            self.gpu_mem = self.ram = None
+        self.decision = decision = self._decide(k, param_overrides, plan, placed or bool(rpc_servers)
+                                                or devices is not None or split, expert_cache is not None, fit, profile,
                                                 draft_beside or draft_path(kwargs.get("draft_model")))
         if is_auto(k.get("draft_model")):  # the draft the decision found (or none: no speculation)
             k["draft_model"] = str(self.draft_found) if self.draft_found else None
@@ -195,6 +216,16 @@ class Llama(llama_cpp.Llama):
         except BaseException:
             runtime.close()  # the model, context and streams go with the failed constructor
             raise
+
+    def _devices(self, ask: DeviceAsk, k: dict, overrides: dict, placed: bool, fit: Fit, profile) -> DeviceChoice:
+        """The devices the model loads onto (hypura.runtime.devices): llama.cpp's default unless RPC servers or a
+        device list are given; RPC servers are placement as given to the decision (llama.cpp's, or the split)."""
+        from hypura.profile.measure import planning_profile
+
+        say = fit.say or (_stderr if k["verbose"] else None)
+        return choose_devices(self.header, ask, k, overrides, placed=placed, ram=self.ram, gpu_mem=self.gpu_mem,
+                              say=say, warn=fit.say, profile=lambda: profile or planning_profile(self.header.path, say,
+                                                                          measure=fit.measure_profile))
 
     def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
                 profile, draft) -> Decision:
@@ -244,6 +275,9 @@ class Llama(llama_cpp.Llama):
             llama_cpp.llama_numa_init(self.numa)
         self._param_arrays = model_params(k)  # the struct and the arrays it points into, alive as long
         self.model_params = self._param_arrays.params
+        self._device_array = self.device_choice.array()  # alive as long as the params that point at it
+        if self._device_array is not None:
+            self.model_params.devices = int(ffi.cast("uintptr_t", self._device_array))
         set_fields(self.model_params, fields["model_params"])
         self.tensor_split, self.kv_overrides = k["tensor_split"], k["kv_overrides"]
         self.n_threads, self.n_threads_batch = threads(k)

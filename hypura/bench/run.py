@@ -44,6 +44,9 @@ class BenchArgs:
     seed: int = 0
     parallel: tuple[int, ...] = ()  # the batched engine at these sequence counts
     spec: Optional["SpecSettings"] = None  # speculative decoding beside plain decode (speculative.py)
+    rpc: Optional[str] = None  # llama.cpp RPC servers, host:port,... (docs/devices.md)
+    rpc_mem: Optional[tuple[str, ...]] = None  # a budget per RPC device
+    split: bool = False  # the layers split over this machine's GPUs (and the RPC servers) and its RAM
 
     def __post_init__(self):
         if self.plan_file and (self.gpu_mem or self.ram):
@@ -94,7 +97,9 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
         context.update(context_params(a.spec.tree))
     common = dict(n_threads=a.threads, n_threads_batch=a.threads, expert_cache=cache, plan=a.plan_file, **budgets,
                   n_gpu_layers=a.n_gpu_layers, param_overrides={"context_params": context},
-                  draft_beside=a.spec.beside if a.spec is not None else None)
+                  draft_beside=a.spec.beside if a.spec is not None else None,
+                  **({"rpc_servers": a.rpc, "rpc_mem": a.rpc_mem} if a.rpc else {}),
+                  **({"split": True} if a.split else {}))
     if batched is not None:
         say(f"{max(batched.parallel)} sequences of {batched.n_ctx_per_seq} tokens at most")
         # a plan from budgets is made for the largest size (docs/engine.md)
@@ -129,6 +134,13 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     result.update(model=str(a.model), machine={"host": platform.node(), "python": sys.version.split()[0]},
                   budgets={"gpu_mem": a.gpu_mem, "ram": a.ram}, flash_attn=a.flash_attn,
                   expert_cache=dataclasses.asdict(cache) if cache else None)
+    shares = llm.device_choice.shares
+    if shares is not None:  # the split over the RPC servers: its own bound (hypura.plan.shares)
+        say(f"split    {shares.flags()}: predicted {shares.tok_s:.2f} tok/s decode (limit: {shares.limit})")
+        result["split"] = {"devices": list(shares.device_names()), "layers": [n for n in shares.layers if n],
+                           "host_layers": shares.host_layers, "n_ctx": shares.n_ctx,
+                           "predicted_tok_s": shares.tok_s, "limit": shares.limit, "flags": shares.flags(),
+                           "seconds": dict(shares.seconds)}
     if plan is not None:
         result["plan"] = {"mode": plan.mode, "config": plan.config, "memory": plan.memory,
                           "pool_slots": plan.pool_slots, "prefetch_depth": plan.prefetch_depth,

@@ -169,6 +169,36 @@ ffi.cdef(
     """
 )
 
+# ggml-backend.h's registry: RPC servers become devices through the RPC reg's own proc address, as common/arg.cpp
+# registers them (ggml-rpc.h: ggml_backend_rpc_add_server); a build without the RPC backend has no "RPC" reg
+ffi.cdef(
+    """
+    typedef struct ggml_backend_reg * ggml_backend_reg_t;
+    typedef ggml_backend_reg_t (*ggml_backend_rpc_add_server_t)(const char * endpoint);
+    ggml_backend_reg_t ggml_backend_reg_by_name(const char * name);
+    const char * ggml_backend_reg_name(ggml_backend_reg_t reg);
+    size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg);
+    ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);
+    void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
+    void ggml_backend_register(ggml_backend_reg_t reg);
+    ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device);
+    ggml_backend_dev_t ggml_backend_dev_by_name(const char * name);
+    """
+)
+
+# ggml.h / ggml-backend.h: a matrix-vector product computed on a device (what decode does), to time a remote one
+ffi.cdef(
+    """
+    struct ggml_cgraph;
+    struct ggml_tensor * ggml_new_tensor_2d(struct ggml_context * ctx, int type, int64_t ne0, int64_t ne1);
+    struct ggml_tensor * ggml_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+    struct ggml_cgraph * ggml_new_graph(struct ggml_context * ctx);
+    void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
+    size_t ggml_graph_overhead(void);
+    int ggml_backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph * cgraph);
+    """
+)
+
 EXPECTED_API_VERSION = 11
 
 

@@ -53,9 +53,14 @@ def parse_sizes(flag: str, text: str, least: int) -> tuple[int, ...]:
 @click.option("--parallel", metavar="N,N,...", default=None,
               help="The batched engine at these sequence counts, as llama-batched-bench: -p prompt tokens and -n "
                    "decode steps per sequence; aggregate prefill and decode tok/s beside the bound.")
+@click.option("--rpc", metavar="SERVERS", help="llama.cpp RPC servers (host:port,...): with -ngl -1 and no plan, "
+                                               "the layers split over them and this machine (docs/devices.md).")
+@click.option("--rpc-mem", metavar="SIZE,...", help="Memory budget of each RPC device (default: free less 1 GiB).")
+@click.option("--split", is_flag=True, help="Split the layers over this machine's GPUs (and the --rpc servers) and "
+                                            "its RAM, as -sm layer runs them; --gpu-mem then takes a size per GPU.")
 @spec_options
 def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, repetitions, threads, n_gpu_layers,
-          flash_attn, profile_spec, expert_slots, seed, json_out, parallel, **spec) -> None:
+          flash_attn, profile_spec, expert_slots, seed, json_out, parallel, rpc, rpc_mem, split, **spec) -> None:
     """Measure prefill (-p) and decode (-n) tok/s of MODEL, llama-bench style, beside the bound.
 
     Where the plan keeps experts on disk, the disk is also probed for a second before and after the runs
@@ -68,7 +73,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
 
     args = BenchArgs(model, gpu_mem, ram, plan_file, parse_sizes("-p", n_prompt, 0), parse_sizes("-n", n_gen, 0),
                      ctx_size, fit_ctx, repetitions, threads, n_gpu_layers, flash_attn, profile_spec, expert_slots, seed,
-                     parse_sizes("--parallel", parallel, 1) if parallel else (), spec_from_flags(spec))
+                     parse_sizes("--parallel", parallel, 1) if parallel else (), spec_from_flags(spec), rpc,
+                     tuple(rpc_mem.split(",")) if rpc_mem else None, split)
     result = run(args, say=lambda msg: click.echo(msg, err=True))
     for line in report(result):
         click.echo(line)

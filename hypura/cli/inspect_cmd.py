@@ -84,14 +84,28 @@ def _ram_floor(plan, header, planner: Planner, routing: Routing, parallel: int) 
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the plan as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw placement by layer and tier as a PNG.")
 @click.option("--tensors", is_flag=True, help="List every tensor's tier.")
+@click.option("--rpc", metavar="SERVERS", help="llama.cpp RPC servers (host:port,...): probed, measured (memory, "
+                                               "link) and split over with the local GPUs (implies --split).")
+@click.option("--rpc-mem", metavar="SIZE,...", help="Memory budget of each RPC device (default: free less 1 GiB).")
+@click.option("--split", is_flag=True, help="Split the layers over every device (the profile's GPUs, the RPC "
+                                            "servers) and the host, as llama.cpp's -sm layer runs them; --gpu-mem "
+                                            "then takes a size per GPU (SIZE,SIZE,...).")
 def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
-            no_gpu, no_disk, prefetch_depth, routing, solver, draft, json_out, plot, tensors) -> None:
+            no_gpu, no_disk, prefetch_depth, routing, solver, draft, json_out, plot, tensors, rpc, rpc_mem,
+            split) -> None:
     """Show where every tensor of MODEL (a GGUF path, or a name from `hypura list`) would live and the
     predicted speed, reading only its header."""
     model = str(resolve_path(model))  # a path, or a name (`hypura list`)
     header = read_header(model)
     # this machine's: its cached profile with the CPU's rates on this model where they were measured
     profile = machine_profile(profile_spec) if profile_spec else planning_profile(model, say=None, measure=False)
+    if rpc or split:
+        from hypura.cli.split_cmd import show_split
+
+        show_split(header, profile, rpc=rpc, rpc_mem=rpc_mem, gpu_mem=gpu_mem, ram=ram,
+                   n_ctx=ctx_size or min(int(header.get("context_length", 0) or fit_ctx), fit_ctx),
+                   n_ubatch=ubatch_size, disk=not no_disk, this_machine=not profile_spec)
+        return
     planner = Planner(kv_bytes_per_element=KV_TYPES[kv_type], disk=not no_disk, solver=solver,
                       overrides=RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw,
                                               no_gpu=no_gpu),

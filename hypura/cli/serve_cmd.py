@@ -69,12 +69,15 @@ def speculative(spec: dict, models_dir=None):
               help="CPU threads for steps of one token per sequence (default: hypura.Llama's, physical cores).")
 @click.option("-tb", "--threads-batch", type=click.IntRange(1), default=None,
               help="CPU threads for steps of several tokens: prompts, several sequences (default: same as -t).")
+@click.option("--rpc", metavar="SERVERS", help="llama.cpp RPC servers (host:port,...): each model splits its layers "
+                                               "over them and this machine (docs/devices.md).")
+@click.option("--rpc-mem", metavar="SIZE,...", help="Memory budget of each RPC device (default: free less 1 GiB).")
 @spec_options
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key,
           allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, threads, threads_batch,
-          log_level, **spec) -> None:
+          rpc, rpc_mem, log_level, **spec) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
     Without -m, every model in Ollama's store ($OLLAMA_MODELS or ~/.ollama/models), LM Studio's and
@@ -109,6 +112,8 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
                              max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
                              cors_origins=cors_origins, timeout_s=timeout_s, speculative=speculative(spec, models_dir),
                              llama_kwargs={**_threads(threads, threads_batch),
+                                           **({"rpc_servers": rpc, "rpc_mem": rpc_mem.split(",") if rpc_mem else None}
+                                              if rpc else {}),
                                            # without budgets, each model is fitted to the free memory as
                                            # hypura-cli fits it, for --parallel sequences; its line on stderr
                                            "fit": Fit(say=lambda line: click.echo(line, err=True))})

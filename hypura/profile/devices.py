@@ -33,10 +33,11 @@ class Device:
     kind: str  # CPU | GPU | IGPU | ACCEL
     mem_free: int
     mem_total: int
+    remote: bool = False  # a llama.cpp RPC server's device (it registers as a GPU): never "the GPU" of a plan
 
     @property
     def is_gpu(self) -> bool:
-        return self.kind in _GPU_TYPES
+        return self.kind in _GPU_TYPES and not self.remote
 
     @property
     def unified(self) -> bool:
@@ -67,8 +68,15 @@ def list_devices() -> list[Device]:
         L.ggml_backend_dev_memory(dev, free, total)
         out.append(Device(i, ffi.string(L.ggml_backend_dev_name(dev)).decode(),
                           ffi.string(L.ggml_backend_dev_description(dev)).decode(),
-                          _TYPE_NAMES.get(int(L.ggml_backend_dev_type(dev)), "?"), free[0], total[0]))
+                          _TYPE_NAMES.get(int(L.ggml_backend_dev_type(dev)), "?"), free[0], total[0],
+                          is_remote(dev)))
     return out
+
+
+def is_remote(dev) -> bool:
+    """A device of llama.cpp's RPC backend (ggml-rpc registers each server's devices under a reg named "RPC[...]")."""
+    ffi, L = _lib()
+    return ffi.string(L.ggml_backend_reg_name(L.ggml_backend_dev_backend_reg(dev))).decode().startswith("RPC")
 
 
 def first_gpu():
@@ -86,7 +94,7 @@ def _first_device(kind: str):
     want = getattr(L, f"GGML_BACKEND_DEVICE_TYPE_{kind}")
     for i in range(L.ggml_backend_dev_count()):
         dev = L.ggml_backend_dev_get(i)
-        if L.ggml_backend_dev_type(dev) == want:
+        if L.ggml_backend_dev_type(dev) == want and not is_remote(dev):
             return dev
     return None
 
@@ -146,3 +154,33 @@ def measure_links(device_index: int, nbytes: int = knobs.LINK_BYTES, repeats: in
         for buf in buffers:
             L.ggml_backend_buffer_free(buf)
         L.ggml_free(ctx)
+
+
+def measure_peer(src_index: int, dst_index: int, nbytes: int = knobs.PEER_BYTES,
+                 repeats: int = knobs.LINK_REPEATS) -> float:
+    """Bytes/s of ggml_backend_tensor_copy from a tensor on device `src_index` to one on `dst_index`: a peer copy
+    where the backend has one (CUDA's cudaMemcpyPeer), else through host memory, which is what a layer split's
+    hand-off between the two then costs."""
+    ffi, L = _lib()
+    params = ffi.new("struct ggml_init_params *", {"mem_size": 2 * L.ggml_tensor_overhead(),
+                                                   "mem_buffer": ffi.NULL, "no_alloc": True})
+    ctxs = [L.ggml_init(params[0]) for _ in range(2)]
+    buffers = []
+    try:
+        if ffi.NULL in ctxs:
+            raise HypuraError("ggml_init failed")
+        tensors = []
+        for ctx, index in zip(ctxs, (src_index, dst_index)):
+            tensors.append(L.ggml_new_tensor_1d(ctx, int(gguf.GGMLQuantizationType.I8), nbytes))
+            buf = L.ggml_backend_alloc_ctx_tensors_from_buft(ctx, L.ggml_backend_dev_buffer_type(
+                L.ggml_backend_dev_get(index)))
+            if buf == ffi.NULL:
+                raise HypuraError(f"cannot allocate {nbytes >> 20} MiB on device {index}")
+            buffers.append(buf)
+        return _best_rate(lambda: L.ggml_backend_tensor_copy(tensors[0], tensors[1]), nbytes, repeats)
+    finally:
+        for buf in buffers:
+            L.ggml_backend_buffer_free(buf)
+        for ctx in ctxs:
+            if ctx != ffi.NULL:
+                L.ggml_free(ctx)

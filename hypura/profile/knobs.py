@@ -31,6 +31,9 @@ RAM_COPY_REPEATS = 5
 LINK_BYTES = 1 * GiB
 LINK_REPEATS = 5
 D2D_REPEATS = 20
+# GPU to GPU (several local GPUs): NVLink's 450 GB/s moves 256 MiB in 0.6 ms, PCIe's 25 in 11 ms, both well above
+# a copy's launch cost; the layer split's hand-offs are single activations, but the rate is the link's
+PEER_BYTES = 256 * MiB
 
 # --- CPU compute (a short llama.cpp run on a few of the model's blocks) -----------------------
 # the blocks copied for the timed run: the 70B's Q4_K_M blocks are 0.5 GB each (1 + 2 blocks), an MoE

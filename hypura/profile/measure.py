@@ -47,6 +47,17 @@ def _gpu_info(dev, progress: Callable[[str], None]) -> GpuInfo:
     )
 
 
+def _with_peers(gpus: tuple[GpuInfo, ...], progress: Callable[[str], None]) -> tuple[GpuInfo, ...]:
+    """Several GPUs: each one's copy rate to every other (a layer split hands activations between them)."""
+    if len(gpus) < 2:
+        return gpus
+    from hypura.profile.devices import measure_peer
+
+    progress(f"  GPU to GPU copies, {knobs.PEER_BYTES >> 20} MiB, {len(gpus) * (len(gpus) - 1)} pairs")
+    return tuple(dataclasses.replace(g, peer_bw=tuple((o.index, apart.call(measure_peer, g.index, o.index))
+                                                      for o in gpus if o is not g)) for g in gpus)
+
+
 def measure_profile(path: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
                     progress: Callable[[str], None] = _stderr,
                     disk_file: str | os.PathLike | None = None) -> MachineProfile:
@@ -64,7 +75,7 @@ def measure_profile(path: str | os.PathLike | None = None, model: str | os.PathL
     progress(f"      {copy_bw / 1e9:.1f} GB/s")
 
     progress(f"[2/4] accelerators: {len(gpus)} GPU(s)" + (f" ({why})" if why else ""))
-    gpu_infos = tuple(_gpu_info(d, progress) for d in gpus)
+    gpu_infos = _with_peers(tuple(_gpu_info(d, progress) for d in gpus), progress)
     if not gpus:
         notes.append("no GPU: CPU-only plans (RAM-resident vs disk-streamed, CPU compute)")
 

@@ -72,6 +72,9 @@ class GpuInfo:
     decode_bw: float  # weight-read rate of decode on this device
     prefill_flops: float
     method: str
+    # ((ggml device index, bytes/s), ...): copies from this GPU straight to another local GPU (peer access);
+    # empty with one GPU, or where none was measured
+    peer_bw: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ class MachineProfile:
                 host=_build(HostInfo, d["host"]),
                 disk=_build(DiskInfo, {**d["disk"], **{k: _pairs(d["disk"][k]) for k in _PAIRS if k in d["disk"]}}),
                 cpu=_build(CpuCompute, d["cpu"]),
-                gpus=tuple(_build(GpuInfo, g) for g in d.get("gpus", ())),
+                gpus=tuple(_build(GpuInfo, {**g, "peer_bw": _pairs(g.get("peer_bw", ()))}) for g in d.get("gpus", ())),
                 notes=tuple(d.get("notes", ())),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -9,13 +9,14 @@ import click
 
 from hypura.cli.completion.arg_values import ArgvError, check_argv, option_arity
 from hypura.cli.completion.arg_params import build_settings
+from hypura.cli.completion.devices import DEVICE_OPTIONS
 from hypura.cli.completion.speculative import SPEC_OPTIONS
 
 _EPILOG = """\b
 Not supported yet (rejected like unknown flags, see docs/cli.md): prompt cache
 (--prompt-cache*), grammars and JSON schemas (--grammar*, -j, -jf), --jinja and
 reasoning flags, LoRA and control vectors, group attention (-gan/-gaw), -np,
-multi-GPU split (-sm, -ts, -mg, -dev, --rpc), -lzm, CPU affinity (-C*,
+-lzm, CPU affinity (-C*,
 --prio*, --poll*), -hf/-mu/-dr downloads, -bf, -bs, -ptc, -cl, --list-devices,
 --completion-bash, draft-model KV types, and --log-file/--log-jsonl/--log-prefix/--log-timestamps/--log-colors.
 """
@@ -225,7 +226,7 @@ OPTIONS = [
      dict(metavar="N", help="Hypura: MoE expert cache of N slots a layer in GPU memory, experts pinned in RAM")),
     (("--stats", "stats"),
      dict(is_flag=True, default=False, help="Hypura: print placement and speed after the run")),
-] + SPEC_OPTIONS
+] + SPEC_OPTIONS + DEVICE_OPTIONS
 
 
 def _build_command() -> click.Command:

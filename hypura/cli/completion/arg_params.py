@@ -24,6 +24,7 @@ from hypura.cli.completion.common_params import (
     Settings,
     sampler_type,
 )
+from hypura.cli.completion.devices import device_settings
 from hypura.cli.completion.speculative import spec_settings
 
 
@@ -110,7 +111,9 @@ def build_settings(kw: dict) -> Settings:
                 raise value_error("-ot", "invalid value")
         s["override_tensor"] = tuple(kw["override_tensor"])
     s["override_tensor"] = s.get("override_tensor", ()) + _cpu_ffn_overrides(kw)
-    s["placement_set"] = bool(s["override_tensor"]) or s.get("n_gpu_layers", -1) != -1 or kw["expert_slots"] is not None
+    s["devices"] = device_settings(kw)
+    s["placement_set"] = (bool(s["override_tensor"]) or s.get("n_gpu_layers", -1) != -1
+                          or kw["expert_slots"] is not None or s["devices"].placement)
     s.update(_fit(kw))
     if kw["no_host"]:
         s["no_host"] = True

@@ -61,7 +61,19 @@ def load_model(s: Settings, model_path: str, say=None) -> Llama:
             gpu_mem=s.gpu_mem, ram=s.ram, plan=str(s.plan) if s.plan else None,
             expert_cache=s.expert_slots, verbose=True, fit=_fit(s, say),
             draft_beside=s.speculative.beside if s.speculative is not None else None,
+            **_device_kwargs(s),
         )
+
+
+def _device_kwargs(s: Settings) -> dict:
+    """--rpc, -dev, -sm, -ts, -mg, --rpc-mem, --split as hypura.Llama's keywords; none given: none passed (the one-GPU
+    path, unchanged)."""
+    d = s.devices
+    out = {"rpc_servers": d.rpc, "devices": d.devices, "rpc_mem": d.rpc_mem, "split": d.split or None,
+           "split_mode": d.split_mode, "main_gpu": d.main_gpu,
+           "tensor_split": list(d.tensor_split) if d.tensor_split is not None else None}
+    defaults = {"split_mode": llama_cpp.LLAMA_SPLIT_MODE_LAYER, "main_gpu": 0}
+    return {k: v for k, v in out.items() if v is not None and defaults.get(k, object()) != v}
 
 
 def _fit(s: Settings, say) -> Fit:

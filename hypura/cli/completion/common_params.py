@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from hypura.cli.completion.devices import DeviceSettings
 from hypura.speculative.settings import SpecSettings
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -149,6 +150,7 @@ class Settings:
     stats: bool = False
     # hypura.speculative's; None: plain decoding. The default, auto: n-gram drafting where the plan makes it pay
     speculative: Optional[SpecSettings] = SpecSettings(type="auto")
+    devices: DeviceSettings = field(default_factory=DeviceSettings)  # --rpc, -dev, -sm, -ts, -mg, --rpc-mem
     # llama.cpp's --fit, -fitt (MiB left free on the GPU), -fitc (smallest context it may choose)
     fit: bool = True
     fit_target_mib: int = 1024

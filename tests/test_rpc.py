@@ -1,0 +1,274 @@
+"""llama.cpp RPC servers as devices: the probe that keeps a dead server from aborting the process, the flags as
+llama-completion reads them, and two loopback ggml-rpc-server processes running SmolLM2 with the same greedy
+text as the local run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from hypura.errors import HypuraError
+from hypura.profile import rpc
+
+HYPURA_CLI = [sys.executable, "-m", "hypura.cli.completion"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _fake_server(answer: bytes | None):
+    """A TCP server on loopback that reads a hello and answers `answer` (None: never answers)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(1 + 8 + 24)
+            if answer is not None:
+                conn.sendall(answer)
+            stop.wait(10)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield rpc.Endpoint("127.0.0.1", srv.getsockname()[1])
+    finally:
+        stop.set()
+        srv.close()
+
+
+def test_endpoints_parse_as_llama_cpp_takes_them():
+    assert rpc.parse_servers("127.0.0.1:50052,localhost:1") == (rpc.Endpoint("127.0.0.1", 50052),
+                                                                 rpc.Endpoint("localhost", 1))
+    assert rpc.parse_servers(["[::1]:7"]) == (rpc.Endpoint("::1", 7),)
+    assert [e.loopback for e in rpc.parse_servers("127.0.0.1:1,localhost:1,::1:1,10.0.0.7:1,gpu-box:1")] == \
+        [True, True, True, False, False]
+    for bad in ("", "hostonly", "h:0", "h:port", ":50052"):
+        with pytest.raises(HypuraError):
+            rpc.parse_servers(bad)
+
+
+def test_a_dead_server_is_one_line_before_anything_connects():
+    ep = rpc.Endpoint("127.0.0.1", _free_port())
+    with pytest.raises(HypuraError, match=r"^RPC server 127\.0\.0\.1:\d+: connection refused \(is ggml-rpc-server "
+                                          r"running there\?\)$"):
+        rpc.probe(ep, timeout=1.0)
+
+
+def test_a_silent_server_times_out_instead_of_hanging():
+    with _fake_server(None) as ep:
+        with pytest.raises(HypuraError, match="no answer within 0.3 s .* serves one at a time"):
+            rpc.probe(ep, timeout=0.3)
+
+
+def test_another_protocol_version_is_refused():
+    with _fake_server(struct.pack("<Q", 28) + bytes([6, 0, 1, 0]) + bytes(24)) as ep:
+        with pytest.raises(HypuraError, match=r"speaks RPC protocol v6\.0\.1, this llama\.cpp v7\.0"):
+            rpc.probe(ep, timeout=2.0)
+    with _fake_server(struct.pack("<Q", 4) + bytes(4)) as ep:
+        with pytest.raises(HypuraError, match="not a ggml-rpc-server of protocol v7"):
+            rpc.probe(ep, timeout=2.0)
+    with _fake_server(struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24)) as ep:
+        assert rpc.probe(ep, timeout=2.0) == (7, 0, 0)
+
+
+def test_a_remote_server_is_said_unauthenticated_in_one_line(monkeypatch):
+    """Said before it is probed (the probe then fails here: nothing listens on TEST-NET-1)."""
+    said = []
+    monkeypatch.setattr(rpc, "probe", lambda ep: (_ for _ in ()).throw(HypuraError(f"RPC server {ep}: down")))
+    with pytest.raises(HypuraError, match="down"):
+        rpc.add_servers("127.0.0.1:1,192.0.2.1:50052", say=said.append)
+    assert said == ["hypura: RPC server 192.0.2.1:50052 is not on loopback: rpc-server has no authentication, "
+                    "its traffic is plain TCP"]
+
+
+def test_device_flags_parse_as_llama_completion_reads_them():
+    from hypura.cli.completion.arg import parse
+    from hypura.cli.completion.arg_values import ArgvError
+    from hypura.cli.completion.devices import DeviceSettings
+
+    assert parse([]).devices == DeviceSettings() and not parse([]).placement_set
+    s = parse(["--rpc", "127.0.0.1:50052", "-dev", "RPC0,CUDA0", "-sm", "row", "-ts", "3,1/2", "-mg", "1",
+               "--rpc-mem", "1GiB,512MiB"])
+    assert s.devices == DeviceSettings("127.0.0.1:50052", ("RPC0", "CUDA0"), 2, (3.0, 1.0, 2.0), 1,
+                                       (1 << 30, 512 << 20))
+    assert s.placement_set  # a device list or split: placement as given, no --fit
+    assert not parse(["--rpc", "127.0.0.1:50052"]).placement_set  # servers alone: Hypura splits over them
+    for argv, message in ((["-sm", "diagonal"], 'error while handling argument "--split-mode": invalid value'),
+                          (["-ts", ",".join(["1"] * 16)], "got 16 input configs, but system only has 16 devices"),
+                          (["--rpc", ","], "no RPC servers specified"),
+                          (["-mg", "x"], 'error while handling argument "--main-gpu"'),
+                          (["--rpc-mem", "lots"], "bad size 'lots'")):
+        with pytest.raises(ArgvError, match=message):
+            parse(argv)
+
+
+def test_cli_with_a_dead_server_fails_in_one_line(smollm2_path):
+    port = _free_port()
+    p = subprocess.run(HYPURA_CLI + ["-m", str(smollm2_path), "--rpc", f"127.0.0.1:{port}", "-p", "hi", "-n", "2",
+                                     "-no-cnv"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stdout == ""
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert lines[-1].endswith(f"RPC server 127.0.0.1:{port}: connection refused (is ggml-rpc-server running there?)")
+    assert "Traceback" not in p.stderr
+
+
+# --- two loopback servers ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rpc_servers(llama_tools_dir):
+    """Two ggml-rpc-server processes on 127.0.0.1, CPU backends, one thread each; killed at the end."""
+    exe = Path(llama_tools_dir) / "ggml-rpc-server"
+    if not exe.is_file():
+        pytest.skip(f"no {exe}: ./build.sh builds it beside libllama")
+    procs, endpoints = [], []
+    try:
+        for _ in range(2):
+            port = _free_port()
+            procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port), "-d", "CPU", "-t", "1"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            endpoints.append(f"127.0.0.1:{port}")
+        for ep in endpoints:
+            rpc.wait_listening(ep)
+        yield procs, endpoints
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+# Run apart: RPC devices stay registered in a process for its lifetime (ggml has no way to remove them), and a
+# later load in the same process would offer llama.cpp the killed servers' devices.
+_SPLIT_RUN = r"""
+import json, sys
+import numpy as np
+from hypura import Llama
+
+model, servers, prompt, n = sys.argv[1], sys.argv[2], sys.argv[3].encode(), int(sys.argv[4])
+
+def greedy(llm):
+    tokens = llm.tokenize(prompt)
+    llm.reset()
+    out, gaps = [], []
+    for _ in range(n):
+        llm.eval(tokens if not out else [out[-1]])
+        logits = np.array(llm.scores[llm.n_tokens - 1], copy=True)
+        top2 = np.partition(logits, -2)[-2:]
+        out.append(int(np.argmax(logits)))
+        gaps.append(float(top2[1] - top2[0]))
+    return out, gaps
+
+local = Llama(model, n_ctx=256, n_threads=1, verbose=False, logits_all=True)
+want, gaps = greedy(local)
+local.close()
+# RPC devices of 290 MiB each and 460 MiB here: none holds SmolLM2 (92 MiB) beside its 256 MiB compute buffer alone
+llm = Llama(model, n_ctx=256, n_threads=1, n_gpu_layers=-1, verbose=False, logits_all=True, ram="460MiB",
+            rpc_servers=servers, rpc_mem=["290MiB", "290MiB"])
+s = llm.device_choice.shares
+got, _ = greedy(llm)
+print(json.dumps({"want": want, "gaps": gaps, "got": got, "host": s.host_layers, "layers": s.layers,
+                  "devices": llm.device_choice.devices}))
+llm.close()
+"""
+
+# a logit gap above this is far beyond the numeric noise between backends' kernels (~1e-3 on these logits): where the
+# two top tokens are closer, the runs may part legitimately and the comparison stops there
+CLEAR_GAP = 0.1
+
+
+@pytest.mark.slow
+def test_two_loopback_servers_split_smollm2_with_the_local_greedy_text(rpc_servers, smollm2_path):
+    _, endpoints = rpc_servers
+    n = 16
+    p = subprocess.run([sys.executable, "-c", _SPLIT_RUN, str(smollm2_path), ",".join(endpoints),
+                        "The three primary colors are", str(n)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["host"] > 0 and all(r["layers"]) and r["devices"] == ["RPC0", "RPC1"]  # all three hold a share
+    clear = next((i for i, g in enumerate(r["gaps"]) if g < CLEAR_GAP), n)
+    assert clear >= 4 and r["got"][:clear] == r["want"][:clear], r
+
+
+@pytest.mark.slow
+def test_a_killed_server_is_one_clear_line(rpc_servers, smollm2_path):
+    procs, endpoints = rpc_servers
+    procs[1].kill()
+    procs[1].wait()
+    p = subprocess.run(HYPURA_CLI + ["-m", str(smollm2_path), "--rpc", ",".join(endpoints), "-p", "hi", "-n", "2",
+                                     "-no-cnv", "-t", "1"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines()[-1].endswith(f"RPC server {endpoints[1]}: connection refused "
+                                                      "(is ggml-rpc-server running there?)")
+
+
+@pytest.mark.slow
+def test_given_devices_and_split_run_as_in_llama_completion(rpc_servers, smollm2_path, llama_tools_dir):
+    """--rpc with -dev/-ngl/-ts is placement as given: hypura-cli prints what llama-completion prints with the same
+    servers (one after the other: a server serves one client at a time)."""
+    _, endpoints = rpc_servers
+    args = ["-m", str(smollm2_path), "--rpc", ",".join(endpoints), "-dev", "RPC0,RPC1", "-ngl", "99", "-ts", "2,1",
+            "-p", "The three primary colors are", "-n", "12", "--temp", "0", "-no-cnv", "-t", "1"]
+    ref = subprocess.run([str(Path(llama_tools_dir) / "llama-completion"), *args], capture_output=True, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    hyp = subprocess.run(HYPURA_CLI + args, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert hyp.returncode == 0, hyp.stderr[-2000:]
+    assert hyp.stdout == ref.stdout and len(hyp.stdout) > 20
+
+
+@pytest.mark.slow
+def test_serve_and_bench_with_a_dead_server_fail_in_one_line(smollm2_path):
+    """`hypura serve -m ... --rpc` loads its model at start and `hypura bench --rpc` before it measures: a dead server
+    is one error line and status 1 for both."""
+    port = _free_port()
+    for args in (["serve", "-m", str(smollm2_path), "--port", "0", "--rpc", f"127.0.0.1:{port}"],
+                 ["bench", str(smollm2_path), "--rpc", f"127.0.0.1:{port}", "-p", "8", "-n", "4", "-r", "1"]):
+        p = subprocess.run([sys.executable, "-m", "hypura.cli.main", *args], capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+        errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+        assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert len(errors) == 1 and errors[0].endswith(f"RPC server 127.0.0.1:{port}: connection refused "
+                                                       "(is ggml-rpc-server running there?)"), p.stderr[-2000:]
+
+
+def test_cli_says_a_remote_server_is_unauthenticated(smollm2_path):
+    """TEST-NET-1 (192.0.2.0/24) is never a real host: refused or silent, one error after the one warning line."""
+    import os
+
+    p = subprocess.run(HYPURA_CLI + ["-m", str(smollm2_path), "--rpc", "192.0.2.1:50052", "-p", "hi", "-n", "2",
+                                     "-no-cnv"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HYPURA_RPC_TIMEOUT": "1"})
+    assert p.returncode == 1
+    warned = [line for line in p.stderr.splitlines() if "not on loopback" in line]
+    assert len(warned) == 1 and warned[0].endswith("hypura: RPC server 192.0.2.1:50052 is not on loopback: rpc-server "
+                                                   "has no authentication, its traffic is plain TCP")
+    assert p.stderr.strip().splitlines()[-1].startswith("error: RPC server 192.0.2.1:50052: ")
+
+
+def test_split_without_servers_plans_over_this_machines_devices(smollm2_path):
+    """--split on a machine with no GPU and no server: every layer stays on the host, nothing is offloaded, the text
+    is the default path's."""
+    base = ["-m", str(smollm2_path), "-p", "The three primary colors are", "-n", "8", "--temp", "0", "-no-cnv",
+            "-t", "1"]
+    plain = subprocess.run(HYPURA_CLI + base, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    split = subprocess.run(HYPURA_CLI + base + ["--split", "--ram", "2GiB"], capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+    assert plain.returncode == 0 and split.returncode == 0, split.stderr[-2000:]
+    assert "hypura: devices: host 31 of 31 layers" in split.stderr
+    assert split.stdout == plain.stdout
