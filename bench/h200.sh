@@ -339,7 +339,7 @@ smoke)  # the MoE alone, once its model is written: the plan, a 2048-token promp
     done
     hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB 2>&1 | grep -E "context|mode|chosen|predict|prompts" | sed "s/^/q3 plan: /" \
         | tee -a "$RES/summary.txt"
-    cp "$(ls $XDG_CACHE_HOME/hypura/profile*.json | head -1)" "$RES/profile.json"
+    hy profile --json --model $MQ3 > "$RES/profile.json" 2> /dev/null  # the cached one, the CPU on this model's blocks
     grep -o '"decode_bw[_a-z]*": [0-9.e+]*' "$RES/profile.json" | paste -sd' ' | sed "s/^/profile: /" | tee -a "$RES/summary.txt"
     for share in 1.0 0.5; do
         python3 -c "import json,sys; p=json.load(open('$RES/profile.json')); c=p['cpu']; c['decode_bw_plain']=c['decode_bw']*$share
@@ -356,9 +356,9 @@ rpc-gpu)  # the GPU plus a loopback ggml-rpc-server on the same GPU: the RPC lin
     "$(libdir)/ggml-rpc-server" -H 127.0.0.1 -p $port -d CUDA0 -t 4 > "$RES/rpc-server.log" 2>&1 &
     echo $! > /tmp/rpc.pid
     for _ in $(seq 30); do (exec 3<> /dev/tcp/127.0.0.1/$port) 2> /dev/null && break; sleep 1; done
-    timeout 60 hy inspect $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -c 4096 2>&1 | tee "$RES/rpc-gpu-inspect.txt" \
+    timeout 60 python3 -m hypura.cli.main inspect $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -c 4096 2>&1 | tee "$RES/rpc-gpu-inspect.txt" \
         | tail -6 | tee -a "$RES/summary.txt"
-    timeout 90 hy bench $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -p 64 -n 64 -r 2 --json "$RES/rpc-gpu.json" \
+    timeout 90 python3 -m hypura.cli.main bench $M14 --rpc 127.0.0.1:$port --gpu-mem 5GiB -p 64 -n 64 -r 2 --json "$RES/rpc-gpu.json" \
         2>&1 | tail -6 | tee -a "$RES/summary.txt"
     flags=$(python3 -c "import json; print(json.load(open('$RES/rpc-gpu.json'))['split']['flags'])" 2> /dev/null)
     [ -n "$flags" ] && timeout 60 "$(libdir)/llama-completion" -m $M14 --rpc 127.0.0.1:$port $flags -c 4096 -p hi \
@@ -369,13 +369,13 @@ rpc-gpu)  # the GPU plus a loopback ggml-rpc-server on the same GPU: the RPC lin
 split-gpus)  # several GPUs (an x2/x4 kind): the 70B split over them by Hypura (--split) beside vanilla's -sm layer, and
     # the batched engine at 1 / 16 / 32 sequences over both; under 5 minutes
     models_done
-    timeout 60 hy inspect $M70 --split -c 4096 2>&1 | tail -8 | tee "$RES/split-gpus-inspect.txt" | tee -a "$RES/summary.txt"
+    timeout 60 python3 -m hypura.cli.main inspect $M70 --split -c 4096 2>&1 | tail -8 | tee "$RES/split-gpus-inspect.txt" | tee -a "$RES/summary.txt"
     timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 99 -sm layer -p 512 -n 32 -r 2 -o json > "$RES/vanilla-l70-smlayer.json" \
         2> /dev/null
     note "l70 vanilla -sm layer pp512 tg32: $(tps "$RES/vanilla-l70-smlayer.json")"
-    timeout 150 hy bench $M70 --split -p 512 -n 32 -r 2 --json "$RES/split-gpus-l70.json" 2>&1 | tail -6 \
+    timeout 150 python3 -m hypura.cli.main bench $M70 --split -p 512 -n 32 -r 2 --json "$RES/split-gpus-l70.json" 2>&1 | tail -6 \
         | tee -a "$RES/summary.txt"
-    timeout 150 hy bench $M70 --split --parallel 1,16,32 -p 128 -n 16 -r 1 --json "$RES/split-gpus-l70-batched.json" \
+    timeout 150 python3 -m hypura.cli.main bench $M70 --split --parallel 1,16,32 -p 128 -n 16 -r 1 --json "$RES/split-gpus-l70-batched.json" \
         2>&1 | tail -8 | tee -a "$RES/summary.txt"
     ;;
 pack)

@@ -36,7 +36,7 @@ row() {  # row CASE COMMAND...: runs it once, prints the row; the whole log goes
     load=$(grep -a "common_perf_print: *load time" "$LOGS/$name.txt" | tail -1 | grep -o "[0-9.]* ms" | head -1)
     prompt=$(grep -a "common_perf_print: prompt eval time" "$LOGS/$name.txt" | tail -1 | grep -o "[0-9.]* ms" | head -1)
     printf "| %-26s | %8s | %12s | %12s | %8.2f s | %s\n" "$name" "$before" "${load:-?}" "${prompt:-?}" \
-        "$(echo "$t1 - $t0" | bc)" "$([ $rc = 0 ] || echo "rc $rc")$(grep -a -m1 -o 'hypura: load: [^;]*' "$LOGS/$name.txt")"
+        "$(awk "BEGIN {print $t1 - $t0}")" "$([ $rc = 0 ] || echo "rc $rc")$(grep -a -m1 -o 'hypura: load: [^;]*' "$LOGS/$name.txt")"
 }
 
 LOGS=${LOGS:-$(mktemp -d)}; mkdir -p "$LOGS"
