@@ -61,7 +61,8 @@ def _ram_floor(plan, header, planner: Planner, routing: Routing, parallel: int) 
 @click.option("-fitc", "--fit-ctx", type=click.IntRange(1), default=4096, show_default=True,
               help="Smallest context an unset -c may get (llama.cpp's --fit-ctx).")
 @click.option("-ub", "--ubatch-size", type=click.IntRange(1), default=512, show_default=True,
-              help="Prefill micro-batch.")
+              help="Prefill micro-batch; at 512 (llama.cpp's default) a plan whose prompts wait on weight copies "
+                   "may take a larger one.")
 @click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True,
               help="Sequences decoded together (hypura serve/bench --parallel): plan for steps of this many tokens.")
 @click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default="f16", show_default=True,
