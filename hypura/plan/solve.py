@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
+from hypura.plan.candidates import choose
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, predict, traffic
 from hypura.plan.units import ModelUnits
 from hypura.sizes import fmt_mib
@@ -425,27 +426,7 @@ def _pick(candidates: list, problem: _Problem, candidates_of: Callable[[_Problem
     the model (_floor) where RAM is what fell short."""
     solutions = [c for c in candidates if isinstance(c, Solution)]
     if solutions:
-        best = min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
-        if not best.streams:
-            rival = min((s for s in solutions if s.streams), key=lambda s: s.turn_s, default=None)
-            return best if rival is None else dataclasses.replace(
-                best, why=f"llama.cpp's kind of placement (nothing streamed): predicts "
-                          f"{best.prediction.decode_tok_s:.2f} tok/s decode, the best streaming plan "
-                          f"{rival.prediction.decode_tok_s:.2f}")
-        # llama.cpp's kind of placement, where one fits, is kept unless streaming predicts a gain beyond the cost
-        # model's error on streamed plans: within it, what llama.cpp itself would run is never the slower
-        plain = min((s for s in solutions if not s.streams), key=lambda s: s.turn_s, default=None)
-        if plain is None:
-            return best
-        # a plan for several sequences counts its aggregate decode too (its turn weighs the one sequence's most)
-        gain = max(plain.turn_s / best.turn_s - 1,
-                   best.prediction.decode_tok_s / plain.prediction.decode_tok_s - 1 if best.prediction.parallel > 1 else 0)
-        if gain < knobs.STREAM_GAIN_MIN:
-            return dataclasses.replace(plain, why=f"llama.cpp's kind of placement (nothing streamed): the best "
-                                                  f"streaming plan predicts only {gain:.0%} faster, within "
-                                                  f"the cost model's error ({knobs.STREAM_GAIN_MIN:.0%})")
-        return dataclasses.replace(best, why=f"streaming predicts {gain:.0%} faster than llama.cpp's kind of "
-                                             f"placement ({plain.prediction.decode_tok_s:.2f} tok/s decode)")
+        return choose(solutions)
     short = min(candidates, key=lambda c: c.need - c.have)
     mu, b = problem.mu, problem.b
     floor = _floor(problem, candidates_of) if short.tier == RAM and b.disk else None
