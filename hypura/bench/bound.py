@@ -76,7 +76,7 @@ def bound(header, plan, rates, b: int = 1, on_gpu: Optional[bool] = None,
     limit_note = ""
     if disk_bytes is not None:
         paths["disk"], expert_disk, limit_note = disk_bytes * b, disk_bytes * b, ", at the measured hit rate"
-    terms = bytes_seconds(paths, rates, expert_disk)
+    terms = bytes_seconds(paths, rates, expert_disk, plan is not None and plan.traffic.host_pinned)
     if disk_rate:
         terms["disk"] = paths["disk"] / disk_rate
     limit = max(terms, key=terms.get)

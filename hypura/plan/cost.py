@@ -20,8 +20,8 @@ n_expert * (1 - (1 - k/n_expert)^parallel) distinct experts of a layer. From OP_
 tokens on, llama.cpp's op offload computes CPU-resident weights on the GPU after copying them (of a
 stacked expert tensor, the experts the step selects: ggml-backend.cpp) every step: from pageable memory at
 PAGEABLE_LINK_DEFAULT-like rates, why vanilla's batched decode of a partly offloaded model is slower at 32
-sequences than at 16; from pinned memory (a plan that streams to the GPU holds its CPU weights pinned,
-`host_pinned`) at the link's rate, read by the CPU at its plain-layout rate. The runtime turns op offload off
+sequences than at 16; from pinned memory (a plan that streams to the GPU holds its CPU weights pinned, and
+another candidate does without streaming: `host_pinned`) at the link's rate, read by the CPU at its plain-layout rate. The runtime turns op offload off
 beside CPU weights that hooks fill mid-graph (disk-tier ones).
 
 For one sequence and the hybrid (the CPU computes some non-resident layers while the link streams
@@ -129,8 +129,9 @@ class Traffic:
     decode_cpu_flops: float = 0.0
     offload_bytes: float = 0.0  # host weights op offload copies to the GPU every step (parallel >= 32)
     op_offload: bool = True  # llama.cpp's op offload as the plan wants it (the engine's loader applies False)
-    # CPU-computed RAM weights held in pinned host memory, plain layout (a plan that streams to the GPU): the CPU
-    # reads them at Rates.cpu_read_plain, op offload copies them at the link's rate
+    # CPU-computed RAM weights held in pinned host memory, plain layout (a plan that streams to the GPU, or the
+    # pinned candidate, plan/solve.py): the CPU reads them at Rates.cpu_read_plain, op offload copies them at the
+    # link's rate
     host_pinned: bool = False
 
 
@@ -160,10 +161,11 @@ def step_probability(p: float, parallel: int) -> float:
     return 1.0 if p >= 1.0 else 1.0 - (1.0 - p) ** parallel
 
 
-def bytes_seconds(nbytes: dict, r: Rates, expert_disk: float = 0.0) -> dict:
+def bytes_seconds(nbytes: dict, r: Rates, expert_disk: float = 0.0, pinned: bool = False) -> dict:
     """Each path's seconds for its bytes alone at its rate (PATHS' keys; a path without a rate moves nothing):
-    no compute, no fixed costs, no path slowed by another, the bound hypura/bench/bound.py prints."""
-    return {CPU: nbytes[CPU] / r.cpu_read, "link": nbytes["link"] / r.link if r.link else 0.0,
+    no compute, no fixed costs, no path slowed by another, the bound hypura/bench/bound.py prints. pinned: the
+    CPU's weights are held pinned (Traffic.host_pinned), read at its plain-layout rate."""
+    return {CPU: nbytes[CPU] / r.cpu_rate(pinned), "link": nbytes["link"] / r.link if r.link else 0.0,
             "disk": r.disk_seconds(nbytes["disk"], expert_disk),
             GPU: nbytes[GPU] / r.gpu_read if r.gpu_read else 0.0}
 
