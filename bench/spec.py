@@ -78,7 +78,8 @@ def _drafters(args) -> list[tuple[str, object, int]]:
 
 def hypura_runs(args, prompt: str) -> dict:
     """A plain greedy run of the prompt, then one speculative run per drafter (hypura/bench/speculative.py)."""
-    from hypura.bench.speculative import SpecBenchSettings, run_spec_bench
+    from hypura.bench.speculative import SpecBenchSettings, compare_greedy, run_spec_bench
+    from hypura.speculative.generate import Run
     from hypura.speculative import SpecSettings
 
     out, plain = {}, None
@@ -95,7 +96,8 @@ def hypura_runs(args, prompt: str) -> dict:
             elif plain is not None:  # the first run's plain decode stands for all
                 r["plain_tok_s"], r["speedup"] = plain["plain_tok_s"], \
                     r["spec_tok_s"]["median"] / plain["plain_tok_s"]["median"]
-                r["greedy_identical"] = r["tokens"]["spec"] == plain["tokens"]["plain"]
+                base = Run(plain["tokens"]["plain"], 0.0, 0.0, tuple(plain["plain_gaps"]))
+                r["greedy_identical"] = compare_greedy(base, Run(r["tokens"]["spec"], 0.0, 0.0))[0]
             out[label] = r
     finally:
         target.close()

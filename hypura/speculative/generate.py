@@ -15,15 +15,27 @@ class Run:
     tokens: list[int]
     prefill_s: float
     decode_s: float  # after the first token: decoding and drafting
+    gaps: tuple = ()  # plain runs: at each token, its logit less the runner-up's (a near-tie: kernels decide)
 
     @property
     def tok_s(self) -> float:
         return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def _argmax(llm, i: int) -> int:
+def _logits(llm, i: int) -> np.ndarray:
     n_vocab = llama_cpp.llama_vocab_n_tokens(llm._model.vocab)
-    return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, i), shape=(n_vocab,))))
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, i), shape=(n_vocab,))
+
+
+def _argmax(llm, i: int) -> int:
+    return int(np.argmax(_logits(llm, i)))
+
+
+def _top(llm, i: int) -> tuple[int, float]:
+    """The greedy token at output i and its logit's lead over the runner-up."""
+    row = _logits(llm, i)
+    second, first = np.partition(row, -2)[-2:]
+    return int(np.argmax(row)), float(first - second)
 
 
 def greedy(llm, prompt: list[int], n_predict: int, verifier=None) -> Run:
@@ -34,7 +46,8 @@ def greedy(llm, prompt: list[int], n_predict: int, verifier=None) -> Run:
     for i in range(0, len(prompt), n_batch):
         if not llm.decode_tokens(prompt[i: i + n_batch]):
             raise RuntimeError("llama_decode failed on the prompt")
-    out = [_argmax(llm, -1)]
+    token, gap = _top(llm, -1)
+    out, gaps = [token], [gap]
     t1 = time.perf_counter()
     history, n_past = list(prompt), len(prompt)
     vocab = llm._model.vocab
@@ -44,7 +57,9 @@ def greedy(llm, prompt: list[int], n_predict: int, verifier=None) -> Run:
                 raise RuntimeError("llama_decode failed")
             history.append(out[-1])
             n_past += 1
-            out.append(_argmax(llm, -1))
+            token, gap = _top(llm, -1)
+            out.append(token)
+            gaps.append(gap)
             continue
         step = verifier.step(history + [out[-1]], n_past, lambda i: _argmax(llm, i), n_predict - len(out))
         if step is None:
@@ -52,4 +67,4 @@ def greedy(llm, prompt: list[int], n_predict: int, verifier=None) -> Run:
         history += [out[-1]] + step[:-1]
         n_past += len(step)
         out += step
-    return Run(out[:n_predict], t1 - t0, time.perf_counter() - t1)
+    return Run(out[:n_predict], t1 - t0, time.perf_counter() - t1, tuple(gaps[:n_predict]) if verifier is None else ())
