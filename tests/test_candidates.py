@@ -49,6 +49,12 @@ def held_gpu(gib: float) -> FreeMemory:
     return FreeMemory(gpu=int(gib * GiB), ram=100 * GiB, gpu_total=80 * GiB, ram_total=125 * GiB, source="test")
 
 
+def budgets(header, profile, gpu_mem: str, n_ctx: int = 4096, n_ubatch: int = knobs.N_UBATCH):
+    """The plan the decision makes within `gpu_mem` of GPU and 64 GiB of RAM (its micro-batch chosen there)."""
+    ask = Ask(gpu_mem=gpu_mem, ram="64GiB", n_ctx=n_ctx, n_ubatch=n_ubatch)
+    return decide(header, ask, None, profile, routing=Routing()).plan
+
+
 def no_flags(header, profile, gib: float) -> Decision:
     return decide(header, Ask(fit=Fit()), held_gpu(gib), profile, routing=Routing())
 
@@ -78,8 +84,8 @@ def test_moe_experts_pinned_for_prompts_where_the_cpu_reads_them_as_fast(shapes)
     selected experts cross at the link's rate, not pageable memory's), with a larger micro-batch; where the
     unrepacked layout is much slower, they stay as llama.cpp holds them."""
     h = shapes["qwen3-30b-a3b"]
-    pinned = plan_model(h, host(78e9, 1.0), gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
-    kept = plan_model(h, host(78e9, 0.5), gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
+    pinned = budgets(h, host(78e9, 1.0), "4GiB")
+    kept = budgets(h, host(78e9, 0.5), "4GiB")
     assert pinned.traffic.host_pinned and not kept.traffic.host_pinned
     assert pinned.prediction.prefill_tok_s > 3 * kept.prediction.prefill_tok_s
     assert pinned.n_ubatch > knobs.N_UBATCH
@@ -94,19 +100,20 @@ def test_moe_experts_pinned_for_prompts_where_the_cpu_reads_them_as_fast(shapes)
 
 def test_the_micro_batch_grows_only_where_it_pays(shapes):
     h, prof = shapes["qwen3-30b-a3b"], host(78e9, 1.0)
-    base = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096, n_ubatch=1024 - 1))
-    grown = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
+    base = budgets(h, prof, "4GiB", n_ubatch=1024 - 1)
+    grown = budgets(h, prof, "4GiB")
     assert base.n_ubatch == 1023  # a micro-batch the caller chose stands
     assert grown.n_ubatch in knobs.MICROBATCH_CHOICES
     assert turn_with_long_prompt(grown) < turn_with_long_prompt(base)
     one = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096, n_ubatch=512))
+    assert one.n_ubatch == knobs.N_UBATCH  # plan_model plans at the micro-batch given; the decision chooses
     # never bought with slower replies
     assert grown.prediction.decode_tok_s >= one.prediction.decode_tok_s * (1 - knobs.MICROBATCH_DECODE_TOLERANCE)
     # no larger than the context
-    small = plan_model(h, prof, gpu_mem="4GiB", ram="64GiB", settings=PlanSettings(n_ctx=768))
+    small = budgets(h, prof, "4GiB", n_ctx=768)
     assert small.n_ubatch == knobs.N_UBATCH
     # the whole model on the GPU: prompts are compute-bound, llama.cpp's micro-batch stays
-    resident = plan_model(h, prof, gpu_mem="40GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096))
+    resident = budgets(h, prof, "40GiB")
     assert resident.n_ubatch == knobs.N_UBATCH
 
 

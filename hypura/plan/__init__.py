@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
@@ -15,9 +14,7 @@ from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader, read_header
 from hypura.plan.budget import Budgets, RateOverrides, budgets_for, fmt_size, parse_size, rates_for
 from hypura.plan.cost import Prediction, Rates, Traffic, predict, traffic
-from hypura.plan import knobs
 from hypura.plan.experts import with_expert_cache
-from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan, TensorPlacement, build_plan
 from hypura.plan.solve import PlanSettings, greedy, optimize, turn_seconds
 from hypura.plan.units import ModelUnits, model_units
@@ -36,26 +33,20 @@ def plan_model(model: str | os.PathLike | ModelHeader, profile: MachineProfile, 
     budgets = budgets_for(profile, 0 if overrides.no_gpu else gpu_mem, ram, disk)
     rates = rates_for(profile, overrides)
 
-    def best_at(s: PlanSettings) -> Plan:
-        def plan_with(solve) -> Plan:
-            return with_expert_cache(build_plan(str(header.path), mu, solve(mu, budgets, rates, s), s, budgets, rates),
-                                     mu, expert_probs)
+    def plan_with(solve) -> Plan:
+        return with_expert_cache(build_plan(str(header.path), mu, solve(mu, budgets, rates, settings), settings,
+                                            budgets, rates), mu, expert_probs)
 
-        plan = plan_with(SOLVERS[solver])
-        if solver == "optimizer" and mu.experts:
-            # an expert cache takes the GPU bytes a static plan gave experts: the greedy fill may give more
-            try:
-                alt = plan_with(greedy)
-            except HypuraError:
-                return plan
-            if turn_seconds(alt.prediction) < turn_seconds(plan.prediction):
-                return alt
-        return plan
-
-    plan = best_at(settings)
-    if settings.n_ubatch != knobs.N_UBATCH:
-        return plan  # the caller chose the micro-batch
-    return largest_paying(plan, lambda u: best_at(dataclasses.replace(settings, n_ubatch=u)), settings.n_ctx)
+    plan = plan_with(SOLVERS[solver])
+    if solver == "optimizer" and mu.experts:
+        # an expert cache takes the GPU bytes a static plan gave experts: the greedy fill may give more
+        try:
+            alt = plan_with(greedy)
+        except HypuraError:
+            return plan
+        if turn_seconds(alt.prediction) < turn_seconds(plan.prediction):
+            return alt
+    return plan
 
 
 __all__ = ["Budgets", "ModelUnits", "Plan", "PlanSettings", "Prediction", "RateOverrides", "Rates", "SOLVERS",

@@ -142,12 +142,14 @@ def free_caps(free: FreeMemory, fit: Fit, on_gpu: bool) -> tuple[int, int]:
 def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, free: FreeMemory, unified: bool,
                  profile: Callable[[], object], plan_within: Callable[[object, Caps, int], Plan],
                  always_plan: bool = False,
-                 reserve: Callable[[int], tuple[int, int]] = lambda n_ctx: (0, 0)) -> tuple[Plan | None, int, str, bool]:
+                 reserve: Callable[[int], tuple[int, int]] = lambda n_ctx: (0, 0),
+                 finish: Callable[[Plan], Plan] = lambda plan: plan) -> tuple[Plan | None, int, str, bool]:
     """The default path's (plan, context, line, fits) for `header` (module docstring); n_ctx 0: unset; fits:
     llama.cpp's placement fits. plan_within(profile, budgets, n_ctx) makes a plan; profile() is called only where
     the model does not fit (a first use measures one). always_plan: the plan within the free memory even where
     llama.cpp's placement fits. reserve(n_ctx): (GPU, RAM) bytes a model beside this one holds at that context
-    beside llama.cpp's placement (a plan_within keeps its own room for it)."""
+    beside llama.cpp's placement (a plan_within keeps its own room for it). finish(plan): the plan made at the
+    context chosen, as it will run (the decision's micro-batch)."""
     m = _Model(header, n_ubatch)
     on_gpu = use_gpu and free.gpu is not None
     gpu_cap, ram_cap = free_caps(free, fit, on_gpu)
@@ -161,7 +163,7 @@ def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, fre
             line = (f"hypura: fits: llama.cpp's placement ({where}), context {c}"
                     + ("" if n_ctx or c == m.n_train else f" (training context {m.n_train} does not fit)")
                     + f"; needs {fmt_size(gpu + ram)} of {free.describe()} {margins}")
-            plan = plan_within(profile(), Caps(gpu_cap if on_gpu else 0, ram_cap), c) if always_plan else None
+            plan = finish(plan_within(profile(), Caps(gpu_cap if on_gpu else 0, ram_cap), c)) if always_plan else None
             return plan, c, line, True
 
     machine = profile()
@@ -177,6 +179,7 @@ def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, fre
     else:
         plan = plan_unset_context(plan_at, header, fit.min_ctx, explain)
         note = "" if plan.n_ctx == m.n_train else f" (training context {m.n_train}: more would slow decode or not fit)"
+    plan = finish(plan)
     why = (f"needs {fmt_size(sum(m.resident_need(plan.n_ctx, on_gpu, unified)))} as llama.cpp would hold it, "
            f"{free.describe()} {margins}") + _disk_note(plan, machine)
     return plan, plan.n_ctx, f"hypura: plan: {summary(plan)}{note}; why: {why}", False

@@ -14,12 +14,12 @@ from hypura.plan import knobs
 def choose(solutions: list):
     """The kept one of `solutions` (solve.Solution: `streams`, `turn_s`, `prediction`), with its `why`."""
     best = min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
-    plain = min((s for s in solutions if not s.streams), key=lambda s: s.turn_s, default=None)
     if not best.streams:
         rival = min((s for s in solutions if s.streams), key=lambda s: s.turn_s, default=None)
         return best if rival is None else dataclasses.replace(
             best, why=f"llama.cpp's kind of placement (nothing streamed): predicts {best.prediction.decode_tok_s:.2f} "
                       f"tok/s decode, the best streaming plan {rival.prediction.decode_tok_s:.2f}")
+    plain = min((s for s in solutions if not s.streams), key=lambda s: s.turn_s, default=None)
     if plain is None:
         return best
     # a plan for several sequences counts its aggregate decode too (its turn weighs the one sequence's most)

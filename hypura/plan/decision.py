@@ -29,8 +29,10 @@ from hypura.plan import knobs, plan_model
 from hypura.plan.auto import Fit, check_budgets, default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
 from hypura.plan.budget import RateOverrides, budgets_for, fmt_size
+from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan
 from hypura.plan.solve import PlanSettings
+from hypura.tiers.names import GPU, RAM
 from hypura.profile.free import FreeMemory
 from hypura.profile.model import MachineProfile
 
@@ -97,13 +99,21 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
     parallel = max(steps)
     budgets = ask.gpu_mem is not None or ask.ram is not None
 
-    def plan_within(prof, gpu_mem, ram, n_ctx: int) -> Plan:
+    def plan_within(prof, gpu_mem, ram, n_ctx: int, n_ubatch: int = ask.n_ubatch) -> Plan:
         p, r = ask.planner, recorded()
-        settings = PlanSettings(n_ctx=n_ctx, n_ubatch=ask.n_ubatch, prefetch_depth=p.prefetch_depth,
+        settings = PlanSettings(n_ctx=n_ctx, n_ubatch=n_ubatch, prefetch_depth=p.prefetch_depth,
                                 kv_bytes_per_element=p.kv_bytes_per_element, parallel=parallel)
         plan = plan_model(header, prof, gpu_mem=gpu_mem, ram=ram, disk=p.disk, settings=settings,
                           overrides=p.overrides, solver=p.solver, expert_probs=r.probs)
         return dataclasses.replace(plan, routing_tokens=r.tokens) if r.probs else plan
+
+    def grown(plan: Plan) -> Plan:
+        """The plan at the micro-batch that pays (plan/microbatch.py), made again at its context and budgets once
+        those are chosen; a micro-batch the user gave stands."""
+        if ask.n_ubatch != knobs.N_UBATCH:
+            return plan
+        gpu, ram = plan.memory[GPU]["budget"], plan.memory[RAM]["budget"]
+        return largest_paying(plan, lambda u: plan_within(machine(), gpu, ram, plan.n_ctx, u), plan.n_ctx)
 
     if ask.plan is not None or budgets:
         if ask.placement:
@@ -122,8 +132,8 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
             beside = _beside_planned(ask.beside, plan_within, b.unified, drafts)
             plan_at = lambda c: beside(machine(), b.gpu, b.ram, c)  # noqa: E731
         if ask.n_ctx:
-            return _applied(plan_at(ask.n_ctx), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx))
-        plan = plan_unset_context(plan_at, header, ask.fit.min_ctx)
+            return _applied(grown(plan_at(ask.n_ctx)), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx))
+        plan = grown(plan_unset_context(plan_at, header, ask.fit.min_ctx))
         on_gpu = drafts.get(plan.n_ctx)
         line = f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}"
         return _applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
@@ -141,7 +151,7 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
         within = _beside_planned(ask.beside, plan_within, unified, drafts)
     plan, n_ctx, line, fits = default_path(
         header, ask.n_ctx, ask.n_ubatch, ask.n_gpu_layers != 0, ask.fit, mem, unified, machine,
-        lambda prof, b, c: within(prof, b.gpu, b.ram, c), ask.always_plan, reserve)
+        lambda prof, b, c: within(prof, b.gpu, b.ram, c), ask.always_plan, reserve, grown)
     draft_on_gpu = first(n_ctx) if fits else drafts.get(n_ctx)
     line += _beside_note(ask.beside, draft_on_gpu, n_ctx)
     return dataclasses.replace(_applied(plan, n_ctx, line, draft_on_gpu), free=mem, fits=fits)

@@ -422,8 +422,8 @@ def _spread_order(stages: list[int]) -> dict[int, float]:
 
 
 def _pick(candidates: list, problem: _Problem, candidates_of: Callable[[_Problem], list]) -> Solution:
-    """The best solution (below); none: the shortfall nearest to fitting, with the smallest RAM budget that plans
-    the model (_floor) where RAM is what fell short."""
+    """The solution kept (candidates.choose); none: the shortfall nearest to fitting, with the smallest RAM budget
+    that plans the model (_floor) where RAM is what fell short."""
     solutions = [c for c in candidates if isinstance(c, Solution)]
     if solutions:
         return choose(solutions)
