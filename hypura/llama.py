@@ -42,6 +42,7 @@ from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan.auto import Fit  # noqa: E402
 from hypura.plan.beside import Beside  # noqa: E402
 from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide  # noqa: E402
+from hypura.plan.microbatch import outputs_needed  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.devices import DeviceAsk, DeviceChoice, choose as choose_devices  # noqa: E402
 from hypura.runtime.overrides import overrides_policy  # noqa: E402
@@ -237,8 +238,10 @@ class Llama(llama_cpp.Llama):
         model, context = overrides.get("model_params", {}), overrides.get("context_params", {})
         say = fit.say or (_stderr if k["verbose"] else None)
         n_ubatch = context.get("n_ubatch", k["n_ubatch"])
+        # every row where llama-cpp-python's logits_all, embeddings or a draft verified in the pass read them
+        outputs = outputs_needed(context, bool(k["logits_all"] or k["embedding"] or k["draft_model"] is not None))
         ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
-                  n_ubatch=n_ubatch, n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
+                  n_ubatch=n_ubatch, n_outputs=outputs, n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
                   placement=placed, expert_cache=expert_cache, fit=fit)
         machine = profile or functools.cache(lambda: planning_profile(self.header.path, say, measure=fit.measure_profile))
 

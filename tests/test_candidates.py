@@ -7,6 +7,7 @@ host the issues describe (pinned 55.2 GB/s, pageable 10.3) and a CPU made fast o
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_llamas_placement_is_kept_where_streaming_does_not_clearly_win(shapes):
     """The 70B with 8.5 GiB of the GPU free, no flags, beside a fast CPU (the H100 host's first-use rate, its
     unrepacked layout at 0.88 of the repacked one, as vanilla's q3 decode with -lm none against mmap): for one
     sequence llama.cpp's kind of placement runs (nothing streamed); for 16 sequences streaming wins clearly.
-    A CPU whose unrepacked layout reads as fast gets a streamed plan for one sequence too. The line says which."""
+    A CPU whose unrepacked layout reads as fast gets its CPU weights pinned. The line says which."""
     h = shapes["llama3.3-70b"]
     fast = host(121e9, 0.88)
     one = no_flags(h, fast, 8.5)
@@ -73,10 +74,12 @@ def test_llamas_placement_is_kept_where_streaming_does_not_clearly_win(shapes):
     many = decide(h, Ask(fit=Fit()), held_gpu(8.5), fast, steps=(16,), routing=Routing())
     assert many.plan.pool_slots and many.plan.why.startswith("streaming predicts")
     assert many.plan.prediction.decode_tok_s > 2 * one.plan.prediction.decode_tok_s
+    # where the unrepacked layout reads as fast, CPU weights are pinned, streamed or in llama.cpp's fill (its
+    # -lm none), whichever the turn prefers; streaming only for a gain beyond the cost model's error
     plain = no_flags(h, host(121e9, 1.0), 8.5)
-    assert plain.plan.pool_slots and plain.plan.traffic.host_pinned
-    gain = float(plain.plan.why.split("predicts ")[1].split("%")[0]) / 100
-    assert gain >= knobs.STREAM_GAIN_MIN
+    assert plain.plan.traffic.host_pinned
+    gain = float(re.search(r"predicts (?:only )?(\d+)%", plain.plan.why).group(1)) / 100
+    assert (gain >= knobs.STREAM_GAIN_MIN) == bool(plain.plan.pool_slots)
 
 
 def test_moe_experts_pinned_for_prompts_where_the_cpu_reads_them_as_fast(shapes):
@@ -127,3 +130,42 @@ def test_the_decisions_micro_batch_reaches_llamas_context(shapes):
     assert context_fields(d, {"n_ubatch": 512, "n_batch": 8192}) == {"n_ubatch": ub, "n_batch": 8192}
     # a micro-batch the user chose stands
     assert context_fields(d, {"n_ubatch": 256, "n_batch": 2048}) == {}
+
+
+def test_the_micro_batch_counts_only_the_outputs_read(shapes):
+    """llama.cpp's compute buffer holds logits for n_outputs_max rows: where the caller reads one a step, l70 at
+    8 GiB beside the H100 host's CPU grows its micro-batch past 512 (its logits no longer take the GPU's
+    weights) and the decision sets n_outputs_max; every row read (logits_all, a draft verified) sets none."""
+    h, prof = shapes["llama3.3-70b"], host(68.1e9, 1.0)
+    one = decide(h, Ask(gpu_mem="8GiB", ram="64GiB", n_ctx=10752, n_outputs=1), None, prof, routing=Routing())
+    assert one.plan.n_ubatch > knobs.N_UBATCH
+    assert one.context_params["n_outputs_max"] == 1
+    assert context_fields(one, {"n_ubatch": 512, "n_batch": 2048})["n_outputs_max"] == 1
+    every = decide(h, Ask(gpu_mem="8GiB", ram="64GiB", n_ctx=10752), None, prof, routing=Routing())
+    assert "n_outputs_max" not in every.context_params
+    # a caller's own n_outputs_max stands
+    assert "n_outputs_max" not in context_fields(one, {"n_ubatch": 512, "n_outputs_max": 0})
+    # the resident model stays at llama.cpp's micro-batch, nothing set
+    resident = decide(h, Ask(gpu_mem="60GiB", ram="64GiB", n_ctx=4096, n_outputs=1), None, prof, routing=Routing())
+    assert resident.plan.n_ubatch == knobs.N_UBATCH and "n_outputs_max" not in resident.context_params
+
+
+def test_the_compute_buffer_holds_logits_for_the_outputs():
+    from hypura.plan.units import ModelDims
+
+    d = ModelDims(arch="llama", n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, head_k=128, head_v=128,
+                  n_vocab=128256, n_ff=28672, n_expert=0, n_expert_used=0, n_ff_exp=28672)
+    logits_row = 128256 * 4
+    assert d.compute_buffer_bytes(4096, floor=0) - d.compute_buffer_bytes(4096, floor=0, n_outputs=1) \
+        == 4095 * logits_row
+    assert d.compute_buffer_bytes(512, floor=0, n_outputs=4096) == d.compute_buffer_bytes(512, floor=0)
+
+
+def test_outputs_needed_by_caller():
+    from hypura.plan.microbatch import outputs_needed
+
+    assert outputs_needed({}, all_rows=False) == 1  # hypura-cli, hypura.Llama: the last token's logits
+    assert outputs_needed({"n_seq_max": 17}, all_rows=False) == 17  # the engine: one a sequence a step
+    assert outputs_needed({"n_seq_max": 17}, all_rows=True) == 0  # logits_all, a draft verified: every row
+    assert outputs_needed({"embeddings": True}, all_rows=False) == 0
+    assert outputs_needed({"n_seq_max": 4, "n_outputs_max": 0}, all_rows=False) == 0  # the caller's stands

@@ -43,6 +43,13 @@ class Batch:
     def n_tokens(self) -> int:
         return self.c.n_tokens
 
+    def outputs(self) -> int:
+        """The tokens whose logits the decode computes (no flags, as llama_batch_get_one leaves them: the last)."""
+        c = self.c
+        if not c.logits:
+            return min(1, c.n_tokens)
+        return sum(1 for i in range(c.n_tokens) if c.logits[i])
+
     def close(self) -> None:
         if self._owned and self.c is not None:
             llama_cpp.llama_batch_free(self.c)

@@ -16,6 +16,7 @@ from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
 from hypura.plan.budget import fmt_size
 from hypura.plan.decision import Ask, Planner, Routing, decide
+from hypura.plan.microbatch import outputs_needed
 from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.free import free_memory
 from hypura.profile.measure import planning_profile
@@ -113,8 +114,10 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
                       **({"prefetch_depth": prefetch_depth} if prefetch_depth is not None else {}))
     # this machine, no budgets: what hypura-cli would do now (its line), and the plan within the same free memory
     default = not profile_spec and gpu_mem is None and ram is None and kv_type == "f16"
+    # the outputs hypura-cli and serve read a step: one per sequence; every row where a draft is verified
+    outputs = outputs_needed({"n_seq_max": parallel}, all_rows=bool(draft))
     ask = Ask(plan=None if default else "auto", gpu_mem=gpu_mem, ram=ram, n_ctx=ctx_size, n_ubatch=ubatch_size,
-              n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner, always_plan=True,
+              n_outputs=outputs, n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner, always_plan=True,
               beside=Beside.of(read_header(draft), ubatch_size, KV_TYPES[kv_type]) if draft else None)
     t0 = time.perf_counter()
     recorded = _routing(routing, header)

@@ -154,7 +154,9 @@ class Engine:
         with self._step_lock:
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")
-            return embed(self.llm, self._ctx, self._mem, self.config.parallel, inputs, self.step_tokens)
+            # every token of an embedding's batch is an output: no more than the context computes (n_outputs_max)
+            rows = min(self.step_tokens, self.llm.context_params.n_outputs_max or self.step_tokens)
+            return embed(self.llm, self._ctx, self._mem, self.config.parallel, inputs, rows)
 
     def fim_tokens(self) -> Optional[tuple[int, int, int]]:
         """The model's fill-in-the-middle tokens (prefix, suffix, middle), None when it lacks one."""

@@ -14,7 +14,7 @@ from hypura.errors import HypuraError
 from hypura.speculative.auto import resolve
 
 
-def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, **kwargs) -> dict:
+def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, speculative: bool = False, **kwargs) -> dict:
     """hypura.Llama keywords for `parallel` sequences of `n_ctx_per_seq` tokens each: one unified KV cache
     of parallel x n_ctx_per_seq cells (sequences copy a shared prefix's cells instead of recomputing it),
     n_seq_max = parallel + 1 (a spare id for embeddings; hypura.Llama's decision plans for steps of that many
@@ -22,7 +22,8 @@ def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, **kwargs) -> dict:
     unless asked otherwise (llama.cpp's default, "auto"): its CPU kernel leaves a sequence's attention
     independent of the others in the batch (docs/engine.md). Without a plan or budgets, every layer is
     offered to the GPU (n_gpu_layers=-1, as llama-server and Ollama serve), and the default path fits the
-    model to the free memory or plans it there."""
+    model to the free memory or plans it there. speculative: steps verify drafts (several outputs a sequence),
+    so a micro-batch the decision grows keeps llama.cpp's outputs for every token (n_outputs_max 0)."""
     if "n_ctx" in kwargs:
         raise HypuraError("give n_ctx_per_seq: the context is parallel x n_ctx_per_seq tokens")
     overrides = {name: dict(fields) for name, fields in (kwargs.pop("param_overrides", None) or {}).items()}
@@ -30,6 +31,8 @@ def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, **kwargs) -> dict:
     context.setdefault("kv_unified", True)
     # one spare sequence id for embeddings (engine/embed.py): in a unified cache it costs no memory
     context.setdefault("n_seq_max", parallel + 1 if context["kv_unified"] else parallel)
+    if speculative:
+        context.setdefault("n_outputs_max", 0)
     if "flash_attn" not in kwargs:
         context.setdefault("flash_attn_type", llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
     if kwargs.get("n_threads") and not kwargs.get("n_threads_batch"):
@@ -51,7 +54,8 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
     config = dataclasses.replace(config, parallel=parallel) if config else EngineConfig(parallel=parallel)
     if config.speculative is not None:  # a draft model loads after the model, in the room its decision kept
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)
-    llm = Llama(str(model_path), **engine_llama_kwargs(parallel, n_ctx_per_seq, **llama_kwargs))
+    llm = Llama(str(model_path), **engine_llama_kwargs(parallel, n_ctx_per_seq, config.speculative is not None,
+                                                            **llama_kwargs))
     try:
         # auto: the draft the decision found, n-gram drafting where the plan makes it pay, or none
         config = dataclasses.replace(config, speculative=resolve(config.speculative, llm))

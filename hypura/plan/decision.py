@@ -66,6 +66,9 @@ class Ask:
     ram: Union[int, str, None] = None
     n_ctx: int = 0  # 0: unset (chosen here)
     n_ubatch: int = knobs.N_UBATCH
+    # the logits rows a step reads at most (plan/microbatch.py outputs_needed; 0: every token): a micro-batch the
+    # decision grows computes no more (llama.cpp's n_outputs_max), and the plan counts its compute buffer so
+    n_outputs: int = 0
     n_gpu_layers: int = -1  # 0: the CPU computes; -1: every layer offered to the GPU; N: llama.cpp's placement
     placement: bool = False  # a placement policy or -ot overrides: llama.cpp's placement, refused beside a plan
     expert_cache: bool = False  # an expert cache: llama.cpp places the rest (with budgets: a plan does)
@@ -101,8 +104,9 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
 
     def plan_within(prof, gpu_mem, ram, n_ctx: int, n_ubatch: int = ask.n_ubatch) -> Plan:
         p, r = ask.planner, recorded()
+        outputs = ask.n_outputs if n_ubatch > ask.n_ubatch else 0  # only a grown micro-batch sets n_outputs_max
         settings = PlanSettings(n_ctx=n_ctx, n_ubatch=n_ubatch, prefetch_depth=p.prefetch_depth,
-                                kv_bytes_per_element=p.kv_bytes_per_element, parallel=parallel)
+                                kv_bytes_per_element=p.kv_bytes_per_element, parallel=parallel, n_outputs=outputs)
         plan = plan_model(header, prof, gpu_mem=gpu_mem, ram=ram, disk=p.disk, settings=settings,
                           overrides=p.overrides, solver=p.solver, expert_probs=r.probs)
         return dataclasses.replace(plan, routing_tokens=r.tokens) if r.probs else plan
@@ -125,18 +129,19 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
                 raise HypuraError("give a plan or gpu_mem/ram budgets (which make a plan), not both")
             plan = ask.plan if isinstance(ask.plan, Plan) else Plan.load(ask.plan)
             plan.check_model(header)
-            return _applied(plan, ask.n_ctx or plan.n_ctx)
+            return _applied(plan, ask.n_ctx or plan.n_ctx, outputs=ask.n_outputs)
         plan_at, drafts = lambda c: plan_within(machine(), ask.gpu_mem, ask.ram, c), {}  # noqa: E731
         if ask.beside is not None:
             b = budgets_for(machine(), 0 if ask.planner.overrides.no_gpu else ask.gpu_mem, ask.ram)
             beside = _beside_planned(ask.beside, plan_within, b.unified, drafts)
             plan_at = lambda c: beside(machine(), b.gpu, b.ram, c)  # noqa: E731
         if ask.n_ctx:
-            return _applied(grown(plan_at(ask.n_ctx)), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx))
+            return _applied(grown(plan_at(ask.n_ctx)), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx),
+                            outputs=ask.n_outputs)
         plan = grown(plan_unset_context(plan_at, header, ask.fit.min_ctx))
         on_gpu = drafts.get(plan.n_ctx)
         line = f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}"
-        return _applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
+        return _applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu, ask.n_outputs)
     llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
     if ask.placement or ask.expert_cache or llama_places or not ask.fit.enabled or free is None:
         return Decision(None, ask.n_ctx)
@@ -154,14 +159,17 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
         lambda prof, b, c: within(prof, b.gpu, b.ram, c), ask.always_plan, reserve, grown)
     draft_on_gpu = first(n_ctx) if fits else drafts.get(n_ctx)
     line += _beside_note(ask.beside, draft_on_gpu, n_ctx)
-    return dataclasses.replace(_applied(plan, n_ctx, line, draft_on_gpu), free=mem, fits=fits)
+    return dataclasses.replace(_applied(plan, n_ctx, line, draft_on_gpu, ask.n_outputs), free=mem, fits=fits)
 
 
-def _applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
+def _applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None,
+             outputs: int = 0) -> Decision:
     # the plan was made for many sequences without llama.cpp's op offload (plan/cost.py): it is turned off
     context = {"op_offload": False} if plan is not None and not plan.traffic.op_offload else {}
     if plan is not None and plan.n_ubatch > knobs.N_UBATCH:  # a larger micro-batch pays (plan/microbatch.py)
         context["n_ubatch"] = plan.n_ubatch
+        if outputs:  # its logits only for the rows the caller reads
+            context["n_outputs_max"] = outputs
     return Decision(plan, n_ctx, context, line, beside_on_gpu=beside_on_gpu)
 
 

@@ -53,10 +53,13 @@ class PlanSettings:
     # sequences decoded together (`--parallel`, llama.cpp's n_seq_max): a decode step carries one token
     # of each, and the plan minimises the time of such steps (cost.py)
     parallel: int = 1
+    # llama.cpp's n_outputs_max: the most logits rows a micro-batch computes, which its compute buffer holds
+    # (0: every token, llama.cpp's default); plan/microbatch.py outputs_needed
+    n_outputs: int = 0
 
     def __post_init__(self):
-        if self.n_ctx < 1 or self.n_ubatch < 1 or self.prefetch_depth < 0 or self.parallel < 1:
-            raise HypuraError("context, micro-batch and parallel sequences must be >= 1 and prefetch depth >= 0")
+        if self.n_ctx < 1 or self.n_ubatch < 1 or self.prefetch_depth < 0 or self.parallel < 1 or self.n_outputs < 0:
+            raise HypuraError("context, micro-batch and parallel sequences must be >= 1, prefetch depth and outputs >= 0")
 
 
 @dataclass(frozen=True)
@@ -132,12 +135,12 @@ class _Problem:
         self.mu, self.b, self.r, self.s = mu, budgets, rates, settings
         d = mu.dims
         self.kv = d.kv_bytes_per_layer(settings.n_ctx, settings.kv_bytes_per_element) * d.n_layer
-        self.buf = d.compute_buffer_bytes(settings.n_ubatch)
+        self.buf = d.compute_buffer_bytes(settings.n_ubatch, n_outputs=settings.n_outputs)
         # the CPU's compute buffer, when no GPU computes: the estimate without the floor (a GPU
         # backend's), at llama.cpp's micro-batch, which is at most the context (llama-context.cpp:
         # n_batch = min(n_ctx, n_batch)). llama.cpp logged 49.1 and 98.3 MiB (SmolLM2-135M, n_ctx 256 and
         # 4096) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where this gives 55.5, 111.0 and 185.2 MiB
-        self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0)
+        self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0, n_outputs=settings.n_outputs)
         self.n_slots = settings.prefetch_depth + 1
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
@@ -471,8 +474,9 @@ def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSett
     return _floor(_Problem(mu, budgets, rates, settings), _OF[solver])
 
 
-def _greedy_candidates(p: _Problem) -> list:
-    return [p.solve(p.fill_like_ngl, g, kv, False, "greedy") for g, kv, _ in p.configs((False,))]
+def _greedy_candidates(p: _Problem, pins: tuple = (False,)) -> list:
+    return [p.solve(p.fill_like_ngl, g, kv, False, "greedy", True, pin) for g, kv, _ in p.configs((False,))
+            for pin in pins]
 
 
 def _optimize_candidates(p: _Problem) -> list:
@@ -486,7 +490,8 @@ def _optimize_candidates(p: _Problem) -> list:
     pins = (False, True) if rates.can_stream_to_gpu and not rates.unified else (False,)
     candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off, pin)
                   for g, kv, st in p.configs(streams) for off in offloads for pin in (pins if not st else (True,))]
-    return candidates + _greedy_candidates(p)
+    # llama.cpp's fill (whole layers, as -ngl) pinned too: a prompt's copies at the link's rate beside its decode
+    return candidates + _greedy_candidates(p, pins)
 
 
 _OF = {"optimizer": _optimize_candidates, "greedy": _greedy_candidates}

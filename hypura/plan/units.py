@@ -60,12 +60,15 @@ class ModelDims:
         """K and V of one layer for n_ctx cells (standard multi-head/GQA attention)."""
         return int(n_ctx * self.n_head_kv * (self.head_k + self.head_v) * bytes_per_element)
 
-    def compute_buffer_bytes(self, n_ubatch: int, floor: int = knobs.COMPUTE_FLOOR) -> int:
-        """llama.cpp's compute buffer on the computing device: micro-batch logits and activations
-        in f32 (flash attention keeps the KQ matrix out)."""
+    def compute_buffer_bytes(self, n_ubatch: int, floor: int = knobs.COMPUTE_FLOOR, n_outputs: int = 0) -> int:
+        """llama.cpp's compute buffer on the computing device: micro-batch activations and the logits of its
+        output rows in f32 (flash attention keeps the KQ matrix out). n_outputs: llama.cpp's n_outputs_max,
+        the most rows a micro-batch computes logits for (0: every token; llama-context.cpp reserves the graph
+        at min(n_ubatch, n_outputs_max) outputs)."""
         ff = max(self.n_ff, self.n_expert_used * self.n_ff_exp)
-        per_token = self.n_vocab + knobs.COMPUTE_ACTIVATIONS * self.n_embd + 2 * ff
-        return max(floor, n_ubatch * per_token * 4)
+        rows = min(n_ubatch, n_outputs) if n_outputs > 0 else n_ubatch
+        per_token = knobs.COMPUTE_ACTIVATIONS * self.n_embd + 2 * ff
+        return max(floor, (n_ubatch * per_token + rows * self.n_vocab) * 4)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ class Runtime:
         layer (default: the plan's); on_route: a callback of every MoE layer's chosen experts."""
         self.header, self.plan, self.on_route = header, plan, on_route
         self.params = LlamaParams(param_overrides)
+        # llama.cpp's n_outputs_max where the decision set it (plan/microbatch.py); 0: every token of a batch
+        self.outputs_max = int(self.params.given.get("context_params", {}).get("n_outputs_max") or 0)
         self._users, self._stack = contextlib.ExitStack(), contextlib.ExitStack()
         self._stack.callback(self._free_expert_caches)
         # a plan's load reads through the page cache or around it (load_reads.py); without a plan, llama.cpp's way
@@ -257,6 +259,10 @@ class Runtime:
         stats as decode or prefill (RunStats.timed); then each mechanism's after_decode: a streaming failure
         raises (the decode's results are void), what C answered alone is replayed. Returns llama_decode's
         status (0 ok, 1 no KV slot for the batch, < 0 error)."""
+        if self.outputs_max and batch.n_tokens > self.outputs_max and batch.outputs() > self.outputs_max:
+            # llama.cpp aborts the process on such a batch (llama-context.cpp output_reserve)
+            raise HypuraError(f"a batch asks {batch.outputs()} outputs, more than this context's n_outputs_max "
+                              f"({self.outputs_max}): give n_outputs_max (0: every token) in the context params")
         if self.streamer is not None:
             self.streamer.set_step(batch.n_tokens)  # this step's path for RAM weights (per-step paths)
         with self.stats.timed(batch.n_tokens, decode):

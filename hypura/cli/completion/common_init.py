@@ -46,6 +46,8 @@ def load_model(s: Settings, model_path: str, say=None) -> Llama:
         "offload_kqv": s.kv_offload, "op_offload": s.op_offload, "no_perf": not s.perf,
         "swa_full": s.swa_full, "kv_unified": False, "embeddings": False,
     }
+    if s.speculative is not None:  # verification reads a row for each drafted token: every token may be an output
+        context_overrides["n_outputs_max"] = 0
     if s.speculative is not None and s.speculative.tree:  # a draft tree's branches are sequences of one KV cache
         from hypura.speculative.tree import context_params
 
