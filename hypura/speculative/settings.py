@@ -32,6 +32,12 @@ class SpecSettings:
         """The draft GGUF loaded beside the target (draft-simple's), whose memory the target's plan keeps."""
         return self.draft_model if self.type in ("draft-simple", "auto") else None
 
+    @property
+    def pass_rows(self) -> int:
+        """The most tokens a verification pass carries, each an output: the longest draft (a tree's every node,
+        as make_verifier's DraftLength) and the token it follows."""
+        return self.n_max * max(1, self.tree) + 1
+
     def __post_init__(self):
         from hypura.speculative.auto import is_auto
 

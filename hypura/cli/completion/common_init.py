@@ -46,12 +46,12 @@ def load_model(s: Settings, model_path: str, say=None) -> Llama:
         "offload_kqv": s.kv_offload, "op_offload": s.op_offload, "no_perf": not s.perf,
         "swa_full": s.swa_full, "kv_unified": False, "embeddings": False,
     }
-    if s.speculative is not None:  # verification reads a row for each drafted token: every token may be an output
-        context_overrides["n_outputs_max"] = 0
     if s.speculative is not None and s.speculative.tree:  # a draft tree's branches are sequences of one KV cache
         from hypura.speculative.tree import context_params
 
         context_overrides.update(context_params(s.speculative.tree))
+    if s.speculative is not None:  # a verification pass reads a row for each token it carries
+        context_overrides["n_outputs_max"] = max(s.speculative.pass_rows, context_overrides["n_seq_max"])
     with _quiet_python_stderr():  # llama_cpp.Llama prints its metadata dump; llama.cpp logs still flow
         return Llama(
             model_path,

@@ -1,0 +1,96 @@
+"""llama.cpp's n_outputs_max, which a micro-batch the decision grows sets to the logits rows its caller reads
+(plan/microbatch.py outputs_needed): what each front end declares, the batch that asks more refused before
+llama.cpp (which aborts on one), and greedy output unchanged by the larger micro-batch."""
+
+from __future__ import annotations
+
+import pytest
+
+import hypura.llama as hypura_llama
+from hypura import Llama
+from hypura.engine import engine_llama_kwargs
+from hypura.errors import HypuraError
+
+from greedy import COUNTING, assert_same_tokens, greedy
+
+
+class _Asked(Exception):
+    pass
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """The Ask each hypura.Llama hands the decision (the load stops there)."""
+    seen = []
+
+    def decide(header, ask, *args, **kwargs):
+        seen.append(ask)
+        raise _Asked
+
+    monkeypatch.setattr(hypura_llama, "decide", decide)
+    return seen
+
+
+def _outputs(asked, path, **kwargs) -> int:
+    with pytest.raises(_Asked):
+        Llama(str(path), **{"gpu_mem": "1GiB", "ram": "2GiB", "verbose": False, **kwargs})
+    return asked[-1].n_outputs
+
+
+def test_each_front_end_declares_the_rows_it_reads(asked, smollm2_path):
+    assert _outputs(asked, smollm2_path) == 1  # hypura.Llama, hypura-cli: the last token's logits
+    assert _outputs(asked, smollm2_path, logits_all=True) == 0  # every row
+    assert _outputs(asked, smollm2_path, **engine_llama_kwargs(4, 64)) == 5  # the engine: n_seq_max
+    spec = engine_llama_kwargs(4, 64, speculative=True)
+    assert spec["param_overrides"]["context_params"]["n_outputs_max"] == 0
+    assert _outputs(asked, smollm2_path, **spec) == 0  # a verified draft: every row
+
+
+def test_the_cli_reads_a_verification_pass_of_rows(monkeypatch):
+    """hypura-cli's passes carry up to the longest draft (--spec-draft-n-max, 16) and one more token."""
+    from hypura.cli.completion import arg, common_init
+
+    seen = {}
+
+    def fake_llama(path, param_overrides, **kwargs):
+        seen.update(param_overrides["context_params"])
+        raise _Asked
+
+    monkeypatch.setattr(common_init, "Llama", fake_llama)
+    cases = ((["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"], 5), (["--spec-type", "ngram-simple"], 17))
+    for argv, want in cases:
+        seen.clear()
+        with pytest.raises(_Asked):
+            common_init.load_model(arg.parse(["-m", "x.gguf", "-p", "hi"] + argv), "x.gguf")
+        assert seen.get("n_outputs_max") == want
+
+
+def test_a_batch_asking_more_outputs_is_refused_before_llama_cpp(smollm2_path):
+    """llama.cpp aborts the process on such a batch (output_reserve); Hypura raises."""
+    llm = Llama(str(smollm2_path), n_ctx=256, logits_all=True, verbose=False,
+                param_overrides={"context_params": {"n_outputs_max": 2}})
+    try:
+        with pytest.raises(HypuraError, match="n_outputs_max"):
+            llm.eval(llm.tokenize(b"Once upon a time, there"))
+        llm.reset()
+        llm.eval(llm.tokenize(b"Once"))  # within it: decodes
+    finally:
+        llm.close()
+
+
+@pytest.mark.slow
+def test_greedy_output_unchanged_by_a_larger_micro_batch_with_one_output(smollm2_path):
+    """A prompt longer than llama.cpp's 512-token micro-batch, in one of 1024 that computes logits for its last
+    row alone, continues as in micro-batches of 512 (up to the first near-tie)."""
+    prompt_text = (COUNTING + " " + " ".join(str(i) for i in range(11, 330)) + ",").encode()
+    made = {}
+    for ub, ctx in ((512, {}), (1024, {"n_outputs_max": 1})):
+        llm = Llama(str(smollm2_path), n_ctx=2048, n_batch=1024, n_ubatch=ub, verbose=False,
+                    param_overrides={"context_params": ctx})
+        try:
+            prompt = llm.tokenize(prompt_text)
+            assert len(prompt) > 512
+            made[ub] = greedy(llm, prompt, 16)
+        finally:
+            llm.close()
+    assert_same_tokens(made[1024].tokens, made[512], at_least=8)
