@@ -223,9 +223,11 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
         timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 $lm \
             2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-$cfg.txt"
         sed "s/^/q3 vanilla batched $cfg: /" "$RES/vanilla-batched-q3-$cfg.txt" | tee -a "$RES/summary.txt"
-        timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 14 $lm -p 512,2048 -n 0 -r 1 -o json \
+        # -lm none at 8192 too (about 20 s at its 448 tok/s); mmap's 111 tok/s would not fit the phase
+        pl=512,2048; [ $cfg = mmap ] || pl=512,2048,8192
+        timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 14 $lm -p $pl -n 0 -r 1 -o json \
             > "$RES/vanilla-l70-pp-$cfg.json" 2> /dev/null
-        note "l70 vanilla -ngl 14 $lm pp512 pp2048: $(tps "$RES/vanilla-l70-pp-$cfg.json")"
+        note "l70 vanilla -ngl 14 $lm pp ${pl//,/ pp}: $(tps "$RES/vanilla-l70-pp-$cfg.json")"
     done
     hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB --json "$RES/plan-q3-g4.json" 2>&1 | grep -E "context|mode|chosen|predict" \
         | sed "s/^/q3 plan: /" | tee -a "$RES/summary.txt"

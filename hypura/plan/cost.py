@@ -26,10 +26,13 @@ beside CPU weights that hooks fill mid-graph (disk-tier ones).
 
 For one sequence and the hybrid (the CPU computes some non-resident layers while the link streams
 others into GPU slots) this gives the hybrid's bound (docs/design.md): non-resident bytes / (CPU rate + link rate).
-Prefill, per micro-batch: llama.cpp offloads every matmul of a batch >= 32 to the GPU, copying host
-weights over the link (streamed ones from pinned memory, CPU-resident ones from pageable memory), so
+Prefill, per micro-batch of n_ubatch tokens: llama.cpp offloads every matmul of a batch >= 32 to the GPU,
+copying host weights over the link (streamed ones and pinned CPU ones at the link's rate, CPU-resident ones as
+llama.cpp holds them from pageable memory), so
 time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate), an expert's bytes counted when any of the
-micro-batch's tokens selects it. Beside CPU-computed weights from
+micro-batch's tokens selects it (1 - (1 - p)^n_ubatch of them: at 512 tokens and more, nearly all of a layer's
+experts), so a prompt's link time per token falls with the micro-batch until FLOPs bind; plan/microbatch.py
+grows it where that pays. Beside CPU-computed weights from
 disk the runtime turns that offload off: the CPU's units then add their FLOPs at the CPU's rate, and
 their bytes leave the link.
 
