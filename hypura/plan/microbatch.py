@@ -3,8 +3,8 @@
 A micro-batch computed on the GPU from weights that are not resident there copies them over the link once
 (streamed layers into slots, op offload's share of pinned or pageable CPU weights), whatever its size: a
 micro-batch of 2048 tokens moves the bytes of one of 512 and serves four times the tokens. It costs GPU memory:
-llama.cpp's compute buffer grows with it (logits and activations of every token), and a plan within a GPU
-budget gives weights up for it, which can slow decode. So the decision (plan/decision.py), once the context is
+llama.cpp's compute buffer grows with it (every token's activations, the logits of the rows it outputs), and a
+plan within a GPU budget gives weights up for it, which can slow decode. So the decision (plan/decision.py), once the context is
 chosen, makes the plan again at larger sizes and keeps the one whose chat turn with a long prompt
 (knobs.MICROBATCH_PROMPT_TOKENS, then the objective's decode) is fastest, the smallest of equals, among those
 that keep decode within knobs.MICROBATCH_DECODE_TOLERANCE, each larger one kept only where the long prompt
