@@ -237,16 +237,24 @@ def test_disk_experts_are_timed_at_the_random_read_rate(model):
 
 def test_hybrid_beats_partial_offload(model):
     """Both paths at once: CPU on RAM layers while the link streams others (DESIGN.md: ~3.5 tok/s bound)."""
+    from hypura.plan.solve import _Problem, _optimize_candidates
+
     h = model("llama3.3-70b")
-    hybrid = plan_model(h, H200, gpu_mem="8GiB")
+    mu = model_units(h)
+    candidates = _optimize_candidates(_Problem(mu, budgets_for(H200, "8GiB"), rates_for(H200), PlanSettings()))
+    hybrid = min((s for s in candidates if getattr(s, "streams", False)), key=lambda s: s.turn_s)
     vanilla = plan_model(h, H200, gpu_mem="8GiB", solver="greedy")
-    assert hybrid.pool_slots == 3 and hybrid.pool_slot_bytes > 0
-    assert {"cpu", "gpu"} <= {t.compute for t in hybrid.tensors if t.tier == "ram"}
+    assert hybrid.slot_bytes > 0
+    assert {"cpu", "gpu"} <= {c for c, t in zip(hybrid.compute, hybrid.tiers) if t == "ram"}
     # DESIGN.md hoped for 1.5x; with the hand-off cost measured under streaming (knobs.STREAM_SPLIT_S) and the
     # RAM the CPU and the link share (knobs.RAM_SHARED_HEADROOM) the model predicts less: the H100 measured
     # 1.10x (2.42 against -ngl 14's 2.19, bench/RESULTS.md)
     assert hybrid.prediction.decode_tok_s > 1.05 * vanilla.prediction.decode_tok_s
     assert hybrid.prediction.decode_tok_s < 3.5 * 1.1
+    # llama.cpp's fill with its CPU weights pinned (its -lm none) comes within the cost model's error for one
+    # sequence (vanilla's best 3.02 against streaming's 2.97 on the H100 of issue 40): that one is kept
+    kept = plan_model(h, H200, gpu_mem="8GiB")
+    assert not kept.pool_slots and kept.traffic.host_pinned and "within the cost model's error" in kept.why
 
 
 @pytest.mark.parametrize("shape", ["llama3.3-70b", "qwen3-30b-a3b"])
@@ -316,7 +324,8 @@ def test_plan_reserves_the_slots_the_runtime_lays_out(model, ram):
 
     from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
 
-    plan = plan_model(model("llama3.3-70b"), H200, gpu_mem="8GiB", ram=ram)
+    # four sequences: streaming clearly ahead of llama.cpp's kind of placement (one is within the error)
+    plan = plan_model(model("llama3.3-70b"), H200, gpu_mem="8GiB", ram=ram, settings=PlanSettings(parallel=4))
     layout = StreamLayout.of(plan, gpu=True)
     for pool, tier, part in ((GPU_POOL, "gpu", "pool"), (HOST_POOL, "ram", "staging")):
         per_layer = defaultdict(int)
