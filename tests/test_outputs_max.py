@@ -94,3 +94,15 @@ def test_greedy_output_unchanged_by_a_larger_micro_batch_with_one_output(smollm2
             llm.close()
     assert made[64].tokens and len(made[64].tokens) == len(made[8].tokens)
     assert_same_tokens(made[64].tokens, made[8], at_least=16)
+
+
+def test_an_engine_verifying_drafts_needs_their_outputs(smollm2_path):
+    from hypura.engine import Engine, EngineConfig
+    from hypura.speculative.settings import SpecSettings
+
+    llm = Llama(str(smollm2_path), **engine_llama_kwargs(2, 64, param_overrides={"context_params": {"n_outputs_max": 3}}))
+    try:
+        with pytest.raises(HypuraError, match="speculative=True"):
+            Engine(llm, EngineConfig(parallel=2, speculative=SpecSettings(type="ngram-simple")))
+    finally:
+        llm.close()

@@ -62,6 +62,11 @@ class Engine:
         if n_seq < config.parallel:
             raise HypuraError(f"the Llama holds {n_seq} sequences, fewer than parallel {config.parallel}: make it "
                               "with param_overrides={'context_params': {'n_seq_max': N}} (hypura.engine.load does)")
+        outputs, spec = llm.context_params.n_outputs_max, config.speculative
+        if spec is not None and 0 < outputs < config.parallel * spec.pass_rows:  # llama.cpp would abort mid-step
+            raise HypuraError(f"the Llama computes at most {outputs} outputs a step, fewer than verifying "
+                              f"{config.parallel} sequences' drafts: make it with engine_llama_kwargs(..., "
+                              "speculative=True) (hypura.engine.load does)")
         unified = bool(llm.context_params.kv_unified)
         # a unified cache is shared by all sequences; each stream of a split one holds its sequence only
         per_seq = (llama_cpp.llama_n_ctx(self._ctx) // config.parallel if unified
