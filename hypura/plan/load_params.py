@@ -17,7 +17,6 @@ load time (runtime/load_reads.py).
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -124,8 +123,7 @@ def load_params(plan: Optional[Plan], n_ctx: int, ask: Ask, host: Host) -> LoadP
         out["n_seq_max"] = None if "n_seq_max" in context else ask.parallel + (ask.spare_seqs if unified else 0)
     n_threads, n_threads_batch = _threads(plan, ask, host, paged, several)
     return LoadParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, plan_batch=n_ubatch != ask.n_ubatch,
-                      n_threads=n_threads,
-                      n_threads_batch=n_threads_batch, needed=needed, **out)
+                      n_threads=n_threads, n_threads_batch=n_threads_batch, needed=needed, **out)
 
 
 def _plan_needs(plan: Plan, paged: bool, cache: bool, host: Host, need) -> None:
