@@ -108,7 +108,8 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
         # no plan or budgets: the default path, as hypura-cli's (a plan if the model does not fit the free memory)
         llm = Llama(a.model, n_ctx=a.ctx_size or (single.n_ctx if a.plan_file else 0),
                     n_batch=max(max(a.n_prompt), 32), n_ubatch=512, verbose=False,
-                    fit=Fit(min_ctx=max(a.fit_ctx, single.n_ctx), say=say), **common)
+                    fit=Fit(min_ctx=max(a.fit_ctx, single.n_ctx), say=say),
+                    parallel=a.spec.tree if a.spec is not None and a.spec.tree else 1, **common)
         if llm.fit_decision is None or llm.fit_decision.plan is None:
             say(f"context  {llm.n_ctx()}")
     say(f"threads  {llm.n_threads}" + (" (a quarter of the cores left to the disk reads)"

@@ -128,7 +128,7 @@ class Traffic:
     decode_gpu_flops: float = 0.0  # a step's FLOPs (all its tokens) computed by the GPU
     decode_cpu_flops: float = 0.0
     offload_bytes: float = 0.0  # host weights op offload copies to the GPU every step (parallel >= 32)
-    op_offload: bool = True  # llama.cpp's op offload as the plan wants it (the engine's loader applies False)
+    op_offload: bool = True  # llama.cpp's op offload as the plan wants it (plan/load_params.py applies False)
     # CPU-computed RAM weights held in pinned host memory, plain layout (a plan that streams to the GPU, or the
     # pinned candidate, plan/solve.py): the CPU reads them at Rates.cpu_read_plain, op offload copies them at the
     # link's rate

@@ -277,6 +277,20 @@ class Registry:
             with self._lock:
                 self._loading.pop(offer.name, None)
 
+    def loaded(self) -> tuple[list[ModelEntry], list[ModelEntry]]:
+        """(the entries loaded now, those of them that may be unloaded now, least recently used first)."""
+        with self._lock:
+            return list(self.entries.values()), self.idle()
+
+    def take_idle(self, entries: list[ModelEntry]) -> list[ModelEntry]:
+        """Take those of `entries` still idle out of the registry (a request may have leased one meanwhile: it
+        stays), to close them; returns those taken. The caller holds `_mem` (a load making room)."""
+        with self._lock:
+            gone = [e for e in entries if self.entries.get(e.name) is e and e in self.idle()]
+            for e in gone:
+                del self.entries[e.name]
+        return gone
+
     def idle(self) -> list[ModelEntry]:
         """Entries that may be unloaded now, least recently used first (call under `_lock`)."""
         idle = [e for e in self.entries.values() if not e.pinned and e.leases == 0 and not self._waiting[e.name]]
