@@ -127,7 +127,7 @@ def test_json_strings_admit_no_control_characters(llm):
     import ctypes
 
     from hypura.engine.sampler import grammar_sampler
-    from hypura.serve.grammars import ANY_OBJECT, schema_rules
+    from hypura.serve.generate.grammars import ANY_OBJECT, schema_rules
 
     assert r'[^"\\\x7F\x00-\x1F]' in schema_rules(ANY_OBJECT, "format")
     (quote,), (newline,), (letter,) = (llm.tokenize(t, add_bos=False) for t in (b'"', b"\n", b"a"))
