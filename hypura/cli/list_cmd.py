@@ -7,7 +7,7 @@ import click
 
 from hypura.errors import HypuraError
 from hypura.sizes import fmt_size
-from hypura.store.catalog import Catalog, MODELS_DIR_ENV
+from hypura.store.catalog import MODELS_DIR_ENV, Catalog
 
 
 def plan_now(header, profile, catalog=None):

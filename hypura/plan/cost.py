@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hypura.plan import knobs
-from hypura.plan.units import ModelUnits
+from hypura.units import ModelUnits
 from hypura.tiers.names import CPU, DISK, GPU, RAM  # noqa: F401  (re-exported: the plan speaks them)
 
 PATHS = ("gpu", "cpu", "link", "disk")

@@ -18,7 +18,7 @@ from hypura.serve.http.errors import bad_request
 from hypura.serve.models.registry import ModelEntry
 from hypura.serve.tools import Tool, as_object, selected
 from hypura.serve.tools.formats import GENERIC, ToolFormat, describe, detect
-from hypura.serve.tools.stream import ReplyStream, THINK_CLOSE, THINK_OPEN
+from hypura.serve.tools.stream import THINK_CLOSE, THINK_OPEN, ReplyStream
 
 
 def thinks(entry: ModelEntry) -> bool:
