@@ -208,8 +208,8 @@ def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3
 def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
     """Which experts a decode reads from disk depends on routing: the bound takes the measured disk bytes
     per token, not the plan's prediction (#5: "the plan's bound at the measured hit rate")."""
-    from hypura.bench.bound import bound
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.bound import bound
+    from hypura.speed.single import BenchSettings, run_bench
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
@@ -270,9 +270,9 @@ def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tin
 def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_qwen3moe):
     """The disk's rate drifts within a lease: the bench probes it with the plan's own expert reads before and
     after the runs, and gives the bound again at the mean rate; the probe leaves the logits and RSS alone."""
-    from hypura.bench.bound import bound
-    from hypura.bench.single import BenchSettings, run_bench
-    from hypura.bench.report import report
+    from hypura.speed.bound import bound
+    from hypura.speed.single import BenchSettings, run_bench
+    from hypura.speed.report import report
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
@@ -297,7 +297,7 @@ def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_q
 
 
 def test_a_plan_without_disk_experts_is_not_probed(tiny_qwen3moe):
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.single import BenchSettings, run_bench
 
     llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
     try:
@@ -329,7 +329,7 @@ def test_each_probe_reads_other_experts(tiny_qwen3moe, monkeypatch):
 def test_a_prompt_of_several_micro_batches_pages_its_experts(tiny_qwen3moe):
     """A batch larger than the micro-batch (llama.cpp splits it) runs with experts paged from disk: between its
     micro-batches the router hook may see a graph of no tokens, which routes nothing."""
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.single import BenchSettings, run_bench
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=1024, n_batch=1024, n_ubatch=256, n_threads=1,

@@ -146,7 +146,7 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
         plan.save(json_out)
         click.echo(f"plan written to {json_out}")
     if plot:
-        from hypura.plan.plot import plot_plan
+        from hypura.cli.plan_plot import plot_plan
 
         plot_plan(plan, plot)
         click.echo(f"plot written to {plot}")

@@ -27,8 +27,8 @@ from hypura.plan import knobs
 from hypura.plan.budget import fmt_size, parse_size
 from hypura.plan.cost import DISK, GPU, RAM
 from hypura.plan.plan import Plan
-from hypura.plan.units import model_units
 from hypura.profile.free import FreeMemory
+from hypura.units import model_units
 
 # llama.cpp's --fit-ctx default (common.h fit_params_min_ctx): an unset context is never cut below it
 MIN_CTX = 4096

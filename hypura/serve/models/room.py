@@ -19,7 +19,7 @@ from hypura.plan.auto import Fit, fits_free, resident_need, summary
 from hypura.plan.cost import GPU, RAM
 from hypura.plan.decision import unified_memory
 from hypura.profile.free import FreeMemory, free_memory
-from hypura.serve.errors import ApiError
+from hypura.serve.http.errors import ApiError
 from hypura.sizes import fmt_size
 
 

@@ -38,9 +38,9 @@ from typing import Callable, Optional
 
 from hypura.chat_template import ChatTemplate, TemplateError
 from hypura.errors import HypuraError
-from hypura.serve.errors import ApiError
-from hypura.serve.model_info import ModelInfo, model_info
-from hypura.serve.prompt_tokens import Vocab, read_vocab
+from hypura.serve.http.errors import ApiError
+from hypura.serve.models.model_info import ModelInfo, model_info
+from hypura.serve.models.prompt_tokens import Vocab, read_vocab
 from hypura.serve.settings import ServeSettings
 from hypura.store import names
 
@@ -241,7 +241,7 @@ class Registry:
         return entry
 
     def _load(self, offer: Offer) -> ModelEntry:
-        from hypura.serve.room import make_room
+        from hypura.serve.models.room import make_room
 
         try:
             with self._mem:

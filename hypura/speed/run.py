@@ -10,14 +10,14 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from hypura.bench.batched import BatchBenchSettings, run_batch_bench
-from hypura.bench.single import BenchSettings, run_bench
-from hypura.bench.speculative import SpecBenchSettings, run_spec_bench
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan.auto import Fit
 from hypura.plan.budget import parse_size, rates_for
 from hypura.profile.host import cores
+from hypura.speed.batched import BatchBenchSettings, run_batch_bench
+from hypura.speed.single import BenchSettings, run_bench
+from hypura.speed.speculative import SpecBenchSettings, run_spec_bench
 
 if TYPE_CHECKING:
     from hypura.speculative.settings import SpecSettings
