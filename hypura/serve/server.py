@@ -26,6 +26,7 @@ import uvicorn
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
+from hypura.plan.auto import summary
 from hypura.serve import lifecycle
 from hypura.serve.app import ServerState, create_app
 from hypura.serve.model_info import model_info
@@ -47,8 +48,11 @@ def start_engine(path: Path, settings: ServeSettings):
 
     config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache,
                           speculative=settings.speculative)
-    return load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
-                gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
+    llm, engine = load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
+                       gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
+    if llm.plan is not None and llm.fit_decision is None:  # a plan from the budgets said nothing yet: what it chose
+        log.info("%s: plan: %s", path.name, summary(llm.plan))
+    return llm, engine
 
 
 def bind(host: str, port: int) -> socket.socket:
