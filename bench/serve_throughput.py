@@ -1,7 +1,8 @@
 """What HTTP costs: aggregate decode through `hypura serve` beside the engine driven directly.
 
     python3 bench/serve_throughput.py [MODEL] [--clients 16] [--parallel N (default: --clients)] [--tokens 128]
-        [--threads N] [--gpu-mem 8GiB --ram 64GiB] [--spec none|auto [--models-dir DIR]] [--served-only] [--json FILE]
+        [--ctx N (default: hypura serve's)] [--threads N] [--gpu-mem 8GiB --ram 64GiB]
+        [--spec none|auto [--models-dir DIR]] [--served-only] [--json FILE]
 
 Both runs load the model the same way (hypura.engine.load: `parallel` sequences, the budgets' plan made
 for steps of `parallel` tokens) and generate `--tokens` tokens for each of `--clients` requests with
@@ -142,7 +143,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--parallel", type=int, default=None, help="sequences decoded together (default: --clients)")
     p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--ctx", type=int, default=512, help="context per sequence")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context per sequence (default: hypura serve's, 4096 held to the training context)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--gpu-mem", default=None)
     p.add_argument("--ram", default=None)
@@ -153,6 +155,11 @@ def main() -> None:
     args = p.parse_args()
     args.model = args.model or str(default_model_path())
     args.parallel = args.parallel or args.clients
+    if args.ctx is None:  # as `hypura serve -np N` sizes it without -c
+        from hypura.modelfile import read_header
+        from hypura.serve.settings import ServeSettings
+
+        args.ctx = ServeSettings(parallel=args.parallel).ctx_per_seq(read_header(args.model))
     runs = {}
     if not args.served_only:
         runs["engine"] = engine_run(args)

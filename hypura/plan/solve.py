@@ -20,8 +20,9 @@ non-resident bytes / (CPU rate + link rate) when nothing else binds). Memory for
 fill and split; it is reserved by iterating to a fixed point (reservations only grow, so this ends).
 
 Per-step paths. Where a RAM unit is computed follows the step: with the tiers fixed, the split above runs again
-over the RAM units alone for steps of 1, 2, 4, ... n_ubatch tokens (`step_paths`); the plan keeps that table, the
-slots hold any layer a step streams, and a plan made for several sequences is scored for one too.
+over the RAM units alone for steps of 1, 2, 4, ... n_ubatch tokens, the plan's own step and the largest before op
+offload (`step_sizes`, `step_paths`); the plan keeps that table, the slots hold any layer a step streams, and a plan
+made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
 Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
 down while they fit, the rest in RAM in graph order, then disk; the CPU computes everything not on
@@ -398,7 +399,7 @@ class _Problem:
 
     def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str],
                    pinned: bool = False) -> tuple:
-        """((tokens, RAM units streamed at that step size), ...) for steps of 1, 2, 4, ... n_ubatch tokens:
+        """((tokens, RAM units streamed at that step size), ...) for each of step_sizes:
         the CPU computes few tokens from RAM faster than the link streams the bytes, a batch the other way."""
         if not any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers)):
             return ()
