@@ -78,7 +78,10 @@ def _plan_summary(plan) -> dict:
     if plan is None:
         return {"plan": None}
     return {"plan": {"mode": plan.mode, "config": plan.config, "parallel": plan.prediction.parallel,
-                     "predicted_decode_tok_s": plan.prediction.decode_tok_s}}
+                     "predicted_decode_tok_s": plan.prediction.decode_tok_s, "kv_tier": plan.kv_tier,
+                     "kv_bytes": plan.kv_bytes, "n_ctx": plan.n_ctx,
+                     # one client's step on its own path (plan/solve.py), the figure a lone client compares with
+                     "predicted_one_tok_s": plan.one_decode_tok_s}}
 
 
 async def _clients(url: str, args) -> dict:
