@@ -3,7 +3,8 @@ sequences (16 and the embeddings' spare, engine/loader.py), and its plan predict
 hypura-cli's plan for one sequence and 16 clients within 10 % of `hypura bench --parallel 16`'s plan. Two things
 made it fall short: a step of 17 tokens took the path of the table's next size, 32, where op offload computes
 what is not streamed, so streaming looked 5x slower at the plan's own step and llama.cpp's kind of placement
-won; and one client was charged a read of the whole cache every token, the 16 others' cells too.
+won; and one client was charged a read of the whole cache every token, the 16 others' cells too. A plan for
+more sequences than op offload's batch weighs the fewer it runs as clients come and go (plan/candidates.py).
 
 Nothing measured for the l70 shape (header only) on the H100 host's fake profile (test_candidates.py); then
 the real server on SmolLM2, planned from a RAM budget, serving several clients at once."""
@@ -77,6 +78,18 @@ def test_a_step_between_the_tables_sizes_never_takes_op_offloads_path(l70):
         assert n in sizes and knobs.OP_OFFLOAD_MIN_BATCH - 1 in sizes
     seventeen, sixteen = plans[17].prediction.decode_tok_s, plans[16].prediction.decode_tok_s
     assert seventeen >= sixteen * 0.95
+
+
+def test_a_plan_for_32_sequences_weighs_the_fewer_it_runs(l70):
+    """`hypura bench --parallel 1,4,16,32` (or `serve -np 32`) plans for steps of 33 tokens: there llama.cpp's kind
+    with pinned CPU weights (op offload copies them at the link's rate) predicts about the streamed plan's aggregate,
+    but from 31 sequences down it computes every RAM weight on the CPU. The choice weighs those steps too."""
+    plan = engine_plan(l70, BatchBenchSettings(128, 16, (1, 4, 16, 32)).llama_kwargs())
+    sixteen = engine_plan(l70, BatchBenchSettings(128, 16, (16,)).llama_kwargs())
+    assert plan.prediction.parallel == 33 and plan.pool_slots
+    assert "sequences' decode" in plan.why
+    assert tok_s(l70, plan, 16) >= 0.9 * tok_s(l70, sixteen, 16)
+    assert plan.one_decode_tok_s >= 0.95 * sixteen.one_decode_tok_s
 
 
 @pytest.mark.slow
