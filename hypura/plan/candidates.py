@@ -13,7 +13,7 @@ from hypura.plan import knobs
 
 
 def choose(solutions: list):
-    """The kept one of `solutions` (solve.Solution: `streams`, `turn_s`, `prediction`), with its `why`."""
+    """The kept one of `solutions` (solve.Solution: `streams`, `turn_s`, `prediction`, `at`), with its `why`."""
     best = min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
     if not best.streams:
         rival = min((s for s in solutions if s.streams), key=lambda s: s.turn_s, default=None)
@@ -31,7 +31,10 @@ def choose(solutions: list):
     if many > 1:
         gains.append((best.prediction.decode_tok_s / plain.prediction.decode_tok_s - 1, f"{many} sequences' decode",
                       plain.prediction.decode_tok_s))
-    gains += [(b / p - 1, f"{k} sequences' decode", p) for (k, b), (_, p) in zip(best.fewer, plain.fewer)]
+    if many >= knobs.OP_OFFLOAD_MIN_BATCH and best.at is not None and plain.at is not None:  # its own step has
+        for k in (knobs.OP_OFFLOAD_MIN_BATCH // 2, knobs.OP_OFFLOAD_MIN_BATCH - 1):  # op offload, fewer do not
+            b, p = best.at(k).decode_tok_s, plain.at(k).decode_tok_s
+            gains.append((b / p - 1, f"{k} sequences' decode", p))
     gain, what, theirs = max(gains, key=lambda g: g[0])
     if gain < knobs.STREAM_GAIN_MIN:
         return dataclasses.replace(plain, why=f"llama.cpp's kind of placement (nothing streamed): the best streaming "

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypura.errors import HypuraError
 from hypura.plan import knobs
@@ -76,9 +76,9 @@ class Solution:
     one: Prediction | None = None  # one sequence's prediction, when the plan is made for several
     why: str = ""  # why this candidate over the others (_pick), where the choice was close or ran against the fastest
     stage_slots: int = 0  # RAM staging slots for disk layers (fewer than prefetch depth + 1 at the RAM floor); 0: those
-    # a plan for several sequences: ((tokens, predicted aggregate tok/s), ...) at the steps below its own (2, 4, 8,
-    # ...), which it runs as a server's clients come and go (candidates.choose weighs them)
-    fewer: tuple = ()
+    # the prediction at a step of k tokens on its own path (a plan runs fewer sequences as a server's clients come
+    # and go: candidates.choose asks the two it compares)
+    at: Callable[[int], Prediction] | None = field(default=None, compare=False, repr=False)
 
     @property
     def streams(self) -> bool:
@@ -393,14 +393,12 @@ class _Problem:
             batch = at(self.s.n_ubatch)
             prediction = dataclasses.replace(prediction, prefill_tok_s=batch.decode_tok_s,
                                              prefill_limit=batch.decode_limit if batch.decode_limit in ("link", "disk") else "compute")
-        one, fewer = None, ()
+        one = None
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
             one = at(1)
-            fewer = tuple((k, at(k).decode_tok_s) for k in step_sizes(self.s.parallel, self.s.parallel)
-                          if 1 < k < self.s.parallel)
         return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
                         solver, config + (f", {n_stage} staging slot(s)" if staged else ""), steps, one,
-                        stage_slots=n_stage if staged else 0, fewer=fewer)
+                        stage_slots=n_stage if staged else 0, at=at)
 
     def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str],
                    pinned: bool = False) -> tuple:
