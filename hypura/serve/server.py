@@ -26,7 +26,6 @@ import uvicorn
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.plan.auto import summary
 from hypura.serve import lifecycle
 from hypura.serve.app import ServerState, create_app
 from hypura.serve.model_info import model_info
@@ -45,6 +44,7 @@ def start_engine(path: Path, settings: ServeSettings):
     """(llm, engine) for `path`: a hypura.Llama sized for `parallel` sequences of settings.ctx_per_seq tokens,
     planned from the budgets when given, and its batched engine, started."""
     from hypura.engine import EngineConfig, load
+    from hypura.plan.auto import summary
 
     config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache,
                           speculative=settings.speculative)
