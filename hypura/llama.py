@@ -41,7 +41,7 @@ from hypura.errors import HypuraError  # noqa: E402
 from hypura.modelfile import read_header  # noqa: E402
 from hypura.plan.auto import Fit  # noqa: E402
 from hypura.plan.beside import Beside  # noqa: E402
-from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide  # noqa: E402
+from hypura.plan.decision import Ask, Decision, Routing, decide  # noqa: E402
 from hypura.plan.microbatch import outputs_needed  # noqa: E402
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings  # noqa: E402
 from hypura.runtime.devices import DeviceAsk, DeviceChoice, choose as choose_devices  # noqa: E402
@@ -97,6 +97,8 @@ class Llama(llama_cpp.Llama):
         devices: Optional[Iterable[str]] = None,
         rpc_mem: Optional[Iterable[Union[int, str]]] = None,
         split: bool = False,
+        parallel: int = 1,
+        spare_seqs: int = 0,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does (or a model named as Ollama names it, e.g.
@@ -119,8 +121,8 @@ class Llama(llama_cpp.Llama):
             ([n_tokens, n_expert_used] int32) once per layer and batch, before the expert matmuls.
         n_threads: unset, llama.cpp's default (physical cores; llama-cpp-python guesses half the logical
             CPUs), less a quarter when the plan pages experts from disk (their reads need cores).
-        n_threads_batch: unset, as n_threads where Hypura chose that or experts page; else llama-cpp-python's
-            default (all logical CPUs).
+        n_threads_batch: unset, as n_threads where Hypura chose that, experts page or several sequences decode
+            together (`parallel`); else llama-cpp-python's default (all logical CPUs).
         fit: llama.cpp's --fit (hypura.plan.auto): on the default path, a model that fits the free memory
             (less margins) at its context loads as llama.cpp places it; one that does not is planned within
             it, disk for the rest. n_gpu_layers=-1 plans over GPU, RAM and disk; 0 (the default: the CPU)
@@ -155,6 +157,9 @@ class Llama(llama_cpp.Llama):
         devices: llama.cpp's `--device` list (["CUDA1", "RPC0"], ["none"]): the devices llama.cpp offloads to.
         split: the same split over this machine's GPUs without RPC servers (several GPUs; otherwise the first GPU's
             plan, as before).
+        parallel: sequences decoded together (the engine's batch, a draft tree's branches): a plan is made for steps
+            of that many tokens; with spare_seqs (sequence ids that decode nothing in a step, e.g. the engine's
+            embeddings), llama.cpp's n_seq_max, in one unified KV cache (hypura.plan.load_params).
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
@@ -172,6 +177,7 @@ class Llama(llama_cpp.Llama):
         fit = fit if isinstance(fit, Fit) else Fit(enabled=bool(fit))
         for key, value in getattr(kwargs.get("draft_model"), "context_params", {}).items():  # a DraftTree's
             param_overrides.setdefault("context_params", {}).setdefault(key, value)
+        parallel = max(parallel, getattr(kwargs.get("draft_model"), "branches", 1))  # a DraftTree's branches
         if placement_policy is not None and override_tensor is not None:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
         placed = placement_policy is not None or override_tensor is not None
@@ -183,26 +189,24 @@ class Llama(llama_cpp.Llama):
             self.gpu_mem = self.ram = None
         self.decision = decision = self._decide(k, param_overrides, plan, placed or bool(rpc_servers)
                                                 or devices is not None or split, expert_cache is not None, fit, profile,
-                                                draft_beside or draft_path(kwargs.get("draft_model")))
+                                                draft_beside or draft_path(kwargs.get("draft_model")),
+                                                dict(parallel=parallel, spare_seqs=spare_seqs))
         if is_auto(k.get("draft_model")):  # the draft the decision found (or none: no speculation)
             k["draft_model"] = str(self.draft_found) if self.draft_found else None
         self.fit_decision = decision if decision.line else None  # what the default path or the budgets chose
         self.plan = decision.plan
+        k.update(decision.params.keywords())  # the context, its batches and the threads (hypura.plan.load_params)
         context = param_overrides.setdefault("context_params", {})
-        k["n_ctx"] = decision.n_ctx
         if "n_ctx" in context:
             context["n_ctx"] = decision.n_ctx
-        context.update(context_fields(decision, {"n_ubatch": k["n_ubatch"], "n_batch": k["n_batch"], **context}))
-        k["n_batch"] = context.get("n_batch", k["n_batch"])
         if isinstance(expert_cache, int):
             expert_cache = ExpertCacheSettings(slots=expert_cache)
         self._runtime = runtime = Runtime(self.header, model_path, self.plan,
-                                          placement_policy or overrides_policy(override_tensor),
+                                          placement_policy or overrides_policy(override_tensor), decision.params,
                                           param_overrides, expert_cache, on_route)
         say = fit.say or (_stderr if k["verbose"] else None)
         if runtime.reads is not None and say is not None:
             say(runtime.reads.line)
-        k["n_threads"], k["n_threads_batch"] = runtime.threads(k["n_threads"], k["n_threads_batch"])
         runtime.own(self._stack.close)  # first at close: before the layer stream and expert caches
         with runtime.loading() as hooks:
             self._load(model_path, k, runtime.params.merged())
@@ -229,7 +233,7 @@ class Llama(llama_cpp.Llama):
                                                                           measure=fit.measure_profile))
 
     def _decide(self, k: dict, overrides: dict, plan, placed: bool, expert_cache: bool, fit: Fit,
-                profile, draft) -> Decision:
+                profile, draft, asked: dict) -> Decision:
         """The one decision (hypura.plan.decision) from these keywords; its line said where verbose."""
         from hypura.profile.free import free_memory
         from hypura.profile.measure import planning_profile
@@ -239,16 +243,18 @@ class Llama(llama_cpp.Llama):
         say = fit.say or (_stderr if k["verbose"] else None)
         n_ubatch = context.get("n_ubatch", k["n_ubatch"])
         # every row where llama-cpp-python's logits_all, embeddings or a draft verified in the pass read them
-        outputs = outputs_needed(context, bool(k["logits_all"] or k["embedding"] or k["draft_model"] is not None))
+        outputs = outputs_needed(context, bool(k["logits_all"] or k["embedding"] or k["draft_model"] is not None),
+                                 asked["parallel"] + asked["spare_seqs"])
         ask = Ask(plan=plan, gpu_mem=self.gpu_mem, ram=self.ram, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
                   n_ubatch=n_ubatch, n_outputs=outputs, n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
-                  placement=placed, expert_cache=expert_cache, fit=fit)
+                  placement=placed, expert_cache=expert_cache, fit=fit,
+                  n_batch=context.get("n_batch", k["n_batch"]), n_threads=k["n_threads"],
+                  n_threads_batch=k["n_threads_batch"], param_overrides=overrides, **asked)
         machine = profile or functools.cache(lambda: planning_profile(self.header.path, say, measure=fit.measure_profile))
 
         def decide_beside(beside: Optional[Beside]) -> Decision:
             return decide(self.header, dataclasses.replace(ask, beside=beside), lambda: fit.free or free_memory(),
-                          machine, steps=(max(1, context.get("n_seq_max", 1)),),
-                          routing=lambda: Routing(*routing_frequencies(self.header)))
+                          machine, routing=lambda: Routing(*routing_frequencies(self.header)))
 
         self.draft_found = None
         if is_auto(draft):  # a draft from the stores, planned beside; kept where the cost model predicts a gain

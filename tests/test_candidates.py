@@ -14,7 +14,8 @@ import pytest
 from hypura.modelfile import read_header
 from hypura.plan import PlanSettings, knobs, plan_model
 from hypura.plan.auto import Fit
-from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide
+from hypura.plan.decision import Ask, Decision, Routing, decide
+from hypura.plan.load_params import Host, load_params
 from hypura.plan.microbatch import turn_with_long_prompt
 from hypura.profile import resolve_profile
 from hypura.profile.free import FreeMemory
@@ -71,7 +72,7 @@ def test_llamas_placement_is_kept_where_streaming_does_not_clearly_win(shapes):
     assert not one.fits  # it does not run as llama.cpp would place it whole
     assert not one.plan.pool_slots and one.plan.why.startswith("llama.cpp's kind of placement")
     assert "llama.cpp's kind" in one.line
-    many = decide(h, Ask(fit=Fit()), held_gpu(8.5), fast, steps=(16,), routing=Routing())
+    many = decide(h, Ask(fit=Fit(), parallel=16), held_gpu(8.5), fast, routing=Routing())
     assert many.plan.pool_slots and many.plan.why.startswith("streaming predicts")
     assert many.plan.prediction.decode_tok_s > 2 * one.plan.prediction.decode_tok_s
     # where the unrepacked layout reads as fast, CPU weights are pinned, streamed or in llama.cpp's fill (its
@@ -124,12 +125,18 @@ def test_the_decisions_micro_batch_reaches_llamas_context(shapes):
     h = shapes["qwen3-30b-a3b"]
     d = decide(h, Ask(gpu_mem="4GiB", ram="64GiB", n_ctx=4096), None, host(78e9, 1.0), routing=Routing())
     ub = d.plan.n_ubatch
-    assert ub > knobs.N_UBATCH and d.context_params["n_ubatch"] == ub
+    assert ub > knobs.N_UBATCH and d.params.fields()["context_params"]["n_ubatch"] == ub
     # llama.cpp's defaults are no choice: the plan's micro-batch, a batch at least as large
-    assert context_fields(d, {"n_ubatch": 512, "n_batch": 512}) == {"n_ubatch": ub, "n_batch": ub}
-    assert context_fields(d, {"n_ubatch": 512, "n_batch": 8192}) == {"n_ubatch": ub, "n_batch": 8192}
+    machine = Host(gpu=True, cores=16, cpus=32)
+    fields = lambda ask: load_params(d.plan, 4096, ask, machine).fields()["context_params"]  # noqa: E731
+    assert (fields(Ask(n_ubatch=512, n_batch=512))["n_ubatch"], fields(Ask(n_ubatch=512, n_batch=512))["n_batch"]) \
+        == (ub, ub)
+    assert (fields(Ask(n_ubatch=512, n_batch=8192))["n_ubatch"], fields(Ask(n_ubatch=512, n_batch=8192))["n_batch"]) \
+        == (ub, 8192)
     # a micro-batch the user chose stands
-    assert context_fields(d, {"n_ubatch": 256, "n_batch": 2048}) == {}
+    assert "n_ubatch" not in fields(Ask(n_ubatch=256, n_batch=2048))
+
+
 
 
 def test_the_micro_batch_counts_only_the_outputs_read(shapes):
@@ -139,19 +146,20 @@ def test_the_micro_batch_counts_only_the_outputs_read(shapes):
     h, prof = shapes["llama3.3-70b"], host(68.1e9, 1.0)
     one = decide(h, Ask(gpu_mem="8GiB", ram="64GiB", n_ctx=10752, n_outputs=1), None, prof, routing=Routing())
     assert one.plan.n_ubatch > knobs.N_UBATCH
-    assert one.context_params["n_outputs_max"] == 1
-    assert context_fields(one, {"n_ubatch": 512, "n_batch": 2048})["n_outputs_max"] == 1
+    assert one.params.fields()["context_params"]["n_outputs_max"] == 1
     every = decide(h, Ask(gpu_mem="8GiB", ram="64GiB", n_ctx=10752), None, prof, routing=Routing())
-    assert "n_outputs_max" not in every.context_params
+    assert "n_outputs_max" not in every.params.fields()["context_params"]
     # a caller's own n_outputs_max stands
-    assert "n_outputs_max" not in context_fields(one, {"n_ubatch": 512, "n_outputs_max": 0})
+    given = Ask(n_outputs=1, param_overrides={"context_params": {"n_outputs_max": 0}})
+    assert "n_outputs_max" not in load_params(one.plan, 10752, given, Host(gpu=True, cores=16, cpus=32)).fields()[
+        "context_params"]
     # the resident model stays at llama.cpp's micro-batch, nothing set
     resident = decide(h, Ask(gpu_mem="60GiB", ram="64GiB", n_ctx=4096, n_outputs=1), None, prof, routing=Routing())
-    assert resident.plan.n_ubatch == knobs.N_UBATCH and "n_outputs_max" not in resident.context_params
+    assert resident.plan.n_ubatch == knobs.N_UBATCH and "n_outputs_max" not in resident.params.fields()["context_params"]
 
 
 def test_the_compute_buffer_holds_logits_for_the_outputs():
-    from hypura.plan.units import ModelDims
+    from hypura.units import ModelDims
 
     d = ModelDims(arch="llama", n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, head_k=128, head_v=128,
                   n_vocab=128256, n_ff=28672, n_expert=0, n_expert_used=0, n_ff_exp=28672)

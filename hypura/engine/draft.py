@@ -38,7 +38,7 @@ class BatchedDraft:
         llm = load_beside(path, target, n_ctx=n_seq * n_ctx_per_seq,
                           n_threads=llama_cpp.llama_n_threads(target.ctx),
                           n_threads_batch=llama_cpp.llama_n_threads_batch(target.ctx),
-                          param_overrides={"context_params": {"n_seq_max": n_seq, "kv_unified": True}})
+                          parallel=n_seq)
         return cls(llm, n_seq, p_min)
 
     def draft(self, wants: list[tuple[int, list[int], int]]) -> list[list[int]]:

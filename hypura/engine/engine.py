@@ -61,7 +61,7 @@ class Engine:
         n_seq = llama_cpp.llama_n_seq_max(self._ctx)
         if n_seq < config.parallel:
             raise HypuraError(f"the Llama holds {n_seq} sequences, fewer than parallel {config.parallel}: make it "
-                              "with param_overrides={'context_params': {'n_seq_max': N}} (hypura.engine.load does)")
+                              "with parallel=N (hypura.engine.load does)")
         outputs, spec = llm.context_params.n_outputs_max, config.speculative
         if spec is not None and 0 < outputs < config.parallel * spec.pass_rows:  # llama.cpp would abort mid-step
             raise HypuraError(f"the Llama computes at most {outputs} outputs a step, fewer than verifying "
@@ -154,8 +154,8 @@ class Engine:
         if not inputs or any(not t for t in inputs):
             raise HypuraError("embed needs non-empty token lists")
         if llama_cpp.llama_n_seq_max(self._ctx) <= self.config.parallel:
-            raise HypuraError("this engine has no spare sequence for embeddings: make its Llama with n_seq_max "
-                              "= parallel + 1 (hypura.engine.load does)")
+            raise HypuraError("this engine has no spare sequence for embeddings: make its Llama with "
+                              "spare_seqs=1 (hypura.engine.load does)")
         with self._step_lock:
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")

@@ -28,15 +28,16 @@ from hypura.errors import HypuraError
 from hypura.plan import knobs
 
 
-def outputs_needed(context: Mapping[str, object], all_rows: bool) -> int:
-    """llama.cpp's n_outputs_max for a caller whose context fields are `context`: the one it set; 0 (every
-    token of a batch, llama.cpp's default) where it reads every row (logits_all, embeddings, a draft
-    verified in the pass); else one output per sequence a step (n_seq_max: llama.cpp reserves no fewer)."""
+def outputs_needed(context: Mapping[str, object], all_rows: bool, seqs: int = 1) -> int:
+    """llama.cpp's n_outputs_max for a caller whose context fields are `context` and who decodes `seqs` sequence
+    ids: the one it set; 0 (every token of a batch, llama.cpp's default) where it reads every row (logits_all,
+    embeddings, a draft verified in the pass); else one output per sequence a step (n_seq_max: llama.cpp
+    reserves no fewer)."""
     if "n_outputs_max" in context:
         return int(context["n_outputs_max"] or 0)
     if all_rows or context.get("embeddings"):
         return 0
-    return max(1, int(context.get("n_seq_max") or 1))
+    return max(1, int(context.get("n_seq_max") or seqs))
 
 
 def long_prompt_s(plan) -> float:

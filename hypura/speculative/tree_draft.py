@@ -46,7 +46,8 @@ class TreeDrafter:
     def load(cls, path, target, branches: int, p_split: float = P_SPLIT, **kwargs) -> "TreeDrafter":
         overrides = kwargs.pop("param_overrides", {})
         overrides.setdefault("context_params", {}).update(context_params(branches))
-        return cls(DraftModel.load(path, target, param_overrides=overrides, **kwargs), branches, p_split)
+        return cls(DraftModel.load(path, target, param_overrides=overrides, parallel=branches, **kwargs), branches,
+                   p_split)
 
     def _top(self, i: int) -> list[tuple[int, float]]:
         """The draft's top `branches` tokens and probabilities at its last decode's output i."""

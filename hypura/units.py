@@ -4,6 +4,8 @@ A dense tensor is one unit, read by every decode token (p = 1). A stacked expert
 (`ffn_{gate,up,down}_exps`, numpy shape [E, ...]) is cut per expert: expert e of a layer is one unit
 covering its contiguous byte range in the three stacked tensors, read with probability k/E unless
 routing statistics say otherwise. Only the GGUF header is needed.
+The planner places these units and the CPU profile counts its bytes and weights with them, so they sit
+below both (with the sizes of llama.cpp's KV cache and compute buffer that follow from a model's shape).
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ from dataclasses import dataclass
 
 from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader, TensorEntry
-from hypura.plan import knobs
 
 _EXPERT_RE = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")
+
+# KV cache element size: llama.cpp's default cache type is f16
+KV_BYTES_PER_ELEMENT = 2.0
+# llama.cpp's per-device compute buffer with flash attention (default AUTO): logits plus a few
+# activations of the micro-batch in f32; measured 0.3-1.1 GiB in llama.cpp logs for 7-70B models
+COMPUTE_ACTIVATIONS = 8  # activation vectors of n_embd per token held at once
+COMPUTE_FLOOR = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -56,18 +64,18 @@ class ModelDims:
             n_ff_exp=int(h.get("expert_feed_forward_length", 0) or n_ff),
         )
 
-    def kv_bytes_per_layer(self, n_ctx: int, bytes_per_element: float = knobs.KV_BYTES_PER_ELEMENT) -> int:
+    def kv_bytes_per_layer(self, n_ctx: int, bytes_per_element: float = KV_BYTES_PER_ELEMENT) -> int:
         """K and V of one layer for n_ctx cells (standard multi-head/GQA attention)."""
         return int(n_ctx * self.n_head_kv * (self.head_k + self.head_v) * bytes_per_element)
 
-    def compute_buffer_bytes(self, n_ubatch: int, floor: int = knobs.COMPUTE_FLOOR, n_outputs: int = 0) -> int:
+    def compute_buffer_bytes(self, n_ubatch: int, floor: int = COMPUTE_FLOOR, n_outputs: int = 0) -> int:
         """llama.cpp's compute buffer on the computing device: micro-batch activations and the logits of its
         output rows in f32 (flash attention keeps the KQ matrix out). n_outputs: llama.cpp's n_outputs_max,
         the most rows a micro-batch computes logits for (0: every token; llama-context.cpp reserves the graph
         at min(n_ubatch, n_outputs_max) outputs)."""
         ff = max(self.n_ff, self.n_expert_used * self.n_ff_exp)
         rows = min(n_ubatch, n_outputs) if n_outputs > 0 else n_ubatch
-        per_token = knobs.COMPUTE_ACTIVATIONS * self.n_embd + 2 * ff
+        per_token = COMPUTE_ACTIVATIONS * self.n_embd + 2 * ff
         return max(floor, (n_ubatch * per_token + rows * self.n_vocab) * 4)
 
 
@@ -78,7 +86,7 @@ class Unit:
     layer: int
     stage: int  # position in the graph: -1 input, the block index, n_layer for the output head
     expert: int  # -1 for a dense tensor
-    role: str  # a key of knobs.ROLE_RANK
+    role: str  # a key of plan/knobs.py ROLE_RANK
     nbytes: int
     elements: int  # weights: 2 FLOP each per token that reads the unit
     p: float  # probability a decode token reads it
