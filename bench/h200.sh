@@ -212,23 +212,23 @@ perstep)  # one load, every step at its path: the engine's plan for 32 sequences
         2>&1 | tail -8 | tee -a "$RES/summary.txt"
     ;;
 prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one prompt of 512 / 2048 (/ 8192) tokens and
-    # 128-token prompts of 1 / 4 / 16 / 32 sequences, beside vanilla's mmap and -lm none (pinned host weights), one
-    # load of each; the plans Hypura chose (micro-batch, pinned CPU weights) from `inspect`
+    # 128-token prompts of 1 / 4 / 16 / 32 sequences, beside vanilla; the plans Hypura chose (micro-batch, pinned
+    # CPU weights) from `inspect`
     models_done
+    # vanilla: mmap (its default) for one-prompt and decode rows; -lm none (pinned host weights, its best for prompts:
+    # 3-5x mmap's in the runs of 2026-12-06) also at micro-batch 2048, and for the batched rows and l70's prompts
     for cfg in mmap lmnone; do
-        lm=""; [ $cfg = mmap ] || lm="-lm none"
-        timeout 150 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -p 512,2048 -n 32 -r 2 -o json \
+        lm=""; ub=512; [ $cfg = mmap ] || { lm="-lm none"; ub=512,2048; }
+        timeout 150 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -ub $ub -p 512,2048 -n 32 -r 2 -o json \
             > "$RES/vanilla-q3-pp-$cfg.json" 2> /dev/null
-        note "q3 vanilla -ncmoe 41 $lm pp512 pp2048 tg32: $(tps "$RES/vanilla-q3-pp-$cfg.json")"
-        timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 $lm \
-            2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-$cfg.txt"
-        sed "s/^/q3 vanilla batched $cfg: /" "$RES/vanilla-batched-q3-$cfg.txt" | tee -a "$RES/summary.txt"
-        # -lm none at 8192 too (about 20 s at its 448 tok/s); mmap's 111 tok/s would not fit the phase
-        pl=512,2048; [ $cfg = mmap ] || pl=512,2048,8192
-        timeout 150 "$(libdir)/llama-bench" -m $M70 -ngl 14 $lm -p $pl -n 0 -r 1 -o json \
-            > "$RES/vanilla-l70-pp-$cfg.json" 2> /dev/null
-        note "l70 vanilla -ngl 14 $lm pp ${pl//,/ pp}: $(tps "$RES/vanilla-l70-pp-$cfg.json")"
+        note "q3 vanilla -ncmoe 41 $lm -ub $ub pp512 pp2048 tg32 (each -ub): $(tps "$RES/vanilla-q3-pp-$cfg.json")"
     done
+    timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 -lm none \
+        2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-lmnone.txt"
+    sed "s/^/q3 vanilla batched lmnone: /" "$RES/vanilla-batched-q3-lmnone.txt" | tee -a "$RES/summary.txt"
+    timeout 200 "$(libdir)/llama-bench" -m $M70 -ngl 14 -lm none -ub 512,2048 -p 512,2048,8192 -n 0 -r 1 -o json \
+        > "$RES/vanilla-l70-pp-lmnone.json" 2> /dev/null
+    note "l70 vanilla -ngl 14 -lm none -ub 512,2048 pp512 pp2048 pp8192 (each -ub): $(tps "$RES/vanilla-l70-pp-lmnone.json")"
     hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB --json "$RES/plan-q3-g4.json" 2>&1 | grep -E "context|mode|chosen|predict" \
         | sed "s/^/q3 plan: /" | tee -a "$RES/summary.txt"
     timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 512,2048 -n 32 -r 2 \
