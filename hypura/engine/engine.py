@@ -53,9 +53,10 @@ DECODE_STATUS = {1: "no free KV cells for the batch", 2: "aborted", -1: "invalid
 
 class Engine:
     def __init__(self, llm, config: EngineConfig = EngineConfig()):
+        """llm: a hypura.loaded.LoadedModel (hypura.engine.load makes one with the sequences the engine needs)."""
         self.llm, self.config = llm, config
         self._ctx = llm.ctx
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._kv = llm.context
         self._vocab = llm.vocab
         self.n_vocab = self._vocab.n_tokens
         n_seq = llama_cpp.llama_n_seq_max(self._ctx)
@@ -92,7 +93,7 @@ class Engine:
         self._closing = False
         self._stopped: Optional[str] = None  # why the loop ended (None while it may run)
         self._thread: Optional[threading.Thread] = None
-        llama_cpp.llama_memory_clear(self._mem, True)  # sequences start empty: slots own their KV from here
+        self._kv.clear()  # sequences start empty: slots own their KV from here
 
     # --- any thread -----------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -138,7 +139,7 @@ class Engine:
             self._cond.notify()
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
+        return self._vocab.tokenize(text.encode("utf-8"), add_special, parse_special)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of `tokens` as the engine streams it (special tokens not rendered)."""
@@ -154,7 +155,7 @@ class Engine:
         with self._step_lock:
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")
-            return embed(self.llm, self._ctx, self._mem, self.config.parallel, inputs, self.step_tokens)
+            return embed(self.llm, self.config.parallel, inputs, self.step_tokens)
 
     def fim_tokens(self) -> Optional[tuple[int, int, int]]:
         """The model's fill-in-the-middle tokens (prefix, suffix, middle), None when it lacks one."""
@@ -283,20 +284,19 @@ class Engine:
     def _reuse(self, choice) -> int:
         """Put the chosen prefix into the slot's KV (nothing else of the slot survives); what was reused."""
         slot, source, reuse = choice.slot, choice.source, choice.reuse
-        mem = self._mem
+        kv = self._kv
         if source is None or reuse == 0:
-            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+            kv.seq_rm(slot)
             return 0
         if source == slot:
-            kept = llama_cpp.llama_memory_seq_rm(mem, slot, reuse, -1)  # false: this memory keeps whole sequences
+            kept = kv.seq_rm(slot, reuse, -1)  # false: this memory keeps whole sequences
         else:
-            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
-            llama_cpp.llama_memory_seq_cp(mem, source, slot, 0, reuse)
+            kv.seq_rm(slot)
+            kv.seq_cp(source, slot, 0, reuse)
             kept = True
         # e.g. a sliding-window cache that dropped the first positions, or recurrent state: evaluate it all
-        if not kept or llama_cpp.llama_memory_seq_pos_min(mem, slot) != 0 or \
-                llama_cpp.llama_memory_seq_pos_max(mem, slot) != reuse - 1:
-            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+        if not kept or kv.pos_min(slot) != 0 or kv.pos_max(slot) != reuse - 1:
+            kv.seq_rm(slot)
             return 0
         return reuse
 
@@ -359,7 +359,7 @@ class Engine:
             return token if token >= 0 else seq.sampler.sample(ctx, start + i)
 
         out = accept(chunk.draft, sample, self._is_eog)
-        llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, seq.n_past + len(out), -1)
+        self._kv.seq_rm(seq.slot, seq.n_past + len(out), -1)
         self._slots.kv[seq.slot].extend(chunk.tokens[:len(out)])
         seq.n_past += len(out)
         seq.next_token = None
@@ -394,10 +394,10 @@ class Engine:
         self._active.remove(seq)
         keep = reason in ("stop", "length")
         if not keep:
-            llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+            self._kv.seq_rm(seq.slot)
         self._slots.release(seq.slot, keep)
         if not self._slots.cache and keep:
-            llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+            self._kv.seq_rm(seq.slot)
         seq.sampler.close()
         result, last = seq.result(reason, error)
         self._count_finish(reason)
