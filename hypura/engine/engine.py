@@ -17,7 +17,7 @@ Threading protocol:
 - `metrics()` reads the request counts in one hold of the lock (active is derived from them, so an idle
   engine never shows a request that has not been counted finished) and takes the step lock for
   llm.stats(), so it waits at most one step. `close()` ends every request (finish_reason "error",
-  "engine closed") and joins the thread; the Llama stays the caller's (a draft model is the engine's: closed).
+  "engine closed") and joins the thread; the model stays the caller's (a draft model is the engine's: closed).
 """
 
 from __future__ import annotations
@@ -59,19 +59,18 @@ class Engine:
         self._kv = llm.context
         self._vocab = llm.vocab
         self.n_vocab = self._vocab.n_tokens
-        n_seq = llama_cpp.llama_n_seq_max(self._ctx)
+        n_seq = self._kv.n_seq_max
         if n_seq < config.parallel:
-            raise HypuraError(f"the Llama holds {n_seq} sequences, fewer than parallel {config.parallel}: make it "
-                              "with param_overrides={'context_params': {'n_seq_max': N}} (hypura.engine.load does)")
+            raise HypuraError(f"the model's context holds {n_seq} sequences, fewer than parallel {config.parallel}: load "
+                              "it with param_overrides={'context_params': {'n_seq_max': N}} (hypura.engine.load does)")
         unified = bool(llm.context_params.kv_unified)
         # a unified cache is shared by all sequences; each stream of a split one holds its sequence only
-        per_seq = (llama_cpp.llama_n_ctx(self._ctx) // config.parallel if unified
-                   else llama_cpp.llama_n_ctx_seq(self._ctx))
+        per_seq = self._kv.n_ctx() // config.parallel if unified else self._kv.n_ctx_seq
         self.n_ctx_per_seq = min(per_seq, config.n_ctx_per_seq or per_seq)
         if self.n_ctx_per_seq < 2:
-            raise HypuraError(f"a context of {llama_cpp.llama_n_ctx(self._ctx)} leaves {per_seq} tokens to each of "
+            raise HypuraError(f"a context of {self._kv.n_ctx()} leaves {per_seq} tokens to each of "
                               f"{config.parallel} sequences: give a larger n_ctx")
-        n_batch = llama_cpp.llama_n_batch(self._ctx)
+        n_batch = self._kv.n_batch
         self.step_tokens = config.step_tokens or n_batch
         if self.step_tokens > n_batch or self.step_tokens < config.parallel:
             raise HypuraError(f"step_tokens {self.step_tokens} must lie within parallel {config.parallel} and the "
@@ -87,7 +86,7 @@ class Engine:
         self._spec: Optional[Speculation] = None
         if config.speculative is not None:
             # the decode part of a step stays one micro-batch: a second one is a second pass over the weights
-            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, llama_cpp.llama_n_ubatch(self._ctx)),
+            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, self._kv.n_ubatch),
                                      config.parallel, self.n_ctx_per_seq)
             self._counters.spec = SpecCounters()
         self._closing = False
@@ -149,8 +148,8 @@ class Engine:
         """Each input's embedding (numpy float64 vectors, not normalised), between steps (embed.py)."""
         if not inputs or any(not t for t in inputs):
             raise HypuraError("embed needs non-empty token lists")
-        if llama_cpp.llama_n_seq_max(self._ctx) <= self.config.parallel:
-            raise HypuraError("this engine has no spare sequence for embeddings: make its Llama with n_seq_max "
+        if self._kv.n_seq_max <= self.config.parallel:
+            raise HypuraError("this engine has no spare sequence for embeddings: load it with n_seq_max "
                               "= parallel + 1 (hypura.engine.load does)")
         with self._step_lock:
             if self._stopped or self._closing:
@@ -181,7 +180,7 @@ class Engine:
         return out
 
     def close(self) -> None:
-        """End every request, stop the loop and free the engine's llama.cpp objects (not the Llama)."""
+        """End every request, stop the loop and free the engine's llama.cpp objects (not the model)."""
         with self._cond:
             if self._closing:
                 return
