@@ -37,6 +37,10 @@ from hypura.llama_speculative import SpecDraft
 from hypura.loaded.drafts import draft_path
 
 
+def _loaded(name: str) -> property:
+    return property(lambda self: getattr(self.loaded, name))
+
+
 class Llama(llama_cpp.Llama):
     # what close() and __del__ read, before __init__ sets them (it may raise first)
     loaded: Optional[LoadedModel] = None
@@ -194,35 +198,14 @@ class Llama(llama_cpp.Llama):
         self._is_recurrent = llama_cpp.llama_model_is_recurrent(self._model.model)
         self._is_hybrid = llama_cpp.llama_model_is_hybrid(self._model.model)
 
-    # --- Hypura's, from the loaded model ----------------------------------------------------------
-    @property
-    def header(self):
-        return self.loaded.header
-
-    @property
-    def decision(self):
-        return self.loaded.decision
-
-    @property
-    def plan(self):
-        return self.loaded.plan
-
-    @property
-    def fit_decision(self):
-        """What the default path or the budgets chose; None where the placement was given."""
-        return self.loaded.fit_decision
-
-    @property
-    def placement(self) -> dict:
-        return self.loaded.placement
-
-    @property
-    def device_choice(self):
-        return self.loaded.device_choice
-
-    @property
-    def draft_found(self):
-        return self.loaded.draft_found
+    # --- Hypura's, from the loaded model (hypura.loaded.LoadedModel's attributes of the same names) ----------
+    header = _loaded("header")
+    decision = _loaded("decision")
+    plan = _loaded("plan")
+    fit_decision = _loaded("fit_decision")  # what the default path or the budgets chose; None where placement was given
+    placement = _loaded("placement")  # tensor name -> Placement
+    device_choice = _loaded("device_choice")
+    draft_found = _loaded("draft_found")  # the draft "auto" found (a Path), else None
 
     @property
     def _runtime(self):

@@ -44,7 +44,7 @@ from hypura.engine.speculate import Speculation
 from hypura.engine.text import TextStream
 from hypura.engine.types import EngineClosed, Event, PromptTooLong, QueueFull, Result, SamplingParams
 from hypura.errors import HypuraError
-from hypura.speculative.verify import accept
+from hypura.speculative.verify import keep_accepted
 
 log = logging.getLogger("hypura.engine")
 
@@ -348,7 +348,7 @@ class Engine:
 
     def _verify(self, chunk, start: int, picks: dict[int, int], spec: SpecCounters, decode_s: float,
                 draft_s: float) -> int:
-        """A decoding sequence's next token and draft, decoded at `start`: keep what verify.accept keeps
+        """A decoding sequence's next token and draft, decoded at `start`: keep what verify.keep_accepted keeps
         (the tokens before the last emitted one stay in the KV cache), remove the rest's KV cells, emit the
         tokens until one ends the sequence. Returns the tokens sampled."""
         seq, ctx = chunk.seq, self._ctx
@@ -357,8 +357,7 @@ class Engine:
             token = picks.get(start + i, -1)
             return token if token >= 0 else seq.sampler.sample(ctx, start + i)
 
-        out = accept(chunk.draft, sample, self._is_eog)
-        self._kv.seq_rm(seq.slot, seq.n_past + len(out), -1)
+        out = keep_accepted(self._kv, seq.slot, seq.n_past, chunk.draft, sample, self._is_eog)
         self._slots.kv[seq.slot].extend(chunk.tokens[:len(out)])
         seq.n_past += len(out)
         seq.next_token = None

@@ -7,8 +7,8 @@ acceptance of its drafts, the step times by the tokens it carried). The drafts a
 part of the step (every next token plus the drafts) fits one micro-batch (n_ubatch, and the step's
 budget): a step over streamed weights that spills into a second micro-batch pays a second weight pass.
 The scheduler puts each draft after its sequence's next token, logits at every position; after the step
-the engine keeps, per sequence, what hypura.speculative.verify.accept keeps and removes the KV cells of
-the rest.
+the engine keeps, per sequence, what hypura.speculative.verify.keep_accepted keeps (the chain pass every
+front end ends with) and removes the KV cells of the rest.
 
 Speculation steps aside as the batch grows: with several sequences decoding, a step's drafts are kept only where
 the cost model predicts more tokens a second with them: every sequence's next token plus the accepted drafts its

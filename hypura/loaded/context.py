@@ -46,29 +46,13 @@ class Context:
     def n_ctx(self) -> int:
         return llama_cpp.llama_n_ctx(self.ctx)
 
-    @property
-    def n_batch(self) -> int:
-        return llama_cpp.llama_n_batch(self.ctx)
-
-    @property
-    def n_ubatch(self) -> int:
-        return llama_cpp.llama_n_ubatch(self.ctx)
-
-    @property
-    def n_seq_max(self) -> int:
-        return llama_cpp.llama_n_seq_max(self.ctx)
-
-    @property
-    def n_ctx_seq(self) -> int:
-        return llama_cpp.llama_n_ctx_seq(self.ctx)
-
-    @property
-    def n_threads(self) -> int:
-        return llama_cpp.llama_n_threads(self.ctx)
-
-    @property
-    def n_threads_batch(self) -> int:
-        return llama_cpp.llama_n_threads_batch(self.ctx)
+    # what llama.cpp's getters of the same names read
+    n_batch = property(lambda self: llama_cpp.llama_n_batch(self.ctx))
+    n_ubatch = property(lambda self: llama_cpp.llama_n_ubatch(self.ctx))
+    n_seq_max = property(lambda self: llama_cpp.llama_n_seq_max(self.ctx))
+    n_ctx_seq = property(lambda self: llama_cpp.llama_n_ctx_seq(self.ctx))
+    n_threads = property(lambda self: llama_cpp.llama_n_threads(self.ctx))
+    n_threads_batch = property(lambda self: llama_cpp.llama_n_threads_batch(self.ctx))
 
     # --- decoding -------------------------------------------------------------------------------
     def decode(self, batch: Batch, decode: Optional[bool] = None) -> int:

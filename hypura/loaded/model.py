@@ -80,13 +80,6 @@ class LoadedModel:
     def metadata(self) -> dict:
         return self.model.metadata()
 
-    @functools.cached_property
-    def batch(self) -> Batch:
-        """A batch of n_batch tokens of one sequence each, closed with the model."""
-        b = Batch(self.n_batch)
-        self.own(b.close)
-        return b
-
     # --- decoding and stats ---------------------------------------------------------------------
     def decode_tokens(self, tokens: list[int], decode: Optional[bool] = None) -> bool:
         """llama_decode `tokens` after those in the KV cache, then synchronize, as llama-bench and the C tools do;

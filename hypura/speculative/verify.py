@@ -84,6 +84,16 @@ def accept(draft: Sequence[int], sample: Callable[[int], int], is_eog: Callable[
     return out
 
 
+def keep_accepted(target: Target, seq: int, n_past: int, draft: Sequence[int], sample: Callable[[int], int],
+                  is_eog: Callable[[int], bool]) -> list[int]:
+    """After one decode of `seq`'s [last token, *draft] at n_past: the tokens the pass emits (accept), and the
+    rejected drafts' KV cells removed (all but the last emitted token stay in the cache). Every chain pass ends
+    here: one sequence's (Verifier) and each sequence's of an engine step."""
+    out = accept(draft, sample, is_eog)
+    target.seq_rm(seq, n_past + len(out), -1)
+    return out
+
+
 class Verifier:
     """Drafts, verifies in one pass, trims the KV cache; one sequence (seq 0) of a target (hypura-cli's loop,
     bench's greedy runs)."""
@@ -109,8 +119,7 @@ class Verifier:
         if self.target.decode(b, True) != 0:
             return None
         t2 = time.perf_counter()
-        out = accept(draft, sample, self.is_eog)
-        self.target.seq_rm(0, n_past + len(out), -1)  # the rejected drafts' cells
+        out = keep_accepted(self.target, 0, n_past, draft, sample, self.is_eog)
         self.length.record(len(draft), len(out) - 1, t2 - t1, t1 - t0)
         self.stats.add(len(draft), len(out) - 1, t2 - t1, t1 - t0)
         return out
