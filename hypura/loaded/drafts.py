@@ -58,7 +58,7 @@ def draft_model(path, target, n_seq: int = 1, p_min: float = 0.0, **kwargs) -> D
         overrides = kwargs.setdefault("param_overrides", {})
         overrides.setdefault("context_params", {}).update({"n_seq_max": n_seq, "kv_unified": True})
     draft = load_beside(path, target, **kwargs)
-    return DraftModel(draft.context, n_seq, p_min, close=draft.close)
+    return DraftModel(draft.context, n_seq, p_min, model=draft)
 
 
 def make_drafter(s: SpecSettings, target, **draft_kwargs):

@@ -11,7 +11,7 @@ probability falls below p_min (llama.cpp's draft-simple). hypura.loaded.drafts l
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -26,10 +26,10 @@ log = logging.getLogger("hypura.speculative")
 class DraftModel:
     name = "draft"
 
-    def __init__(self, target: Target, n_seq: int = 1, p_min: float = 0.0, close: Optional[Callable] = None):
-        """target: the draft model's context (n_seq_max >= n_seq); its KV cache is this drafter's alone. close:
-        frees the draft model, with this drafter."""
-        self.target, self.p_min, self._close = target, p_min, close
+    def __init__(self, target: Target, n_seq: int = 1, p_min: float = 0.0, model=None):
+        """target: the draft model's context (n_seq_max >= n_seq); its KV cache is this drafter's alone. model: what
+        holds it (a hypura.loaded.LoadedModel), closed with this drafter."""
+        self.target, self.p_min, self.model = target, p_min, model
         self.n_vocab = target.n_vocab
         self.cached: list[list[int]] = [[] for _ in range(n_seq)]  # each slot's tokens in the draft's KV, in order
         self._batch = Batch(target.n_batch)
@@ -102,8 +102,8 @@ class DraftModel:
 
     def close(self) -> None:
         self._batch.close()
-        if self._close is not None:
-            self._close()
+        if self.model is not None:
+            self.model.close()
 
 
 def kept_prefix(cached: Sequence[int], history: Sequence[int]) -> int:
