@@ -6,7 +6,9 @@
 #   .whl/       wheels that machine's Python 3.12 lacks (llama-cpp-python without its library: Hypura loads its
 #               own build; the server's stack and the openai client for the serving benchmark)
 #   .device/    tiny synthetic models: the GPU tests' models and the synthetic models' tokenizer
-# .prebuilt/ holds a packed CUDA build (lib-<patch hash>.tar.xz.part*), which h200.sh writes to its output.
+# .prebuilt/ holds a packed CUDA build (lib-<patch hash>.tar.xz.part*), which h200.sh writes to its output, and
+# llama-server.tar.xz: vanilla llama-server built here without a GPU (its own code needs none), which runs there on
+# the CUDA build's libraries of the same source (h200.sh ttft).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -37,6 +39,17 @@ ls .whl/starlette-*.whl > /dev/null 2>&1 || wheels starlette uvicorn openai pyda
     typing-inspection jiter distro sniffio httpx2 httpcore2 truststore idna anyio h11 certifi typing-extensions
 ls .whl/llama_cpp_python-*.whl > /dev/null 2>&1 ||
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$PY" -m pip wheel -q --no-deps -w .whl "llama-cpp-python==0.3.36"
+
+if [ ! -f .prebuilt/llama-server.tar.xz ]; then
+    srv=$(mktemp -d)
+    cmake -S vendor/llama.cpp -B "$srv" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF \
+        -DGGML_RPC=ON > "$srv/cmake.log"
+    cmake --build "$srv" -j "$(nproc)" --target llama-server > "$srv/build.log"
+    mkdir -p .prebuilt "$srv/pack" && cp "$srv"/bin/llama-server "$srv"/bin/libllama-server-impl.so "$srv/pack/"
+    cp "$srv"/bin/libmtmd.so.0.* "$srv/pack/libmtmd.so.0" && strip "$srv"/pack/*
+    tar cJf .prebuilt/llama-server.tar.xz -C "$srv/pack" . && rm -rf "$srv"
+fi
 
 mkdir -p .device
 for shape in tiny-llama tiny-qwen3moe; do

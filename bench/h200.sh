@@ -8,7 +8,7 @@
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
 #   phases: setup | ab | profile | defaults | loads | prefill | smoke | cgroup | batched-l70 | batched-q14 | batched-q3 |
-#           perstep | vanilla-best | passes | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu |
+#           perstep | vanilla-best | passes | ttft | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu |
 #           split-gpus (2+ GPUs) | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
@@ -257,6 +257,26 @@ passes)  # a pass's cost by its tokens (the verification curve) beside llama-ben
     done
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 1,2,4,8,16,32,64 -n 0 -r 2 --json "$RES/hypura-passes-l70.json" 2>&1 \
         | tail -9 | tee -a "$RES/summary.txt"
+    ;;
+ttft)  # time to first token of one 4,096-token prompt through `hypura serve` beside vanilla llama-server of the same
+    # source (built on the CPU side against the same headers: .prebuilt/llama-server.tar.xz; it runs on this build's
+    # libraries), with vanilla's best flags for prompts (-lm none: pinned host weights) at micro-batches 512 and 2048
+    models_done
+    srv=/tmp/llama-server; mkdir -p $srv && tar xJf .prebuilt/llama-server.tar.xz -C $srv || exit 1
+    for m in q3 l70; do
+        case $m in
+            q3) M=$MQ3 gpu=4GiB vflags="-ngl 99 -ncmoe 41 -lm none" reps=3 ;;
+            l70) M=$M70 gpu=8GiB vflags="-ngl 14 -lm none" reps=2 ;;
+        esac
+        timeout 240 python3 bench/serve_ttft.py $M --port 8091 --repeats $reps --json "$RES/ttft-$m-hypura.json" -- \
+            python3 -m hypura.cli.main serve -m $M --port 8091 -np 1 -c 8192 --gpu-mem $gpu --ram 64GiB \
+            2>&1 | tail -1 | sed "s/^/$m hypura serve: /" | tee -a "$RES/summary.txt"
+        for ub in 512 2048; do
+            LD_LIBRARY_PATH=$srv:$(libdir) timeout 200 python3 bench/serve_ttft.py $M --port 8092 --repeats $reps \
+                --json "$RES/ttft-$m-vanilla-ub$ub.json" -- $srv/llama-server -m $M --port 8092 -np 1 -c 8192 $vflags \
+                -ub $ub -b $ub 2>&1 | tail -1 | sed "s/^/$m llama-server $vflags -ub $ub: /" | tee -a "$RES/summary.txt"
+        done
+    done
     ;;
 serve-np16)  # one and sixteen clients through `hypura serve -np 16` beside hypura-cli's one sequence (`hypura bench`)
     models_done

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 import hypura  # noqa: F401  first: our library loads before numpy
-from hypura.bench.speculative import spec_report
+from hypura.speed.speculative import spec_report
 
 TEXT = ("Hypura runs models larger than GPU memory: the planner decides where every tensor lives, GPU "
         "memory, pinned RAM or disk, and the weights that do not fit are streamed for every token.")
@@ -77,8 +77,8 @@ def _drafters(args) -> list[tuple[str, object, int]]:
 
 
 def hypura_runs(args, prompt: str) -> dict:
-    """A plain greedy run of the prompt, then one speculative run per drafter (hypura/bench/speculative.py)."""
-    from hypura.bench.speculative import SpecBenchSettings, compare_greedy, run_spec_bench
+    """A plain greedy run of the prompt, then one speculative run per drafter (hypura/speed/speculative.py)."""
+    from hypura.speed.speculative import SpecBenchSettings, compare_greedy, run_spec_bench
     from hypura.speculative.generate import Run
     from hypura.speculative import SpecSettings
 

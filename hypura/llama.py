@@ -65,6 +65,8 @@ class Llama(llama_cpp.Llama):
         devices: Optional[Iterable[str]] = None,
         rpc_mem: Optional[Iterable[Union[int, str]]] = None,
         split: bool = False,
+        parallel: int = 1,
+        spare_seqs: int = 0,
         **kwargs,
     ):
         """Load `model_path` as `llama_cpp.Llama` does (or a model named as Ollama names it, e.g.
@@ -87,8 +89,8 @@ class Llama(llama_cpp.Llama):
             ([n_tokens, n_expert_used] int32) once per layer and batch, before the expert matmuls.
         n_threads: unset, llama.cpp's default (physical cores; llama-cpp-python guesses half the logical
             CPUs), less a quarter when the plan pages experts from disk (their reads need cores).
-        n_threads_batch: unset, as n_threads where Hypura chose that or experts page; else llama-cpp-python's
-            default (all logical CPUs).
+        n_threads_batch: unset, as n_threads where Hypura chose that, experts page or several sequences decode
+            together (`parallel`); else llama-cpp-python's default (all logical CPUs).
         fit: llama.cpp's --fit (hypura.plan.auto): on the default path, a model that fits the free memory
             (less margins) at its context loads as llama.cpp places it; one that does not is planned within
             it, disk for the rest. n_gpu_layers=-1 plans over GPU, RAM and disk; 0 (the default: the CPU)
@@ -123,6 +125,9 @@ class Llama(llama_cpp.Llama):
         devices: llama.cpp's `--device` list (["CUDA1", "RPC0"], ["none"]): the devices llama.cpp offloads to.
         split: the same split over this machine's GPUs without RPC servers (several GPUs; otherwise the first GPU's
             plan, as before).
+        parallel: sequences decoded together (the engine's batch, a draft tree's branches): a plan is made for steps
+            of that many tokens; with spare_seqs (sequence ids that decode nothing in a step, e.g. the engine's
+            embeddings), llama.cpp's n_seq_max, in one unified KV cache (hypura.plan.load_params).
 
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
@@ -137,7 +142,8 @@ class Llama(llama_cpp.Llama):
             llama=kwargs, override_tensor=override_tensor, placement_policy=placement_policy, gpu_mem=gpu_mem, ram=ram,
             plan=plan, param_overrides=param_overrides, on_route=on_route, expert_cache=expert_cache, fit=fit,
             profile=profile, draft_beside=draft_beside or draft_path(draft), rpc_servers=rpc_servers, devices=devices,
-            rpc_mem=rpc_mem, split=split))
+            rpc_mem=rpc_mem, split=split, parallel=max(parallel, getattr(draft, "branches", 1)),  # a DraftTree's
+            spare_seqs=spare_seqs))
         try:
             self._fill(loaded)
             if is_auto(draft):  # the draft the decision found (or none: no speculation)

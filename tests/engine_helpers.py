@@ -37,7 +37,3 @@ def kv_positions(engine, slot):
     mem = llama_cpp.llama_get_memory(engine.llm.ctx)
     return llama_cpp.llama_memory_seq_pos_min(mem, slot), llama_cpp.llama_memory_seq_pos_max(mem, slot)
 
-
-def engine_alone_text(llm, tokens) -> str:
-    with running(llm) as engine:
-        return engine.submit(tokens, SamplingParams(max_tokens=8, temperature=0.0)).result(60).text

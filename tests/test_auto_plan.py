@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import hypura
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan.auto import Fit, check_budgets
 from hypura.plan.decision import Ask, decide as decide_for
 from hypura.profile.free import FreeMemory, cgroup_limit, parse_override
+from greedy import COUNTING, assert_same_text, greedy
 
 MiB, GiB = 1 << 20, 1 << 30
 HYPURA_CLI = [sys.executable, "-m", "hypura.cli.completion"]
@@ -180,13 +182,21 @@ def _cli(args, env):
 
 @pytest.mark.slow
 def test_cli_default_path_plans_and_explicit_flags_keep_llama_cpps_placement(smollm2_path, cli_env):
-    base = ["-m", str(smollm2_path), "-no-cnv", "-p", "The capital of France is", "-n", "12", "--temp", "0",
-            "-t", "1"]
+    base = ["-m", str(smollm2_path), "-no-cnv", "-p", COUNTING, "-n", "12", "--temp", "0", "-t", "1"]
     rc, want, err = _cli(base + ["--fit", "off"], cli_env)  # --fit off: llama.cpp's placement, no planning
     assert rc == 0 and "hypura: plan" not in err and "hypura: fits" not in err, err
     rc, out, err = _cli(base + ["--stats"], cli_env)
     assert rc == 0, err
-    assert out == want
+    # streamed weights and llama.cpp's resident placement compute with other kernels on some CPUs (repacked or
+    # not): both are held to one-token decoding up to its first near-tie (tests/greedy.py)
+    llm = hypura.Llama(str(smollm2_path), n_ctx=256, n_threads=1, verbose=False)
+    try:
+        decoded = greedy(llm, llm.tokenize(COUNTING.encode()), 12)
+    finally:
+        llm.close()
+    for text in (want, out):  # the prompt, the continuation and the blank line llama-completion ends with
+        assert text.decode().startswith(COUNTING) and text.decode().endswith("\n\n"), text
+        assert_same_text(text.decode()[len(COUNTING):-2], decoded, at_least=12)
     plan_lines = [line for line in err.splitlines() if "hypura: plan: weights" in line]
     assert len(plan_lines) == 1 and "context 4096" in plan_lines[0] and "disk" in plan_lines[0]
     assert "plan made by --fit from the free memory" in err

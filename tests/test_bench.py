@@ -60,7 +60,7 @@ def test_bench_runs_expert_caches_and_bounds_them(tiny_qwen3moe, tmp_path):
 
 
 def test_the_expert_cache_bound_adds_gpu_reads_and_measured_loads(tiny_qwen3moe):
-    from hypura.bench.bound import expert_cache_bound
+    from hypura.speed.bound import expert_cache_bound
     from hypura.modelfile import read_header
     from hypura.plan.cost import Rates
 
@@ -98,7 +98,7 @@ class _TokenLog:
 
 
 def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measured_ones_out():
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.single import BenchSettings, run_bench
 
     def decoded(seed, n_prompt, n_gen):
         llm = _TokenLog()
@@ -112,7 +112,7 @@ def test_bench_seeds_give_other_tokens_so_recorded_routing_can_leave_the_measure
 
 
 def test_a_bound_is_never_beaten_and_a_run_without_a_plan_has_one(smollm2_path):
-    from hypura.bench.bound import bound, honest
+    from hypura.speed.bound import bound, honest
     from hypura.modelfile import read_header
     from hypura.plan import rates_for
     from hypura.profile import quick_profile
@@ -156,7 +156,7 @@ def test_bench_peak_rss_stays_within_a_tight_ram_budget(smollm2_path, tmp_path):
 
 
 def test_one_prompt_token_and_a_sweep_run_as_llama_bench_runs_them():
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.single import BenchSettings, run_bench
 
     llm = _TokenLog()
     out = run_bench(llm, None, BenchSettings((1,), 0, 1, 1))  # -p 1 -n 0: no batch of 0 tokens
@@ -222,7 +222,7 @@ def test_bench_speculation_errors_are_one_line(smollm2_path):
 def test_greedy_output_is_compared_up_to_the_first_near_tie():
     """The speculative bench's 'identical' holds where the kernels cannot decide: up to the plain run's first
     top-two gap under NEAR_TIE, all tokens where there is none."""
-    from hypura.bench.speculative import NEAR_TIE, compare_greedy
+    from hypura.speed.speculative import NEAR_TIE, compare_greedy
     from hypura.speculative.generate import Run
 
     decided = Run([1, 2, 3, 4], 0.0, 0.0, (5.0, 4.0, 3.0, 2.0))

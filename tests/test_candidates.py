@@ -13,7 +13,8 @@ import pytest
 from hypura.modelfile import read_header
 from hypura.plan import PlanSettings, knobs, plan_model
 from hypura.plan.auto import Fit
-from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide
+from hypura.plan.decision import Ask, Decision, Routing, decide
+from hypura.plan.load_params import Host, load_params
 from hypura.plan.microbatch import turn_with_long_prompt
 from hypura.profile import resolve_profile
 from hypura.profile.free import FreeMemory
@@ -70,7 +71,7 @@ def test_llamas_placement_is_kept_where_streaming_does_not_clearly_win(shapes):
     assert not one.fits  # it does not run as llama.cpp would place it whole
     assert not one.plan.pool_slots and one.plan.why.startswith("llama.cpp's kind of placement")
     assert "llama.cpp's kind" in one.line
-    many = decide(h, Ask(fit=Fit()), held_gpu(8.5), fast, steps=(16,), routing=Routing())
+    many = decide(h, Ask(fit=Fit(), parallel=16), held_gpu(8.5), fast, routing=Routing())
     assert many.plan.pool_slots and many.plan.why.startswith("streaming predicts")
     assert many.plan.prediction.decode_tok_s > 2 * one.plan.prediction.decode_tok_s
     plain = no_flags(h, host(121e9, 1.0), 8.5)
@@ -121,9 +122,13 @@ def test_the_decisions_micro_batch_reaches_llamas_context(shapes):
     h = shapes["qwen3-30b-a3b"]
     d = decide(h, Ask(gpu_mem="4GiB", ram="64GiB", n_ctx=4096), None, host(78e9, 1.0), routing=Routing())
     ub = d.plan.n_ubatch
-    assert ub > knobs.N_UBATCH and d.context_params["n_ubatch"] == ub
+    assert ub > knobs.N_UBATCH and d.params.fields()["context_params"]["n_ubatch"] == ub
     # llama.cpp's defaults are no choice: the plan's micro-batch, a batch at least as large
-    assert context_fields(d, {"n_ubatch": 512, "n_batch": 512}) == {"n_ubatch": ub, "n_batch": ub}
-    assert context_fields(d, {"n_ubatch": 512, "n_batch": 8192}) == {"n_ubatch": ub, "n_batch": 8192}
+    machine = Host(gpu=True, cores=16, cpus=32)
+    fields = lambda ask: load_params(d.plan, 4096, ask, machine).fields()["context_params"]  # noqa: E731
+    assert (fields(Ask(n_ubatch=512, n_batch=512))["n_ubatch"], fields(Ask(n_ubatch=512, n_batch=512))["n_batch"]) \
+        == (ub, ub)
+    assert (fields(Ask(n_ubatch=512, n_batch=8192))["n_ubatch"], fields(Ask(n_ubatch=512, n_batch=8192))["n_batch"]) \
+        == (ub, 8192)
     # a micro-batch the user chose stands
-    assert context_fields(d, {"n_ubatch": 256, "n_batch": 2048}) == {}
+    assert "n_ubatch" not in fields(Ask(n_ubatch=256, n_batch=2048))

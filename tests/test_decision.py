@@ -38,14 +38,14 @@ def test_each_ask_decides_its_own_way(tiny_llama):
     for ask in (Ask(n_ctx=256, n_gpu_layers=3), Ask(n_ctx=256, placement=True), Ask(n_ctx=256, expert_cache=True),
                 Ask(n_ctx=256, fit=Fit(enabled=False))):
         d = decide(header, ask, never, never, routing=never)
-        assert d.plan is None and d.n_ctx == 256 and d.line == "" and not d.context_params
+        assert d.plan is None and d.n_ctx == 256 and d.line == "" and not d.params.fields()["context_params"]
     # budgets: a plan for the step size asked, at the context asked
-    planned = decide(header, Ask(gpu_mem=0, ram="2GiB", n_ctx=512), None, profile, steps=(1, 4))
+    planned = decide(header, Ask(gpu_mem=0, ram="2GiB", n_ctx=512, parallel=4), None, profile)
     assert planned.plan.prediction.parallel == 4 and planned.n_ctx == planned.plan.n_ctx == 512
     # a plan given: that plan, at its context when none is asked, its op offload applied
     off = dataclasses.replace(planned.plan, traffic=dataclasses.replace(planned.plan.traffic, op_offload=False))
     given = decide(header, Ask(plan=off), never, never)
-    assert given.plan is off and given.n_ctx == 512 and given.context_params == {"op_offload": False}
+    assert given.plan is off and given.n_ctx == 512 and given.params.op_offload is False
 
 
 def test_an_unset_context_with_budgets_is_chosen_as_the_default_path_chooses_it(tiny_llama):

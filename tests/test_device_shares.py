@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from hypura.errors import HypuraError
@@ -13,8 +14,7 @@ from hypura.plan import knobs, model_units
 from hypura.plan.shares import ACT_BYTES, DeviceTier, Host, device_tiers, plan_shares
 from hypura.profile import resolve_profile
 from hypura.profile.rpc import RpcDevice
-
-writer = pytest.importorskip("hypura.synth.writer")
+from hypura.synth import writer
 
 GiB = 1 << 30
 H200 = resolve_profile("h200-design")
@@ -141,7 +141,6 @@ def test_device_tiers_from_a_profile_and_measured_rpc_devices():
 def test_the_split_is_exactly_llama_cpps_layer_assignment(l70):
     """The counts as tensor_split give each device exactly its share under llama.cpp's rule
     (llama-model.cpp: layer il goes to the first split point above (il - first) / n_gpu_layers, in float32)."""
-    np = pytest.importorskip("numpy")
     shares = plan_shares(l70, (_gpu("CUDA0", 11), _gpu("CUDA1", 7), _gpu("CUDA2", 5)), HOST, n_ctx=512)
     split = np.array(shares.tensor_split(), dtype=np.float32)
     points = np.cumsum(split, dtype=np.float32) / np.float32(split.sum())

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import hypura
-from hypura.bench.batched import BatchBenchSettings, run_batch_bench
 from hypura.plan import Rates
+from hypura.speed.batched import BatchBenchSettings, run_batch_bench
 
 
 def test_each_size_runs_one_prefill_step_then_ntg_decode_steps(tiny_llama):

@@ -138,26 +138,23 @@ def test_budgets_plan_for_the_batch_and_the_plan_sets_op_offload(tiny_llama):
 
     from hypura.modelfile import read_header
     from hypura.plan.decision import Ask, decide
+    from hypura.plan.load_params import Host
     from hypura.profile import resolve_profile
 
     kwargs = engine_llama_kwargs(8, 64, ram="2GiB", gpu_mem="0")
-    assert kwargs["ram"] == "2GiB" and kwargs["param_overrides"]["context_params"]["n_seq_max"] == 9  # + embeddings
-    # hypura.Llama's decision for those keywords: a plan for steps of 8 tokens
-    header, profile = read_header(tiny_llama), resolve_profile("h200-design")
-    plan = decide(header, Ask(gpu_mem="0", ram="2GiB", n_ctx=8 * 64), None, profile, steps=(8,)).plan
+    assert kwargs["ram"] == "2GiB" and (kwargs["parallel"], kwargs["spare_seqs"]) == (8, 1)  # + embeddings
+    # hypura.Llama's decision for those keywords: a plan for steps of 8 tokens, 9 sequence ids in one KV cache
+    header, profile, machine = read_header(tiny_llama), resolve_profile("h200-design"), Host(False, 4, 8)
+    ask = Ask(gpu_mem="0", ram="2GiB", n_ctx=8 * 64, parallel=8, spare_seqs=1)
+    planned = decide(header, ask, None, profile, host=machine)
+    plan = planned.plan
     assert plan.prediction.parallel == plan.traffic.parallel == 8 and plan.n_ctx == 8 * 64
-    assert decide(header, Ask(plan=plan), None, profile).context_params == ({} if plan.traffic.op_offload else
-                                                                          {"op_offload": False})
+    assert planned.params.n_seq_max == 9 and planned.params.kv_unified
+    assert decide(header, Ask(plan=plan), None, profile, host=machine).params.op_offload == (
+        None if plan.traffic.op_offload else False)
     off = dataclasses.replace(plan, traffic=dataclasses.replace(plan.traffic, op_offload=False))
-    assert decide(header, Ask(plan=off), None, profile).context_params == {"op_offload": False}
+    assert decide(header, Ask(plan=off), None, profile, host=machine).params.op_offload is False
     # no budgets, no plan: no placement but every layer offered to the GPU, as a server (the default path fits it)
     plain = engine_llama_kwargs(8, 64)
-    assert "plan" not in plain and "gpu_mem" not in plain
-    assert plain["param_overrides"]["context_params"]["n_seq_max"] == 9  # a spare sequence id: embeddings
+    assert "plan" not in plain and "gpu_mem" not in plain and plain["spare_seqs"] == 1  # a spare id: embeddings
     assert plain["n_gpu_layers"] == -1 and engine_llama_kwargs(8, 64, n_gpu_layers=0)["n_gpu_layers"] == 0
-
-
-def test_threads_batch_follows_threads():
-    assert engine_llama_kwargs(2, 64, n_threads=1)["n_threads_batch"] == 1  # llama-server's -tb default
-    assert engine_llama_kwargs(2, 64, n_threads=1, n_threads_batch=2)["n_threads_batch"] == 2
-    assert "n_threads_batch" not in engine_llama_kwargs(2, 64)

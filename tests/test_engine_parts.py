@@ -128,7 +128,7 @@ def test_settings_are_checked_with_one_line():
 
 
 def test_the_batched_bound_grows_with_the_batch_and_counts_the_experts_a_batch_touches(tiny_llama, tiny_qwen3moe):
-    from hypura.bench.bound import bound
+    from hypura.speed.bound import bound
     from hypura.cli.bench_cmd import parse_sizes
     from hypura.modelfile import read_header
     from hypura.plan import Rates

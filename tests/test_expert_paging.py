@@ -13,7 +13,8 @@ import pytest
 import hypura
 from hypura.errors import HypuraError
 from hypura.plan import RateOverrides, plan_model
-from hypura.profile import resolve_profile
+from hypura.plan.load_params import llama_threads
+from hypura.profile import host, resolve_profile
 from hypura.runtime.moe import expert_paging
 from hypura.tiers.direct_io import DirectReader, DiskReadError
 from hypura.runtime.placement import FileFiller
@@ -162,9 +163,9 @@ def test_op_offload_is_off_beside_paged_experts_with_a_gpu(tiny_qwen3moe, monkey
     """llama.cpp offloads a prompt's ops on host weights to the GPU, even at -ngl 0 (a plan without GPU
     tensors), copying each weight when its graph split starts: before the router hook has read the
     selected experts. On the H200 such a plan gave NaN logits in some runs."""
-    import hypura.runtime.runtime
+    import hypura.profile.devices
 
-    monkeypatch.setattr(hypura.runtime.runtime, "has_gpu", lambda: True)
+    monkeypatch.setattr(hypura.profile.devices, "has_gpu", lambda: True)  # the machine the decision sees
     llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
     try:
         assert not any(t.tier == "gpu" for t in llm.plan.tensors) and llm._pager is not None
@@ -207,8 +208,8 @@ def test_recorded_routing_persists_and_an_unwritable_cache_only_warns(tiny_qwen3
 def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
     """Which experts a decode reads from disk depends on routing: the bound takes the measured disk bytes
     per token, not the plan's prediction (#5: "the plan's bound at the measured hit rate")."""
-    from hypura.bench.bound import bound
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.bound import bound
+    from hypura.speed.single import BenchSettings, run_bench
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
@@ -244,18 +245,16 @@ def test_fault_in_threads_need_spare_cores(monkeypatch):
         assert expert_paging.fault_in_threads() == threads
 
 
-def test_llama_threads_leave_spare_cores_to_the_pager(monkeypatch):
+def test_llama_threads_leave_spare_cores_to_the_pager():
     for physical, paged, threads in [(2, True, 2), (4, True, 4), (8, True, 6), (16, True, 12), (16, False, 16)]:
-        monkeypatch.setattr(expert_paging, "cores", lambda: (physical, 2 * physical))
-        assert expert_paging.llama_threads(paged) == threads
+        assert llama_threads(physical, paged) == threads
     # a small machine whose decode waits on dense layers read from disk leaves a core to the reader
     for physical, threads in [(1, 1), (2, 1), (4, 3), (8, 8)]:
-        monkeypatch.setattr(expert_paging, "cores", lambda: (physical, 2 * physical))
-        assert expert_paging.llama_threads(False, waits_on_disk_layers=True) == threads
+        assert llama_threads(physical, False, waits_on_disk_layers=True) == threads
 
 
 def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tiny_qwen3moe, monkeypatch):
-    monkeypatch.setattr(expert_paging, "cores", lambda: (16, 16))
+    monkeypatch.setattr(host, "cores", lambda: (16, 16))
     for kwargs, threads in [({"plan": _plan(tiny_qwen3moe)}, (12, 12)), ({}, (16, 16)),
                             ({"plan": _plan(tiny_qwen3moe), "n_threads": 3}, (3, 3)),
                             ({"plan": _plan(tiny_qwen3moe), "n_threads_batch": 5}, (12, 5)),
@@ -271,9 +270,9 @@ def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tin
 def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_qwen3moe):
     """The disk's rate drifts within a lease: the bench probes it with the plan's own expert reads before and
     after the runs, and gives the bound again at the mean rate; the probe leaves the logits and RSS alone."""
-    from hypura.bench.bound import bound
-    from hypura.bench.single import BenchSettings, run_bench
-    from hypura.bench.report import report
+    from hypura.speed.bound import bound
+    from hypura.speed.single import BenchSettings, run_bench
+    from hypura.speed.report import report
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
@@ -298,7 +297,7 @@ def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_q
 
 
 def test_a_plan_without_disk_experts_is_not_probed(tiny_qwen3moe):
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.single import BenchSettings, run_bench
 
     llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
     try:
@@ -330,7 +329,7 @@ def test_each_probe_reads_other_experts(tiny_qwen3moe, monkeypatch):
 def test_a_prompt_of_several_micro_batches_pages_its_experts(tiny_qwen3moe):
     """A batch larger than the micro-batch (llama.cpp splits it) runs with experts paged from disk: between its
     micro-batches the router hook may see a graph of no tokens, which routes nothing."""
-    from hypura.bench.single import BenchSettings, run_bench
+    from hypura.speed.single import BenchSettings, run_bench
 
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=1024, n_batch=1024, n_ubatch=256, n_threads=1,

@@ -139,7 +139,7 @@ def test_the_planner_plans_for_the_batch(model):
 
 
 def test_at_32_sequences_every_weight_off_the_gpu_streams_and_the_bound_is_the_links(model):
-    from hypura.bench.bound import bound
+    from hypura.speed.bound import bound
 
     h = model("llama3.3-70b")
     plan = plan_model(h, H200, gpu_mem="8GiB", ram="64GiB", settings=PlanSettings(n_ctx=32 * CTX_PER_SEQ, parallel=32))

@@ -12,8 +12,7 @@ from hypura.plan import knobs
 from hypura.plan.solve import _Problem, ram_floor
 from hypura.profile import machine_profile
 from hypura.sizes import fmt_mib, parse_size
-
-writer = pytest.importorskip("hypura.synth.writer")
+from hypura.synth import writer
 
 CTX = 4096
 # the two shapes issue 41 names: each ran under this budget before its staging grew to the whole model

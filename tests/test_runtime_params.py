@@ -31,11 +31,15 @@ def test_llama_cpps_own_defaults_are_no_choice_and_yield():
     assert params.merged()["model_params"] == {"n_gpu_layers": 0, "use_extra_bufts": False}
 
 
-def test_hypuras_preferences_yield_to_the_caller_and_to_the_plan():
-    params = LlamaParams({"model_params": {"load_mode": llama_cpp.LLAMA_LOAD_MODE_MMAP}})
-    params.prefer("model_params", n_gpu_layers=-1, load_mode=llama_cpp.LLAMA_LOAD_MODE_NONE)
+def test_the_decisions_fields_go_over_the_callers_and_under_the_plans_needs():
+    params = LlamaParams({"model_params": {"load_mode": llama_cpp.LLAMA_LOAD_MODE_MMAP, "check_tensors": True},
+                          "context_params": {"n_ubatch": 512}})
+    params.decided("model_params", n_gpu_layers=-1, load_mode=llama_cpp.LLAMA_LOAD_MODE_NONE)
+    params.decided("context_params", n_ubatch=2048)
     params.need("model_params", "the plan's placement", n_gpu_layers=5)
-    assert params.merged()["model_params"] == {"n_gpu_layers": 5, "load_mode": llama_cpp.LLAMA_LOAD_MODE_MMAP}
+    assert params.merged() == {"model_params": {"n_gpu_layers": 5, "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE,
+                                                "check_tensors": True},
+                               "context_params": {"n_ubatch": 2048}}
 
 
 def test_an_unknown_params_struct_is_refused():

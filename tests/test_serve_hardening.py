@@ -61,7 +61,7 @@ def test_host_allow_list(client, host, status):
 
 
 def test_any_ip_is_answered_when_listening_on_every_address():
-    from hypura.serve.origins import Origins
+    from hypura.serve.http.origins import Origins
 
     o = Origins("0.0.0.0")
     assert o.host_allowed("192.168.1.9:11434") and o.host_allowed("[fe80::1]:80")

@@ -308,3 +308,27 @@ def test_real_engine_on_demand(store):
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2  # loaded again
     finally:
         server.stop()
+
+
+def test_room_takes_only_the_models_still_idle():
+    """make_room reads the registry's loaded and idle models, then takes those it chose that no request leased
+    meanwhile (Registry.loaded, Registry.take_idle: the registry's lock stays its own)."""
+    from types import SimpleNamespace
+
+    from hypura.serve.models.registry import ModelEntry, Registry
+
+    def entry(name: str, expires: float) -> ModelEntry:
+        closed = SimpleNamespace(close=lambda: None)
+        return ModelEntry(info=SimpleNamespace(name=name), path=None, engine=closed, llm=closed, template=None,
+                          template_error=None, n_ctx=N_CTX, n_vocab=0, loaded_at=None, load_s=0.0, size_vram=0,
+                          pinned=False, expires=expires)
+
+    registry = Registry()
+    older, newer, kept = entry("older", 1.0), entry("newer", 2.0), entry("kept", 0.5)
+    kept.pinned = True
+    registry.entries = {e.name: e for e in (newer, kept, older)}
+    loaded, idle = registry.loaded()
+    assert loaded == [newer, kept, older] and idle == [older, newer]  # least recently used first, never a pinned one
+    newer.leases = 1  # a request leased it while the room was chosen
+    assert registry.take_idle(idle) == [older] and list(registry.entries) == ["newer", "kept"]
+    registry.close()

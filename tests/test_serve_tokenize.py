@@ -12,7 +12,7 @@ import time
 import pytest
 
 import hypura
-from hypura.serve import prompt_tokens
+from hypura.serve.models import prompt_tokens
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from hypura.serve.errors import ApiError  # noqa: E402
+from hypura.serve.http.errors import ApiError  # noqa: E402
 from hypura.serve.tools import read_choice, read_tools  # noqa: E402
 from hypura.serve.tools.formats import GENERIC, HERMES, LLAMA3, MISTRAL, detect  # noqa: E402
 from hypura.serve.tools.stream import ReplyStream  # noqa: E402

@@ -220,12 +220,9 @@ def test_streamed_logits_equal_resident_without_repacking(tiny_llama, n_threads,
 
 
 def test_a_small_machine_waiting_on_disk_layers_leaves_a_core_to_the_reader(smollm2_path, ram_plan, monkeypatch):
-    from hypura.runtime import runtime
-    from hypura.runtime.moe import expert_paging
+    from hypura.profile import host
 
-    two_cores = lambda: (2, 2)  # noqa: E731
-    monkeypatch.setattr(expert_paging, "cores", two_cores)
-    monkeypatch.setattr(runtime, "cores", two_cores)
+    monkeypatch.setattr(host, "cores", lambda: (2, 2))  # the machine the decision sees
     on_disk = streamed(ram_plan, ALL, slots=2)
     waits = dataclasses.replace(on_disk, prediction=dataclasses.replace(  # the disk 10x slower than the CPU
         on_disk.prediction, decode_limit="disk", seconds={"cpu": 0.01, "disk": 0.1}, prefill_limit="disk"))

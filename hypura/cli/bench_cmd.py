@@ -1,5 +1,5 @@
 """`hypura bench MODEL`: prefill and decode speed under a plan (or llama.cpp's placement), with medians,
-spread, the bound and the plan's prediction (hypura/bench/); this file only parses the flags."""
+spread, the bound and the plan's prediction (hypura/speed/); this file only parses the flags."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def bench(model, gpu_mem, ram, plan_file, n_prompt, n_gen, ctx_size, fit_ctx, re
 
     With -md DRAFT or --spec-type: speculative decoding of -n greedy tokens from a text prompt beside plain
     decoding, -r times: tok/s, tokens and acceptance a pass, pass cost by tokens carried, the bound."""
-    from hypura.bench.report import report
-    from hypura.bench.run import BenchArgs, run
+    from hypura.speed.report import report
+    from hypura.speed.run import BenchArgs, run
 
     args = BenchArgs(model, gpu_mem, ram, plan_file, parse_sizes("-p", n_prompt, 0), parse_sizes("-n", n_gen, 0),
                      ctx_size, fit_ctx, repetitions, threads, n_gpu_layers, flash_attn, profile_spec, expert_slots, seed,

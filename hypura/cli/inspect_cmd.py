@@ -115,10 +115,11 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
     default = not profile_spec and gpu_mem is None and ram is None and kv_type == "f16"
     ask = Ask(plan=None if default else "auto", gpu_mem=gpu_mem, ram=ram, n_ctx=ctx_size, n_ubatch=ubatch_size,
               n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner, always_plan=True,
-              beside=Beside.of(read_header(draft), ubatch_size, KV_TYPES[kv_type]) if draft else None)
+              beside=Beside.of(read_header(draft), ubatch_size, KV_TYPES[kv_type]) if draft else None,
+              parallel=parallel)
     t0 = time.perf_counter()
     recorded = _routing(routing, header)
-    decision = decide(header, ask, free_memory() if default else None, profile, steps=(parallel,), routing=recorded)
+    decision = decide(header, ask, free_memory() if default else None, profile, routing=recorded)
     plan = decision.plan
     solve_ms = (time.perf_counter() - t0) * 1e3
     if default:
@@ -145,7 +146,7 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
         plan.save(json_out)
         click.echo(f"plan written to {json_out}")
     if plot:
-        from hypura.plan.plot import plot_plan
+        from hypura.cli.plan_plot import plot_plan
 
         plot_plan(plan, plot)
         click.echo(f"plot written to {plot}")

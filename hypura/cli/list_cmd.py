@@ -43,7 +43,7 @@ def list_models(with_plan, models_dir) -> None:
     """List the models Hypura finds by name: Ollama's store ($OLLAMA_MODELS or ~/.ollama/models), LM Studio's
     (~/.lmstudio/models) and --models-dir. Any of these names works with hypura-cli -m, inspect and serve."""
     from hypura.modelfile import read_header
-    from hypura.serve.model_info import quantization_level
+    from hypura.serve.models.model_info import quantization_level
 
     catalog = Catalog.scan(models_dir)
     profile = None

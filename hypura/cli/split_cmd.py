@@ -6,8 +6,8 @@ import click
 
 from hypura.plan import knobs
 from hypura.plan.shares import Host, describe_shares, device_tiers, plan_shares
-from hypura.plan.units import model_units
 from hypura.sizes import parse_size
+from hypura.units import model_units
 
 
 def _sizes(text: str | None) -> list[int] | None:

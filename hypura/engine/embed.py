@@ -2,7 +2,7 @@
 
 `Engine.embed` holds the step lock (the engine thread holds it for each step, so an embedding waits at
 most one step and never runs beside one), turns llama.cpp's embeddings output on, decodes each input in
-the spare sequence id `parallel` (no slot uses it: the loader makes n_seq_max = parallel + 1), reads the
+the spare sequence id `parallel` (no slot uses it: the loader asks for it, spare_seqs), reads the
 result and removes that sequence's KV, then turns embeddings off again. A context that pools (an
 embedding model's GGUF sets its pooling type) gives one vector per sequence, and the input must fit one
 batch; otherwise (a generative model) the tokens' last hidden states are averaged, over as many batches

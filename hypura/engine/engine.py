@@ -62,7 +62,7 @@ class Engine:
         n_seq = self._kv.n_seq_max
         if n_seq < config.parallel:
             raise HypuraError(f"the model's context holds {n_seq} sequences, fewer than parallel {config.parallel}: load "
-                              "it with param_overrides={'context_params': {'n_seq_max': N}} (hypura.engine.load does)")
+                              "it with parallel=N (hypura.engine.load does)")
         unified = bool(llm.context_params.kv_unified)
         # a unified cache is shared by all sequences; each stream of a split one holds its sequence only
         per_seq = self._kv.n_ctx() // config.parallel if unified else self._kv.n_ctx_seq
@@ -149,8 +149,8 @@ class Engine:
         if not inputs or any(not t for t in inputs):
             raise HypuraError("embed needs non-empty token lists")
         if self._kv.n_seq_max <= self.config.parallel:
-            raise HypuraError("this engine has no spare sequence for embeddings: load it with n_seq_max "
-                              "= parallel + 1 (hypura.engine.load does)")
+            raise HypuraError("this engine has no spare sequence for embeddings: load its model with "
+                              "spare_seqs=1 (hypura.engine.load does)")
         with self._step_lock:
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")

@@ -13,32 +13,27 @@ from hypura.engine.engine import Engine
 from hypura.errors import HypuraError
 from hypura.speculative.auto import resolve
 
+# one spare sequence id for embeddings (engine/embed.py): in a unified KV cache it costs no memory
+EMBEDDING_SEQS = 1
+
 
 def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, **kwargs) -> dict:
-    """hypura.Llama keywords (hypura.loaded.LoadAsk.of's) for `parallel` sequences of `n_ctx_per_seq` tokens each: one unified KV cache
-    of parallel x n_ctx_per_seq cells (sequences copy a shared prefix's cells instead of recomputing it),
-    n_seq_max = parallel + 1 (a spare id for embeddings; hypura.Llama's decision plans for steps of that many
-    tokens), and flash attention
-    unless asked otherwise (llama.cpp's default, "auto"): its CPU kernel leaves a sequence's attention
-    independent of the others in the batch (docs/engine.md). Without a plan or budgets, every layer is
-    offered to the GPU (n_gpu_layers=-1, as llama-server and Ollama serve), and the default path fits the
-    model to the free memory or plans it there."""
+    """hypura.Llama keywords (hypura.loaded.LoadAsk.of's) for `parallel` sequences of `n_ctx_per_seq` tokens each, and one spare sequence id
+    for embeddings (engine/embed.py): the decision makes them one unified KV cache of parallel x n_ctx_per_seq
+    cells (sequences copy a shared prefix's cells instead of recomputing it), plans for steps of `parallel`
+    tokens, and chooses the threads for them (hypura.plan.load_params). Flash attention is llama.cpp's default
+    ("auto") unless asked otherwise: its CPU kernel leaves a sequence's attention independent of the others in
+    the batch (docs/engine.md). Without a plan or budgets, every layer is offered to the GPU (n_gpu_layers=-1,
+    as llama-server and Ollama serve), and the default path fits the model to the free memory or plans it there."""
     if "n_ctx" in kwargs:
         raise HypuraError("give n_ctx_per_seq: the context is parallel x n_ctx_per_seq tokens")
-    overrides = {name: dict(fields) for name, fields in (kwargs.pop("param_overrides", None) or {}).items()}
-    context = overrides.setdefault("context_params", {})
-    context.setdefault("kv_unified", True)
-    # one spare sequence id for embeddings (engine/embed.py): in a unified cache it costs no memory
-    context.setdefault("n_seq_max", parallel + 1 if context["kv_unified"] else parallel)
     if "flash_attn" not in kwargs:
-        context.setdefault("flash_attn_type", llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
-    if kwargs.get("n_threads") and not kwargs.get("n_threads_batch"):
-        # llama-server's -tb default: -t (llama-cpp-python's would be every logical CPU, which every step of
-        # several tokens, i.e. each step of several sequences, then uses)
-        kwargs["n_threads_batch"] = kwargs["n_threads"]
+        overrides = {name: dict(fields) for name, fields in (kwargs.pop("param_overrides", None) or {}).items()}
+        overrides.setdefault("context_params", {}).setdefault("flash_attn_type", llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+        kwargs["param_overrides"] = overrides
     kwargs.setdefault("n_gpu_layers", -1)  # a server's default: hypura.Llama's own stays llama-cpp-python's CPU
     kwargs.setdefault("verbose", False)
-    return dict(kwargs, n_ctx=parallel * n_ctx_per_seq, param_overrides=overrides)
+    return dict(kwargs, n_ctx=parallel * n_ctx_per_seq, parallel=parallel, spare_seqs=EMBEDDING_SEQS)
 
 
 def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 4096,

@@ -29,6 +29,8 @@ class LoadAsk:
     devices: Optional[Iterable[str]] = None
     rpc_mem: Optional[Iterable[Union[int, str]]] = None
     split: bool = False
+    parallel: int = 1  # sequences decoded together: the plan's step, llama.cpp's n_seq_max (hypura.plan.load_params)
+    spare_seqs: int = 0  # sequence ids beside them that decode nothing in a step (the engine's embeddings)
 
     @classmethod
     def of(cls, **kwargs) -> "LoadAsk":

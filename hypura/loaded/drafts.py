@@ -55,8 +55,7 @@ def draft_model(path, target, n_seq: int = 1, p_min: float = 0.0, **kwargs) -> D
     context per sequence each; n_ctx in kwargs: the whole cache)."""
     kwargs.setdefault("n_ctx", target.n_ctx())
     if n_seq > 1:
-        overrides = kwargs.setdefault("param_overrides", {})
-        overrides.setdefault("context_params", {}).update({"n_seq_max": n_seq, "kv_unified": True})
+        kwargs.setdefault("parallel", n_seq)  # one unified KV cache of n_seq sequences (hypura.plan.load_params)
     draft = load_beside(path, target, **kwargs)
     return DraftModel(draft.context, n_seq, p_min, model=draft)
 
@@ -76,7 +75,8 @@ def tree_drafter(path, target, branches: int, p_split: float, **draft_kwargs) ->
     """A draft model building trees of `branches` leaves: a sequence per branch in its own cache."""
     overrides = draft_kwargs.pop("param_overrides", {})
     overrides.setdefault("context_params", {}).update(context_params(branches))
-    return TreeDrafter(draft_model(path, target, param_overrides=overrides, **draft_kwargs), branches, p_split)
+    return TreeDrafter(draft_model(path, target, param_overrides=overrides, parallel=branches, **draft_kwargs),
+                       branches, p_split)
 
 
 def make_verifier(s: SpecSettings, target: LoadedModel, is_eog, **draft_kwargs):

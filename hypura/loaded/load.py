@@ -26,7 +26,7 @@ from hypura.loaded.model import LoadedModel
 from hypura.modelfile import read_header
 from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
-from hypura.plan.decision import Ask, Decision, Routing, context_fields, decide
+from hypura.plan.decision import Ask, Decision, Routing, decide
 from hypura.runtime.devices import DeviceAsk, DeviceChoice, choose as choose_devices
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
 from hypura.runtime.overrides import overrides_policy
@@ -77,20 +77,17 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
     if devices.shares is not None:  # the split took the budgets: the decision is llama.cpp's placement
         at.gpu_mem = at.ram = None
     decision, found = _decide(at, ask, placed or bool(ask.rpc_servers) or ask.devices is not None or ask.split)
+    k.update(decision.params.keywords())  # the context, its batches and the threads (hypura.plan.load_params)
     context = overrides.setdefault("context_params", {})
-    k["n_ctx"] = decision.n_ctx
     if "n_ctx" in context:
         context["n_ctx"] = decision.n_ctx
-    context.update(context_fields(decision, {"n_ubatch": k["n_ubatch"], "n_batch": k["n_batch"], **context}))
-    k["n_batch"] = context.get("n_batch", k["n_batch"])
     expert_cache = ask.expert_cache
     if isinstance(expert_cache, int):
         expert_cache = ExpertCacheSettings(slots=expert_cache)
     runtime = Runtime(header, path, decision.plan, ask.placement_policy or overrides_policy(ask.override_tensor),
-                      overrides, expert_cache, ask.on_route)
+                      decision.params, overrides, expert_cache, ask.on_route)
     if runtime.reads is not None and at.say is not None:
         at.say(runtime.reads.line)
-    k["n_threads"], k["n_threads_batch"] = runtime.threads(k["n_threads"], k["n_threads_batch"])
     stack = contextlib.ExitStack()  # llama.cpp's model and context
     runtime.own(stack.close)  # first at close: before the layer stream and expert caches
     try:
@@ -131,13 +128,15 @@ def _decide(at: _Loading, ask: LoadAsk, placed: bool) -> tuple[Decision, object]
     n_ubatch = context.get("n_ubatch", k["n_ubatch"])
     request = Ask(plan=ask.plan, gpu_mem=at.gpu_mem, ram=at.ram, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
                   n_ubatch=n_ubatch, n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
-                  placement=placed, expert_cache=ask.expert_cache is not None, fit=fit)
+                  placement=placed, expert_cache=ask.expert_cache is not None, fit=fit,
+                  n_batch=context.get("n_batch", k["n_batch"]), n_threads=k["n_threads"],
+                  n_threads_batch=k["n_threads_batch"], param_overrides=at.overrides, parallel=ask.parallel,
+                  spare_seqs=ask.spare_seqs)
     machine = ask.profile or functools.cache(lambda: planning_profile(at.path, say, measure=fit.measure_profile))
 
     def decide_beside(beside: Optional[Beside]) -> Decision:
         return decide(header, dataclasses.replace(request, beside=beside), lambda: fit.free or free_memory(),
-                      machine, steps=(max(1, context.get("n_seq_max", 1)),),
-                      routing=lambda: Routing(*routing_frequencies(header)))
+                      machine, routing=lambda: Routing(*routing_frequencies(header)))
 
     draft, found_path = ask.draft_beside, None
     if is_auto(draft):  # a draft from the stores, planned beside; kept where the cost model predicts a gain

@@ -17,8 +17,8 @@ from hypura.plan.cost import Prediction, Rates, Traffic, predict, traffic
 from hypura.plan.experts import with_expert_cache
 from hypura.plan.plan import Plan, TensorPlacement, build_plan
 from hypura.plan.solve import PlanSettings, greedy, optimize, turn_seconds
-from hypura.plan.units import ModelUnits, model_units
 from hypura.profile.model import MachineProfile
+from hypura.units import ModelUnits, model_units
 
 SOLVERS = {"optimizer": optimize, "greedy": greedy}
 

@@ -27,8 +27,8 @@ from hypura.plan import knobs
 from hypura.plan.budget import fmt_size, parse_size
 from hypura.plan.cost import DISK, GPU, RAM
 from hypura.plan.plan import Plan
-from hypura.plan.units import model_units
 from hypura.profile.free import FreeMemory
+from hypura.units import model_units
 
 # llama.cpp's --fit-ctx default (common.h fit_params_min_ctx): an unset context is never cut below it
 MIN_CTX = 4096
@@ -139,6 +139,12 @@ def free_caps(free: FreeMemory, fit: Fit, on_gpu: bool) -> tuple[int, int]:
     return max(0, (free.gpu or 0) - fit.gpu_margin) if on_gpu else 0, max(0, free.ram - fit.ram_margin)
 
 
+def fits_free(need: tuple[int, int], free: FreeMemory, fit: Fit, on_gpu: bool) -> bool:
+    """(GPU bytes, RAM bytes) that llama.cpp's placement takes fit the free memory less the margins."""
+    gpu_cap, ram_cap = free_caps(free, fit, on_gpu)
+    return need[0] <= gpu_cap and need[1] <= ram_cap
+
+
 def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, free: FreeMemory, unified: bool,
                  profile: Callable[[], object], plan_within: Callable[[object, Caps, int], Plan],
                  always_plan: bool = False,
@@ -158,7 +164,7 @@ def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, fre
     contexts = [n_ctx] if n_ctx > 0 else m.contexts(fit.min_ctx)
     for c in contexts:
         gpu, ram = (a + b for a, b in zip(m.resident_need(c, on_gpu, unified), reserve(c)))
-        if gpu <= gpu_cap and ram <= ram_cap:
+        if fits_free((gpu, ram), free, fit, on_gpu):
             where = "every layer on the GPU" if on_gpu else "in RAM"
             line = (f"hypura: fits: llama.cpp's placement ({where}), context {c}"
                     + ("" if n_ctx or c == m.n_train else f" (training context {m.n_train} does not fit)")
@@ -276,4 +282,4 @@ def resident_need(header, n_ctx: int, n_ubatch: int, on_gpu: bool, unified: bool
 
 
 __all__ = ["CTX_DECODE_TOLERANCE", "Caps", "Fit", "MIN_CTX", "check_budgets", "contexts_for", "default_path",
-           "grow_context", "plan_unset_context", "resident_need", "summary"]
+           "fits_free", "free_caps", "grow_context", "plan_unset_context", "resident_need", "summary"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hypura.plan import knobs
-from hypura.plan.units import model_units
+from hypura.units import model_units
 
 
 @dataclass(frozen=True)

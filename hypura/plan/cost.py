@@ -35,7 +35,7 @@ their bytes leave the link.
 
 `traffic()` turns a placement into `Traffic` (through `StepLoad`, which the solver also updates unit by
 unit); `hypura bench --parallel` calls the same `traffic()` and `predict()` for the prediction it prints
-beside a measurement. The bound it prints too (hypura/bench/bound.py) is this model's bytes alone: each
+beside a measurement. The bound it prints too (hypura/speed/bound.py) is this model's bytes alone: each
 path's bytes at its rate (`bytes_seconds`), experts by `step_probability`, no compute and no fixed costs.
 """
 
@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hypura.plan import knobs
-from hypura.plan.units import ModelUnits
+from hypura.units import ModelUnits
 from hypura.tiers.names import CPU, DISK, GPU, RAM  # noqa: F401  (re-exported: the plan speaks them)
 
 PATHS = ("gpu", "cpu", "link", "disk")
@@ -128,7 +128,7 @@ class Traffic:
     decode_gpu_flops: float = 0.0  # a step's FLOPs (all its tokens) computed by the GPU
     decode_cpu_flops: float = 0.0
     offload_bytes: float = 0.0  # host weights op offload copies to the GPU every step (parallel >= 32)
-    op_offload: bool = True  # llama.cpp's op offload as the plan wants it (the engine's loader applies False)
+    op_offload: bool = True  # llama.cpp's op offload as the plan wants it (plan/load_params.py applies False)
     # CPU-computed RAM weights held in pinned host memory, plain layout (a plan that streams to the GPU, or the
     # pinned candidate, plan/solve.py): the CPU reads them at Rates.cpu_read_plain, op offload copies them at the
     # link's rate
@@ -163,7 +163,7 @@ def step_probability(p: float, parallel: int) -> float:
 
 def bytes_seconds(nbytes: dict, r: Rates, expert_disk: float = 0.0, pinned: bool = False) -> dict:
     """Each path's seconds for its bytes alone at its rate (PATHS' keys; a path without a rate moves nothing):
-    no compute, no fixed costs, no path slowed by another, the bound hypura/bench/bound.py prints. pinned: the
+    no compute, no fixed costs, no path slowed by another, the bound hypura/speed/bound.py prints. pinned: the
     CPU's weights are held pinned (Traffic.host_pinned), read at its plain-layout rate."""
     return {CPU: nbytes[CPU] / r.cpu_rate(pinned), "link": nbytes["link"] / r.link if r.link else 0.0,
             "disk": r.disk_seconds(nbytes["disk"], expert_disk),

@@ -1,6 +1,8 @@
 """The one decision every front end applies before llama.cpp loads a model: from the model's header, what
-the user asked, the free memory, the machine's profile and the step sizes the caller will run, the plan
-(or llama.cpp's own placement), the context, the llama.cpp parameters the plan needs, and why.
+the user asked, the free memory, the machine's profile and the sequences the caller decodes together, the plan
+(or llama.cpp's own placement), the context, and why; then everything llama.cpp's load needs: its model and
+context parameters and the thread counts, from one pure function of the plan, the ask and the machine
+(load_params.py), which the runtime and the loader apply.
 
     asked                                   decided
     a plan (a Plan, a plan file)            that plan, at the context asked (unset: the plan's)
@@ -20,15 +22,16 @@ measures a profile).
 from __future__ import annotations
 
 import dataclasses
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from hypura.errors import HypuraError
 from hypura.plan import knobs, plan_model
-from hypura.plan.auto import Fit, check_budgets, default_path, free_caps, plan_unset_context, summary
+from hypura.plan.ask import Ask, Planner
+from hypura.plan.auto import check_budgets, default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
-from hypura.plan.budget import RateOverrides, budgets_for, fmt_size
+from hypura.plan.budget import budgets_for, fmt_size
+from hypura.plan.load_params import Host, LoadParams, load_params
 from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan
 from hypura.plan.solve import PlanSettings
@@ -47,39 +50,10 @@ class Routing:
 
 
 @dataclass(frozen=True)
-class Planner:
-    """The planner's own settings (`hypura inspect`'s flags); the defaults are what every run plans with."""
-
-    kv_bytes_per_element: float = knobs.KV_BYTES_PER_ELEMENT
-    prefetch_depth: int = knobs.PREFETCH_DEPTH
-    disk: bool = True  # False: never stream from disk
-    overrides: RateOverrides = RateOverrides()
-    solver: str = "optimizer"
-
-
-@dataclass(frozen=True)
-class Ask:
-    """What the user asked for."""
-
-    plan: Union[Plan, str, os.PathLike, None] = None  # a Plan, a plan file, or "auto"
-    gpu_mem: Union[int, str, None] = None  # budgets: a plan is made within them
-    ram: Union[int, str, None] = None
-    n_ctx: int = 0  # 0: unset (chosen here)
-    n_ubatch: int = knobs.N_UBATCH
-    n_gpu_layers: int = -1  # 0: the CPU computes; -1: every layer offered to the GPU; N: llama.cpp's placement
-    placement: bool = False  # a placement policy or -ot overrides: llama.cpp's placement, refused beside a plan
-    expert_cache: bool = False  # an expert cache: llama.cpp places the rest (with budgets: a plan does)
-    fit: Fit = Fit()
-    planner: Planner = Planner()
-    always_plan: bool = False  # `hypura inspect`: the plan within the free memory even where the model fits
-    beside: Optional[Beside] = None  # a draft loaded beside: its memory is reserved within the budgets
-
-
-@dataclass(frozen=True)
 class Decision:
     plan: Optional[Plan]  # None: llama.cpp places the model
     n_ctx: int  # the context to create (0: llama.cpp's, the training context)
-    context_params: Mapping[str, object] = field(default_factory=dict)  # fields the plan needs, unless the user set them
+    params: LoadParams  # llama.cpp's parameters and threads for the load (load_params.py)
     line: str = ""  # what the user is told; "" where the ask decided it (a plan given, llama.cpp's placement)
     free: Optional[FreeMemory] = None  # the free memory the decision was made within, where it was needed
     fits: bool = False  # the default path found llama.cpp's placement fits (the plan, if any: Ask.always_plan's)
@@ -89,14 +63,19 @@ class Decision:
 Source = Union[FreeMemory, MachineProfile, Callable[[], object], None]
 
 
-def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int] = (1,),
-           routing: Union[Routing, Callable[[], Routing]] = Routing()) -> Decision:
+def decide(header, ask: Ask, free: Source, profile: Source,
+           routing: Union[Routing, Callable[[], Routing]] = Routing(), host: Optional[Host] = None) -> Decision:
     """The decision for `header` (module docstring). free: FreeMemory (None: another machine's plan, budgets
-    not checked, no default path); profile: the MachineProfile to plan with; steps: the tokens a decode step
-    will carry (sequences decoded together), the largest of which the plan's cost model optimises; routing:
-    the recorded routing to plan with."""
+    not checked, no default path); profile: the MachineProfile to plan with; routing: the recorded routing to
+    plan with; host: the machine the load's parameters are for (None: this one). The plan's cost model optimises
+    steps of ask.parallel tokens (the sequences decoded together)."""
     free_now, machine, recorded = _once(free), _once(profile), _once(routing)
-    parallel = max(steps)
+    parallel = ask.parallel
+
+    def applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
+        return Decision(plan, n_ctx, load_params(plan, n_ctx, ask, host or Host.here()), line,
+                        beside_on_gpu=beside_on_gpu)
+
     budgets = ask.gpu_mem is not None or ask.ram is not None
 
     def plan_within(prof, gpu_mem, ram, n_ctx: int, n_ubatch: int = ask.n_ubatch) -> Plan:
@@ -125,21 +104,21 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
                 raise HypuraError("give a plan or gpu_mem/ram budgets (which make a plan), not both")
             plan = ask.plan if isinstance(ask.plan, Plan) else Plan.load(ask.plan)
             plan.check_model(header)
-            return _applied(plan, ask.n_ctx or plan.n_ctx)
+            return applied(plan, ask.n_ctx or plan.n_ctx)
         plan_at, drafts = lambda c: plan_within(machine(), ask.gpu_mem, ask.ram, c), {}  # noqa: E731
         if ask.beside is not None:
             b = budgets_for(machine(), 0 if ask.planner.overrides.no_gpu else ask.gpu_mem, ask.ram)
             beside = _beside_planned(ask.beside, plan_within, b.unified, drafts)
             plan_at = lambda c: beside(machine(), b.gpu, b.ram, c)  # noqa: E731
         if ask.n_ctx:
-            return _applied(grown(plan_at(ask.n_ctx)), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx))
+            return applied(grown(plan_at(ask.n_ctx)), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx))
         plan = grown(plan_unset_context(plan_at, header, ask.fit.min_ctx))
         on_gpu = drafts.get(plan.n_ctx)
         line = f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}"
-        return _applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
+        return applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
     llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
     if ask.placement or ask.expert_cache or llama_places or not ask.fit.enabled or free is None:
-        return Decision(None, ask.n_ctx)
+        return applied(None, ask.n_ctx)
     mem = free_now()
     on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None
     unified = on_gpu and unified_memory()
@@ -154,27 +133,7 @@ def decide(header, ask: Ask, free: Source, profile: Source, steps: Sequence[int]
         lambda prof, b, c: within(prof, b.gpu, b.ram, c), ask.always_plan, reserve, grown)
     draft_on_gpu = first(n_ctx) if fits else drafts.get(n_ctx)
     line += _beside_note(ask.beside, draft_on_gpu, n_ctx)
-    return dataclasses.replace(_applied(plan, n_ctx, line, draft_on_gpu), free=mem, fits=fits)
-
-
-def _applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
-    # the plan was made for many sequences without llama.cpp's op offload (plan/cost.py): it is turned off
-    context = {"op_offload": False} if plan is not None and not plan.traffic.op_offload else {}
-    if plan is not None and plan.n_ubatch > knobs.N_UBATCH:  # a larger micro-batch pays (plan/microbatch.py)
-        context["n_ubatch"] = plan.n_ubatch
-    return Decision(plan, n_ctx, context, line, beside_on_gpu=beside_on_gpu)
-
-
-def context_fields(decision: Decision, given: Mapping[str, object]) -> dict:
-    """The context fields the decision adds to those `given` (llama.cpp's names): a given field stands, but a
-    micro-batch equal to llama.cpp's default is no choice (the CLI passes every flag) and yields to the plan's,
-    with a batch at least as large (llama.cpp splits a batch into micro-batches, never the other way)."""
-    out = {key: value for key, value in decision.context_params.items() if key not in given}
-    ubatch = decision.context_params.get("n_ubatch")
-    if ubatch and given.get("n_ubatch", knobs.N_UBATCH) == knobs.N_UBATCH:
-        out["n_ubatch"] = ubatch
-        out["n_batch"] = max(int(given.get("n_batch") or 0), ubatch)
-    return out
+    return dataclasses.replace(applied(plan, n_ctx, line, draft_on_gpu), free=mem, fits=fits)
 
 
 def _beside_planned(beside: Beside, plan_within: Callable, unified: bool, drafts: dict) -> Callable:
@@ -224,4 +183,4 @@ def unified_memory() -> bool:
     return bool(gpus and gpus[0].unified)
 
 
-__all__ = ["Ask", "Decision", "Planner", "Routing", "context_fields", "decide", "unified_memory"]
+__all__ = ["Ask", "Decision", "Planner", "Routing", "decide", "unified_memory"]

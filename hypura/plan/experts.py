@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from hypura.plan import knobs
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction
 from hypura.plan.plan import Plan
-from hypura.plan.units import ModelUnits
+from hypura.units import ModelUnits
 
 
 def with_expert_cache(plan: Plan, mu: ModelUnits, expert_probs: Mapping[int, Sequence[float]] | None) -> Plan:

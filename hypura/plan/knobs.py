@@ -6,6 +6,8 @@ profile lacks a figure, and the fixed costs and margins no quick measurement pin
 
 # rates a profile derives from what it measured, the planner uses them too
 from hypura.profile.knobs import CPU_FLOPS_DEFAULT, GPU_FLOPS_DEFAULT, GPU_READ_EFFICIENCY  # noqa: F401
+# the sizes of llama.cpp's buffers, counted with a model's units; the planner uses them too
+from hypura.units import COMPUTE_ACTIVATIONS, COMPUTE_FLOOR, KV_BYTES_PER_ELEMENT  # noqa: F401
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -93,14 +95,10 @@ MICROBATCH_DECODE_TOLERANCE = 0.03
 # layers in flight ahead of the one computing: one absorbs the next layer's read, two absorb the
 # jitter of a disk read (Hypura's "prefetch depth")
 PREFETCH_DEPTH = 2
-# KV cache element size: llama.cpp's default cache type is f16
-KV_BYTES_PER_ELEMENT = 2.0
 
 # --- compute buffers ------------------------------------------------------------------------
-# llama.cpp's per-device compute buffer with flash attention (default AUTO): logits plus a few
-# activations of the micro-batch in f32; measured 0.3-1.1 GiB in llama.cpp logs for 7-70B models
-COMPUTE_ACTIVATIONS = 8  # activation vectors of n_embd per token held at once
-COMPUTE_FLOOR = 256 * MiB
+# llama.cpp's per-device buffers (KV element size, compute buffer) are sized where a model's units are
+# counted (hypura/units.py)
 # the CPU's compute buffer when the GPU computes every layer: llama.cpp logs show CPU/CUDA_Host
 # compute buffers of 16-40 MiB with full offload (input embeddings of the micro-batch)
 HOST_BUFFER_OFFLOADED = 64 * MiB

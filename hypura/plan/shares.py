@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import fmt_size
-from hypura.plan.units import ModelUnits
+from hypura.units import ModelUnits
 
 HOST = "host"
 # f32 activations cross the links (ggml's graph splits copy the hidden state as it is computed)

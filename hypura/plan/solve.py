@@ -40,8 +40,8 @@ from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.candidates import choose
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, predict, traffic
-from hypura.plan.units import ModelUnits
 from hypura.sizes import fmt_mib
+from hypura.units import ModelUnits
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ rate is what a token of the whole model reads over the time those give it (all i
 rate, the head, the fixed part), as a run of the whole model on the CPU would measure it: a small model's
 output head is a large share of its token, and may run at another rate than its blocks. The `top` blocks are
 timed once more from ggml's plain layout (no repacking), as a plan that streams to a GPU holds its CPU weights
-(pinned): the median ratio of paired steps scales the decode rate to `decode_bw_plain`. Bytes and weights are counted as the planner counts them (hypura.plan.units: an expert at k/E).
+(pinned): the median ratio of paired steps scales the decode rate to `decode_bw_plain`. Bytes and weights are counted as the planner counts them (hypura.units: an expert at k/E).
 The prefill rate is 2 FLOP per weight of the extra blocks over a prompt's extra time. Without llama.cpp or
 a model, the RAM copy rate stands in (a proxy, and the method says so).
 """
@@ -44,7 +44,7 @@ def block_counts(header: ModelHeader) -> tuple[int, int]:
 
 def token_load(header: ModelHeader, blocks: int) -> tuple[float, float]:
     """(bytes, weights) a decode token reads of the first `blocks` blocks, as the planner counts them."""
-    from hypura.plan.units import model_units
+    from hypura.units import model_units
 
     units = [u for u in model_units(header).units if 0 <= u.layer < blocks]
     return sum(u.p * u.nbytes for u in units), sum(u.p * u.elements for u in units)
@@ -142,7 +142,7 @@ def measure_model(model: Path, threads: int, folder: Path,
                   progress: Callable[[str], None] = lambda _: None) -> CpuCompute:
     """The CPU's decode and prefill rates on `model`'s own blocks (module docstring); `folder` holds the
     copies of them while they are timed."""
-    from hypura.plan.units import ModelDims
+    from hypura.units import ModelDims
 
     header = read_header(model)
     base, top = block_counts(header)

@@ -14,8 +14,8 @@ from typing import Optional, Union
 from hypura.plan import knobs
 from hypura.plan.auto import MIN_CTX
 from hypura.plan.shares import DeviceShares, Host, device_tiers, plan_shares
-from hypura.plan.units import model_units
 from hypura.sizes import parse_size
+from hypura.units import model_units
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The runtime of one model: built from (header, plan or placement policy, settings), it decides
-llama.cpp's parameter changes (params.py), the placement policy and fill hooks of the load, the
-per-layer and router hooks of the compute, and owns every lifetime.
+"""The runtime of one model: built from (header, plan or placement policy, the decision's llama.cpp
+parameters, settings), it applies those parameters over the caller's (params.py), and makes the placement
+policy and fill hooks of the load, the per-layer and router hooks of the compute, and owns every lifetime.
 
 Lifetimes (one ExitStack each, closed in reverse order of entry):
   `_users`: what reads or copies into the model's memory (the pager's readers, expert-cache copies,
@@ -24,19 +24,19 @@ from hypura.bindings.batch import Batch
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan import Plan
+from hypura.plan.load_params import LoadParams
 from hypura.profile.devices import has_gpu
-from hypura.profile.host import cores
 from hypura.runtime.dense.layer_streamer import LayerStreamer
 from hypura.runtime.dense.stream_layout import StreamLayout
 from hypura.runtime.mechanism import Mechanism
 from hypura.runtime.moe.coactivation import CoactivationPredictor, CoactivationRecorder, model_key
-from hypura.runtime.moe.expert_paging import ExpertPager, llama_threads, paged_tensors
+from hypura.runtime.moe.expert_paging import ExpertPager, paged_tensors
 from hypura.runtime.moe.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer
 from hypura.runtime.load_reads import LoadReads, load_reads
 from hypura.runtime.params import LlamaParams
 from hypura.runtime.placement import FileFiller, LoaderHooks, Placement, PlacementPolicy, Tier
 from hypura.runtime.plan_policy import plan_layout, plan_policy
-from hypura.runtime.pools import GPU_POOL, HOST_POOL
+from hypura.plan.pools import GPU_POOL, HOST_POOL
 from hypura.runtime.router import Router
 from hypura.runtime.stats import RunStats, gpu_free
 from hypura.runtime.transfers import Transfers
@@ -44,12 +44,19 @@ from hypura.runtime.transfers import Transfers
 
 class Runtime:
     def __init__(self, header, model_path: str, plan: Optional[Plan], policy: Optional[PlacementPolicy],
-                 param_overrides: Optional[dict] = None, expert_cache: Optional[ExpertCacheSettings] = None,
-                 on_route: Optional[Callable] = None):
-        """plan: a resolved Plan, or None (then `policy` places every tensor); expert_cache: slots per MoE
-        layer (default: the plan's); on_route: a callback of every MoE layer's chosen experts."""
+                 load: LoadParams, param_overrides: Optional[dict] = None,
+                 expert_cache: Optional[ExpertCacheSettings] = None, on_route: Optional[Callable] = None):
+        """plan: a resolved Plan, or None (then `policy` places every tensor); load: the decision's llama.cpp
+        parameters (plan/load_params.py); expert_cache: slots per MoE layer (default: the plan's); on_route: a
+        callback of every MoE layer's chosen experts."""
         self.header, self.plan, self.on_route = header, plan, on_route
         self.params = LlamaParams(param_overrides)
+        for struct, fields in load.fields().items():
+            for key, value in fields.items():
+                if key in load.needed:
+                    self.params.need(struct, load.needed[key], **{key: value})
+                else:
+                    self.params.decided(struct, **{key: value})
         self._users, self._stack = contextlib.ExitStack(), contextlib.ExitStack()
         self._stack.callback(self._free_expert_caches)
         # a plan's load reads through the page cache or around it (load_reads.py); without a plan, llama.cpp's way
@@ -89,52 +96,18 @@ class Runtime:
             budget = plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
             self.pager = ExpertPager(plan, paged, [str(model_path)], n_used, budget, self.files.cached)
             self._users.callback(self.pager.close)  # before the model goes: no read may land in freed memory
-            # slices are written in ggml's plain layout: no repacking CPU buffer types; and no pinned host
-            # buffers, which are resident whole (an H200 run kept all 6.4 GiB of disk experts in RSS)
-            self.params.need("model_params", "experts paged from disk", use_extra_bufts=False, no_host=True)
-        self._plan_params(bool(paged))
-        return plan_policy(plan, layout, paged)
-
-    def _plan_params(self, paged: bool) -> None:
-        """A plan decides what -ngl and --no-kv-offload would: every layer's work on the GPU when it uses one
-        (the hook keeps CPU-computed weights in host memory), the KV cache where planned."""
-        plan = self.plan
-        uses_gpu = any(t.tier == "gpu" or t.compute == "gpu" for t in plan.tensors)
-        self.params.need("model_params", "the plan's placement", n_gpu_layers=plan.n_layer + 1 if uses_gpu else 0)
-        self.params.need("context_params", "the plan's KV cache tier", offload_kqv=uses_gpu and plan.kv_tier == "gpu")
-        if has_gpu() and (paged or self.layout.layers(HOST_POOL)):
-            # these CPU weights are valid only while their layer runs (hooks fill them): op offload would copy
-            # them to the GPU for a prompt batch when the graph split starts, before they are filled
-            self.params.need("context_params", "host weights filled by hooks", op_offload=False)
         # the page cache is not a hidden tier: nothing of the file is mapped, and a cold file is not cached
         # (load_reads.py). Mapped, every page from the first CPU weight to the last stayed in RSS, GPU and streamed
         # tensors' too (H100, the 70B at 8.5 GiB free: RSS peak 70.6 GiB against a 59.9 GiB budget, CPU_Mapped
         # 42 GiB), and a CPU plan's repacked weights were in RSS twice (2.26 GiB for a 2 GiB plan of the
         # llama3.1-8b shape, 8 layers)
         self.params.need("model_params", "a plan within a RAM budget", load_mode=self.reads.load_mode)
-        pinned = plan.traffic.host_pinned and not paged
-        if uses_gpu and not (plan.expert_slots or self.expert_cache or pinned):
-            # read, CPU weights would take the GPU's pinned host buffers, which come before the repacking CPU ones:
-            # plain memory, as the profile measured the CPU's rate (an expert cache's experts stay pinned)
-            self.params.need("model_params", "CPU weights in plain memory", no_host=True)
-        if pinned:
-            # the hooks pin the plan's CPU weights (plan_policy; the host buffer type must be llama.cpp's to choose),
-            # in ggml's plain layout: the cost model reads every CPU weight at that one rate
-            self.params.need("model_params", "CPU weights held pinned", use_extra_bufts=False)
-        if self.layout.layers(HOST_POOL):
-            # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the 70B
-            # on the CPU VM decoded 26.0 s a token with it, 16.0 without (bench/RESULTS.md, default-70b-cpu)
-            self.params.need("model_params", "host-pool tensors streamed each pass", use_extra_bufts=False)
+        return plan_policy(plan, layout, paged)
 
     def _experts_in_host(self, policy: PlacementPolicy) -> PlacementPolicy:
-        """The stacked experts go to plain host memory (pinned with a GPU), the loads' source; without a
-        GPU, no repacked CPU buffers (their layout is not ggml's, so slices could not be copied)."""
-        gpu = has_gpu()
-        if gpu:  # read, not mapped: with mmap, llama.cpp maps what would be pinned (copies 6x slower)
-            self.params.prefer("model_params", n_gpu_layers=-1, load_mode=llama_cpp.LLAMA_LOAD_MODE_NONE)
-        else:
-            self.params.need("model_params", "expert caches copy plain slices", use_extra_bufts=False)
-        tier = Tier.PINNED if gpu else Tier.HOST
+        """The stacked experts go to plain host memory (pinned with a GPU), the loads' source (without a GPU in
+        plain CPU buffers: the decision turned the repacking ones off, plan/load_params.py)."""
+        tier = Tier.PINNED if has_gpu() else Tier.HOST
         return lambda info: Placement(tier=tier) if info.name.endswith(EXPERT_NAMES) else policy(info)
 
     def _routing_recorder(self) -> Optional[CoactivationRecorder]:
@@ -167,28 +140,6 @@ class Runtime:
             return (pager.fill if pager is not None and info.name in pager.tensors else files)(info, t)
 
         self.fill = fill
-
-    def threads(self, n_threads: Optional[int], n_threads_batch: Optional[int]) -> tuple[int, Optional[int]]:
-        """llama.cpp's CPU threads: unset, its default (physical cores), less a quarter when experts page from
-        disk, less one on a small machine whose decode waits on dense layers read from disk (llama_threads);
-        the batch's, unset, as n_threads where Hypura chose that or experts page (all cores again where only
-        decode waits on the disk and prefill computes)."""
-        chosen = not n_threads
-        waits = chosen and self._waits_on_disk_layers()
-        if chosen:
-            n_threads = llama_threads(self.pager is not None, waits)
-        if not n_threads_batch and (chosen or self.pager is not None):
-            # a prompt's micro-batch that the plan predicts compute-bound takes the reader's core back
-            n_threads_batch = llama_threads(False) if waits and self.plan.prediction.prefill_limit == "compute" \
-                else n_threads
-        return n_threads, n_threads_batch
-
-    def _waits_on_disk_layers(self) -> bool:
-        """The plan's decode waits on dense layers read from disk, and would with a core fewer computing."""
-        if self.plan is None or self.pager is not None or self.plan.prediction.decode_limit != "disk":
-            return False
-        s, n = self.plan.prediction.seconds, cores()[0]
-        return n > 1 and s.get("cpu", 0.0) * n / (n - 1) + s.get("gpu", 0.0) < s.get("disk", 0.0)
 
     # --- the load -------------------------------------------------------------------------------
     def own(self, close: Callable[[], None]) -> None:

@@ -28,7 +28,7 @@ from hypura.tiers.names import DISK
 from hypura.profile.devices import cpu_device, first_gpu
 from hypura.tiers.direct_io import DIRECT_ALIGN, DirectReader
 from hypura.tiers.file_readers import FileReaders
-from hypura.runtime.pools import GPU_POOL, HOST_POOL
+from hypura.plan.pools import GPU_POOL, HOST_POOL
 
 STREAM_REQUEST_BYTES = 16 << 20  # disk->GPU chunk: a read is ~10 ms at 1.5 GB/s, its copy ~0.3 ms
 

@@ -1,6 +1,6 @@
 """The ASGI application: Ollama's and OpenAI's routes, /health and /metrics, behind the Guard.
 
-Every failure a request can cause becomes an answer in its API's error shape (errors.py), and the
+Every failure a request can cause becomes an answer in its API's error shape (http/errors.py), and the
 server goes on serving: ApiError as itself, an unknown route or method as 404/405, a client that left
 as nothing (one log line when it left mid-body), and anything unexpected as a 500 with one line (the
 traceback goes to the server's log: a bug of the server, never a client's mistake).
@@ -19,13 +19,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from hypura.serve import embed_routes, metrics, ollama_routes, openai_routes
-from hypura.serve.errors import ApiError, error_response, is_openai_path
 from hypura.serve.gate import ModelGate
-from hypura.serve.guard import Guard
-from hypura.serve.registry import Registry
+from hypura.serve.generate import embed_routes
+from hypura.serve.http import metrics
+from hypura.serve.http.errors import ApiError, error_response, is_openai_path
+from hypura.serve.http.guard import Guard
+from hypura.serve.http.streaming import ClientGone
+from hypura.serve.models.registry import Registry
+from hypura.serve.ollama import routes as ollama_routes
+from hypura.serve.openai import routes as openai_routes
 from hypura.serve.settings import ServeSettings
-from hypura.serve.streaming import ClientGone
 
 log = logging.getLogger("hypura.serve")
 

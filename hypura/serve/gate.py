@@ -14,9 +14,9 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hypura.serve import ollama_routes
-from hypura.serve.errors import ApiError, bad_request, error_response, is_openai_path
+from hypura.serve.http.errors import ApiError, bad_request, error_response, is_openai_path
 from hypura.serve.keep_alive import KeepAliveError, parse_keep_alive
+from hypura.serve.ollama import routes as ollama_routes
 
 log = logging.getLogger("hypura.serve")
 MODEL_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/v1/chat/completions",

@@ -4,8 +4,8 @@ The socket is bound before anything loads (a taken port is one clear error, at o
 serves while a thread loads each `-m` model through `hypura.Llama` and starts its engine: /health answers
 503 until every model is loaded, 200 after. A model that fails to load stops the server with its
 error. Without -m, every model the stores hold (hypura.store) is offered at once and loaded on its first
-request (registry.py; an unusable one is a line in the log and in its requests' answers). On shutdown
-(Ctrl-C, SIGTERM, `stop()`) each open stream ends at once with a final error chunk (lifecycle.py), its
+request (models/registry.py; an unusable one is a line in the log and in its requests' answers). On shutdown
+(Ctrl-C, SIGTERM, `stop()`) each open stream ends at once with a final error chunk (http/lifecycle.py), its
 engine request cancelled; prompt work still running gets a few seconds to stop, then the engines and
 models are closed.
 """
@@ -26,10 +26,10 @@ import uvicorn
 
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.serve import lifecycle
 from hypura.serve.app import ServerState, create_app
-from hypura.serve.model_info import model_info
-from hypura.serve.registry import Offer, Registry, offer_of
+from hypura.serve.http import lifecycle
+from hypura.serve.models.model_info import model_info
+from hypura.serve.models.registry import Offer, Registry, offer_of
 from hypura.serve.settings import ServeSettings
 
 log = logging.getLogger("hypura.serve")

@@ -42,7 +42,7 @@ class ServeSettings:
     max_body_bytes: int = 8 << 20
     # seconds a request's headers, then its body, may take to arrive (a slow or stalled client is dropped)
     timeout_s: float = 60.0
-    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback and --host (origins.py)
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback and --host (http/origins.py)
     cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the server, besides loopback pages
     speculative: Optional["SpecSettings"] = None  # each sequence's drafts verified in the engine's steps; None: off
     llama_kwargs: dict = field(default_factory=dict)  # further hypura.Llama keyword arguments (n_threads, ...)

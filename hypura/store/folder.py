@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypura.store.catalog import StoredModel, StoreProblem, check_gguf
+from hypura.store.stored import StoredModel, StoreProblem, check_gguf
 from hypura.store.names import DEFAULT_TAG, file_name
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypura.store.catalog import StoredModel, StoreProblem
+from hypura.store.stored import StoredModel, StoreProblem
 from hypura.store.folder import gguf_files, scan_files
 from hypura.store.names import slug
 

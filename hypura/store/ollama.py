@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from hypura.store.catalog import StoredModel, StoreProblem, check_gguf
+from hypura.store.stored import StoredModel, StoreProblem, check_gguf
 from hypura.store.names import Name
 
 MODEL_LAYER = "application/vnd.ollama.image.model"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hypura.store.catalog import Catalog, StoredModel
+from hypura.store.catalog import Catalog
+from hypura.store.stored import StoredModel
 from hypura.store.folder import stored_file
 
 

@@ -60,6 +60,7 @@ def load_model(s: Settings, model_path: str, say=None) -> LoadedModel:
             gpu_mem=s.gpu_mem, ram=s.ram, plan=str(s.plan) if s.plan else None,
             expert_cache=s.expert_slots, verbose=True, fit=_fit(s, say),
             draft_beside=s.speculative.beside if s.speculative is not None else None,
+            parallel=max(1, s.speculative.tree) if s.speculative is not None and s.speculative.tree else 1,
             **_device_kwargs(s),
         ))
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hypura.plan import Plan
-from hypura.runtime.pools import GPU_POOL, HOST_POOL, paged_by_expert
-from hypura.tiers.names import CPU, DISK, GPU, RAM
+from hypura.plan.pools import GPU_POOL, HOST_POOL, stream_pool  # noqa: F401  (re-exported)
+from hypura.tiers.names import DISK, RAM
+
 
 @dataclass(frozen=True)
 class Streamed:
@@ -44,20 +45,11 @@ class StreamLayout:
         tensors = {}
         dual = {name for step in plan.step_paths for name in step[1]}
         for t in plan.tensors:
-            if t.name in dual:
-                layer = t.layer if t.layer >= 0 else plan.n_layer
-                tensors[t.name] = Streamed(t.name, layer, GPU_POOL if gpu else HOST_POOL, RAM, t.nbytes, True)
-                continue
-            if paged_by_expert(t):
-                continue  # read expert by expert as routers select them (../moe/expert_paging.py), not streamed whole
-            # a stacked expert tensor is one buffer: some experts on the GPU beside others in RAM
-            # cannot be had, and streaming it whole would copy every expert: the CPU computes it from
-            # RAM (an expert cache, plan.expert_slots, is how experts reach the GPU one by one)
-            compute = CPU if t.experts and t.tier != GPU else t.compute
-            pool = _pool_of(t.tier, compute, gpu)
+            pool = stream_pool(t, gpu, t.name in dual)
             if pool is not None:
                 layer = t.layer if t.layer >= 0 else plan.n_layer  # the output head runs after the blocks
-                tensors[t.name] = Streamed(t.name, layer, pool, DISK if t.tier == DISK else RAM, t.nbytes)
+                source = DISK if t.tier == DISK and t.name not in dual else RAM
+                tensors[t.name] = Streamed(t.name, layer, pool, source, t.nbytes, t.name in dual)
         slots = {GPU_POOL: max(plan.pool_slots, 1), HOST_POOL: max(plan.staging_slots, 1)}
         layer_slot = {}
         for pool in (GPU_POOL, HOST_POOL):
@@ -85,12 +77,3 @@ class StreamLayout:
         """RAM-sourced streamed bytes: the pinned copy the GPU pool is filled from."""
         return sum(s.nbytes for s in self.tensors.values() if s.source == RAM)
 
-
-def _pool_of(tier: str, compute: str, gpu: bool) -> str | None:
-    if tier == GPU or (tier == RAM and (compute == CPU or not gpu)):
-        return None  # resident: GPU memory, or host memory the CPU computes from
-    if gpu and compute == GPU:
-        return GPU_POOL
-    if tier == DISK:
-        return HOST_POOL
-    return None

@@ -50,14 +50,14 @@ import numpy as np
 
 from hypura.bindings.ffi import ffi, lib
 from hypura.plan import Plan
-from hypura.tiers.names import DISK, RAM
+from hypura.plan.load_params import spare_cores
 from hypura.plan.plan import TIERS
-from hypura.profile.host import cores
+from hypura.plan.pools import paged_by_expert
 from hypura.runtime.moe.disk_probe import burst_rate
 from hypura.runtime.mechanism import Mechanism, TierStats
 from hypura.runtime.placement import FileFiller, TensorInfo
 from hypura.runtime.read_pipeline import ReadPipeline, Sink
-from hypura.runtime.pools import paged_by_expert
+from hypura.tiers.names import DISK, RAM
 
 RESIZE_EVERY = 64  # page_in calls between RSS readings
 RSS_MARGIN = 128 << 20  # kept free under the RAM budget: allocator slack, Python, reads in flight
@@ -69,28 +69,6 @@ _PAGE, _HUGE_PAGE = 4096, 2 << 20
 HUGE_SLICE_BYTES = 16 << 20
 # one thread faults small pages in at ~1.8 GB/s (2-core VM), less than a disk gives several readers
 FAULT_IN_MAX_THREADS = 4
-# a quarter of the cores is left to the pager's threads, on machines this large (on 2 cores a fault-in thread
-# gained nothing)
-SPARE_CORES_MIN = 8
-
-
-def spare_cores(n: int) -> int:
-    """Of n cores, those left to the pager's threads (readers, fault-in) while llama.cpp computes."""
-    return n // 4 if n >= SPARE_CORES_MIN else 0
-
-
-def llama_threads(paged: bool, waits_on_disk_layers: bool = False) -> int:
-    """llama.cpp's CPU threads when none are given: its own default (physical cores), less the spare cores when
-    experts page from disk. libgomp's workers spin for milliseconds after each CPU split; on every core, they
-    took the cores the router hook's reads need (H200, paged Qwen-shaped decode: 1.9 tok/s at 16 threads, 4.4
-    at 12). Below SPARE_CORES_MIN cores, a decode that waits on dense layers read from disk (and would still
-    wait with a core fewer) leaves one to the reader: a 2-core VM streaming 3.1 GB a token of a llama3.1-8b
-    shape read 1.1-1.3 GB/s beside 2 threads, 1.5-1.7 beside 1 (decode 0.38 and 0.49 tok/s, medians of
-    alternating runs)."""
-    physical = cores()[0]
-    if paged:
-        return physical - spare_cores(physical)
-    return physical - 1 if waits_on_disk_layers and 1 < physical < SPARE_CORES_MIN else physical
 
 
 def fault_in_threads() -> int:

@@ -1,5 +1,6 @@
 """Tool calling: the tools a request offers (read and checked here), the call formats chat templates imply
-(formats.py), and the reply split into text and calls as it streams (stream.py).
+(formats.py), and the reply split into text and calls as it streams (stream.py); a chat's tools, thinking
+and grammar together (chat.py), and whole replies (replies.py).
 
 Both APIs send tools in OpenAI's shape, `[{"type": "function", "function": {"name", "description",
 "parameters"}}]`; a reply's calls come back as ToolCall, which each route writes in its own shape.
@@ -12,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.serve.errors import bad_request
+from hypura.serve.http.errors import bad_request
 
 CHOICES = ("none", "auto", "required")
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.serve.grammars import schema_rules
+from hypura.serve.generate.grammars import schema_rules
 from hypura.serve.tools import Tool, ToolCall, as_object
 
 HERMES_MARKER, MISTRAL_MARKER = "<tool_call>", "[TOOL_CALLS]"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypura.bench.bound import run_bound
-from hypura.bench.single import spread
 from hypura.errors import HypuraError
+from hypura.speed.bound import run_bound
+from hypura.speed.single import spread
 
 # a prompt that asks for what it holds: n-gram drafters find their matches in it; a draft model's agreement
 # with its target does not depend on the text

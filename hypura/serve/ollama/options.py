@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Optional
 
 from hypura.engine import SamplingParams
-from hypura.serve import fields
-from hypura.serve.errors import bad_request
-from hypura.serve.generation import sampling
+from hypura.serve.generate.generation import sampling
+from hypura.serve.http import fields
+from hypura.serve.http.errors import bad_request
 
 # Ollama's defaults (its api/types.go DefaultOptions), where they differ from llama.cpp's
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 1.1, "repeat_last_n": 64}

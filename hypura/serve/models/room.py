@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from hypura.modelfile import read_header
 from hypura.plan import knobs
-from hypura.plan.auto import Fit, resident_need, summary
+from hypura.plan.auto import Fit, fits_free, resident_need, summary
 from hypura.plan.cost import GPU, RAM
 from hypura.plan.decision import unified_memory
 from hypura.profile.free import FreeMemory, free_memory
-from hypura.serve.errors import ApiError
+from hypura.serve.http.errors import ApiError
 from hypura.sizes import fmt_size
 
 
@@ -74,7 +74,8 @@ def _room(measured: FreeMemory, loaded: list, staying: list, source: str) -> Fre
 
 
 def make_room(registry, offer) -> Room:
-    """Choose what to unload for `offer` and take it out of the registry (under the registry's `_mem`)."""
+    """Choose what to unload for `offer` and take it out of the registry (under the registry's `_mem`): the
+    default path's test (plan/auto.py), on the memory the models that stay leave."""
     settings = registry.settings
     fit = _fit(settings)
     measured = free_memory()
@@ -82,22 +83,15 @@ def make_room(registry, offer) -> Room:
     header = read_header(offer.path)
     need = resident_need(header, settings.parallel * settings.ctx_per_seq(header), knobs.N_UBATCH, on_gpu,
                          on_gpu and unified_memory())
-    with registry._lock:
-        loaded = list(registry.entries.values())
-        candidates = registry.idle()
+    loaded, candidates = registry.loaded()
     chosen = []
     while True:
         staying = [e for e in loaded if e not in chosen]
-        free = _room(measured, loaded, staying, measured.source)
-        fits = (need[0] <= max(0, (free.gpu or 0) - fit.gpu_margin) if need[0] else True) and \
-            need[1] <= max(0, free.ram - fit.ram_margin)
+        fits = fits_free(need, _room(measured, loaded, staying, measured.source), fit, on_gpu)
         if (fits and len(staying) < settings.max_loaded) or not candidates:
             break
         chosen.append(candidates.pop(0))
-    with registry._lock:  # a request may have leased one meanwhile: it stays
-        gone = [e for e in chosen if registry.entries.get(e.name) is e and e in registry.idle()]
-        for e in gone:
-            del registry.entries[e.name]
+    gone = registry.take_idle(chosen)
     staying = [e for e in loaded if e not in gone]
     if len(staying) >= settings.max_loaded:
         raise ApiError(503, f"{len(staying)} models are loaded and busy (--max-loaded {settings.max_loaded}): "

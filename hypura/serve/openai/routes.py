@@ -21,15 +21,15 @@ from starlette.routing import Route
 
 import hypura
 from hypura.engine.types import MAX_TOP_LOGPROBS
-from hypura.serve import fields
-from hypura.serve import openai_shapes as shapes
-from hypura.serve.chat import ChatSpec, prepare
-from hypura.serve.errors import bad_request
-from hypura.serve.generation import Job, checked_token_ids, fim_tokens, make_job, sampling, submit, text_tokens
-from hypura.serve.grammars import response_format_grammar
-from hypura.serve.replies import whole_replies
-from hypura.serve.streaming import SSE, StreamResponse, sse
+from hypura.serve.generate.generation import Job, checked_token_ids, fim_tokens, make_job, sampling, submit, text_tokens
+from hypura.serve.generate.grammars import response_format_grammar
+from hypura.serve.http import fields
+from hypura.serve.http.errors import bad_request
+from hypura.serve.http.streaming import SSE, StreamResponse, sse
+from hypura.serve.openai import shapes
 from hypura.serve.tools import read_choice, read_tools
+from hypura.serve.tools.chat import ChatSpec, prepare
+from hypura.serve.tools.replies import whole_replies
 from hypura.serve.tools.stream import ReplyStream
 
 MAX_STOPS = 4  # OpenAI's limit

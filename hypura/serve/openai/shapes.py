@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from hypura.engine.types import TokenLogprob
-from hypura.serve.replies import Reply
 from hypura.serve.tools import ToolCall
+from hypura.serve.tools.replies import Reply
 
 ARGUMENT_PIECE = 32  # characters of arguments per streamed delta, as OpenAI streams them in pieces
 

@@ -4,7 +4,7 @@
 `tools`, or described in a system message for a template without tool support) and the thinking switch
 (`enable_thinking`, for templates that have it), and picks the grammar: the forced call's for tool_choice
 "required" or a named function, else the response format's. Its `reply()` splits the generated text into
-thinking, text and calls (tools/stream.py).
+thinking, text and calls (stream.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.serve.errors import bad_request
-from hypura.serve.generation import chat_prompt
-from hypura.serve.registry import ModelEntry
+from hypura.serve.generate.generation import chat_prompt
+from hypura.serve.http.errors import bad_request
+from hypura.serve.models.registry import ModelEntry
 from hypura.serve.tools import Tool, as_object, selected
 from hypura.serve.tools.formats import GENERIC, ToolFormat, describe, detect
 from hypura.serve.tools.stream import THINK_CLOSE, THINK_OPEN, ReplyStream

@@ -17,9 +17,10 @@ from starlette.routing import Route
 
 from hypura.engine import EngineClosed
 from hypura.errors import HypuraError
-from hypura.serve import fields, lifecycle, prompt_tokens
-from hypura.serve.errors import ApiError, bad_request
-from hypura.serve.generation import PROMPT_DEADLINE_S, checked_token_ids
+from hypura.serve.generate.generation import PROMPT_DEADLINE_S, checked_token_ids
+from hypura.serve.http import fields, lifecycle
+from hypura.serve.http.errors import ApiError, bad_request
+from hypura.serve.models import prompt_tokens
 
 NS = 1_000_000_000
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request

@@ -10,14 +10,14 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from hypura.bench.batched import BatchBenchSettings, run_batch_bench
-from hypura.bench.single import BenchSettings, run_bench
-from hypura.bench.speculative import SpecBenchSettings, run_spec_bench
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan.auto import Fit
 from hypura.plan.budget import parse_size, rates_for
 from hypura.profile.host import cores
+from hypura.speed.batched import BatchBenchSettings, run_batch_bench
+from hypura.speed.single import BenchSettings, run_bench
+from hypura.speed.speculative import SpecBenchSettings, run_spec_bench
 
 if TYPE_CHECKING:
     from hypura.speculative.settings import SpecSettings
@@ -108,7 +108,8 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
         # no plan or budgets: the default path, as hypura-cli's (a plan if the model does not fit the free memory)
         llm = load(a.model, LoadAsk.of(n_ctx=a.ctx_size or (single.n_ctx if a.plan_file else 0),
                                        n_batch=max(max(a.n_prompt), 32), n_ubatch=512, verbose=False,
-                                       fit=Fit(min_ctx=max(a.fit_ctx, single.n_ctx), say=say), **common))
+                                       fit=Fit(min_ctx=max(a.fit_ctx, single.n_ctx), say=say),
+                                       parallel=a.spec.tree if a.spec is not None and a.spec.tree else 1, **common))
         if llm.fit_decision is None or llm.fit_decision.plan is None:
             say(f"context  {llm.n_ctx()}")
     say(f"threads  {llm.n_threads}" + (" (a quarter of the cores left to the disk reads)"

@@ -8,7 +8,7 @@ from hypura.runtime.stats import describe
 
 def report(r: dict) -> list[str]:
     if "spec_tok_s" in r:
-        from hypura.bench.speculative import spec_report
+        from hypura.speed.speculative import spec_report
 
         return spec_report(r)
     return batched_report(r) if "sizes" in r else single_report(r)

@@ -14,9 +14,9 @@ import time
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hypura.serve import lifecycle
-from hypura.serve.errors import ApiError, error_response, is_openai_path
-from hypura.serve.origins import Origins, cors_headers, preflight_headers
+from hypura.serve.http import lifecycle
+from hypura.serve.http.errors import ApiError, error_response, is_openai_path
+from hypura.serve.http.origins import Origins, cors_headers, preflight_headers
 
 OPEN_PATHS = frozenset({"/health"})  # reachable without the API key (load balancers, probes)
 OPEN_WHILE_LOADING = frozenset({"/", "/health", "/metrics", "/api/version"})

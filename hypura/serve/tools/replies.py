@@ -10,10 +10,10 @@ from typing import Callable
 
 from hypura.engine import Result
 from hypura.engine.types import TokenLogprob
-from hypura.serve.bridge import EngineStream
-from hypura.serve.errors import ApiError
-from hypura.serve.generation import Job, submit
-from hypura.serve.streaming import race_disconnect
+from hypura.serve.generate.bridge import EngineStream
+from hypura.serve.generate.generation import Job, submit
+from hypura.serve.http.errors import ApiError
+from hypura.serve.http.streaming import race_disconnect
 from hypura.serve.tools import ToolCall
 from hypura.serve.tools.stream import ReplyStream
 

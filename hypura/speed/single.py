@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.bench.bound import bound, expert_cache_bound, honest, run_bound
 from hypura.errors import HypuraError
 from hypura.plan import Plan
+from hypura.speed.bound import bound, expert_cache_bound, honest, run_bound
 
 PROBE_S = 1.0  # each disk probe beside the runs: ~1-2 GB at NVMe rates, many bursts
 WARMUP_PROMPT = 32  # tokens of the warm-up's prompt pass (at most)

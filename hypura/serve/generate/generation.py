@@ -1,7 +1,7 @@
 """What both APIs do to run a request: prompt tokens (a rendered chat template, text or token ids),
-the context check, and submission to the engine with its errors mapped to HTTP (whole replies: replies.py).
+the context check, and submission to the engine with its errors mapped to HTTP (whole replies: tools/replies.py).
 
-Rendering and tokenizing run on a thread of their own (lifecycle.off_loop), bounded (prompt_tokens.py) and
+Rendering and tokenizing run on a thread of their own (lifecycle.off_loop), bounded (models/prompt_tokens.py) and
 stopped when the request goes: a long conversation, or a hostile template running into its bounds, never
 stalls the loop that streams every other request, nor the server's shutdown.
 """
@@ -15,10 +15,11 @@ from typing import Optional
 from hypura.chat_template import TemplateError, TemplateRejected
 from hypura.engine import EngineClosed, PromptTooLong, QueueFull, SamplingParams
 from hypura.errors import HypuraError
-from hypura.serve import lifecycle, prompt_tokens
-from hypura.serve.bridge import EngineStream
-from hypura.serve.errors import ApiError
-from hypura.serve.registry import ModelEntry
+from hypura.serve.generate.bridge import EngineStream
+from hypura.serve.http import lifecycle
+from hypura.serve.http.errors import ApiError
+from hypura.serve.models import prompt_tokens
+from hypura.serve.models.registry import ModelEntry
 
 RETRY_AFTER_S = "1"  # a queue slot frees when any running request ends: ask for a quick retry
 PROMPT_DEADLINE_S = 30.0  # rendering and tokenizing one prompt, bounded as they are, end well before this

@@ -15,7 +15,7 @@ from typing import Optional
 
 from llama_cpp.llama_grammar import BuiltinRule, SchemaConverter
 
-from hypura.serve.errors import bad_request
+from hypura.serve.http.errors import bad_request
 
 ANY_OBJECT = {"type": "object"}  # JSON mode: any object (OpenAI's json_object, Ollama's "json")
 

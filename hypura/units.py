@@ -4,6 +4,8 @@ A dense tensor is one unit, read by every decode token (p = 1). A stacked expert
 (`ffn_{gate,up,down}_exps`, numpy shape [E, ...]) is cut per expert: expert e of a layer is one unit
 covering its contiguous byte range in the three stacked tensors, read with probability k/E unless
 routing statistics say otherwise. Only the GGUF header is needed.
+The planner places these units and the CPU profile counts its bytes and weights with them, so they sit
+below both (with the sizes of llama.cpp's KV cache and compute buffer that follow from a model's shape).
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ from dataclasses import dataclass
 
 from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader, TensorEntry
-from hypura.plan import knobs
 
 _EXPERT_RE = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")
+
+# KV cache element size: llama.cpp's default cache type is f16
+KV_BYTES_PER_ELEMENT = 2.0
+# llama.cpp's per-device compute buffer with flash attention (default AUTO): logits plus a few
+# activations of the micro-batch in f32; measured 0.3-1.1 GiB in llama.cpp logs for 7-70B models
+COMPUTE_ACTIVATIONS = 8  # activation vectors of n_embd per token held at once
+COMPUTE_FLOOR = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -56,15 +64,15 @@ class ModelDims:
             n_ff_exp=int(h.get("expert_feed_forward_length", 0) or n_ff),
         )
 
-    def kv_bytes_per_layer(self, n_ctx: int, bytes_per_element: float = knobs.KV_BYTES_PER_ELEMENT) -> int:
+    def kv_bytes_per_layer(self, n_ctx: int, bytes_per_element: float = KV_BYTES_PER_ELEMENT) -> int:
         """K and V of one layer for n_ctx cells (standard multi-head/GQA attention)."""
         return int(n_ctx * self.n_head_kv * (self.head_k + self.head_v) * bytes_per_element)
 
-    def compute_buffer_bytes(self, n_ubatch: int, floor: int = knobs.COMPUTE_FLOOR) -> int:
+    def compute_buffer_bytes(self, n_ubatch: int, floor: int = COMPUTE_FLOOR) -> int:
         """llama.cpp's compute buffer on the computing device: micro-batch logits and activations
         in f32 (flash attention keeps the KQ matrix out)."""
         ff = max(self.n_ff, self.n_expert_used * self.n_ff_exp)
-        per_token = self.n_vocab + knobs.COMPUTE_ACTIVATIONS * self.n_embd + 2 * ff
+        per_token = self.n_vocab + COMPUTE_ACTIVATIONS * self.n_embd + 2 * ff
         return max(floor, n_ubatch * per_token * 4)
 
 
@@ -75,7 +83,7 @@ class Unit:
     layer: int
     stage: int  # position in the graph: -1 input, the block index, n_layer for the output head
     expert: int  # -1 for a dense tensor
-    role: str  # a key of knobs.ROLE_RANK
+    role: str  # a key of plan/knobs.py ROLE_RANK
     nbytes: int
     elements: int  # weights: 2 FLOP each per token that reads the unit
     p: float  # probability a decode token reads it

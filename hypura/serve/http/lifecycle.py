@@ -34,7 +34,7 @@ from typing import Callable, TypeVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from hypura.serve.errors import ApiError
+from hypura.serve.http.errors import ApiError
 
 T = TypeVar("T")
 log = logging.getLogger("hypura.serve")

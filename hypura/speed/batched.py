@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.bench.bound import run_bound
-from hypura.bench.single import spread
 from hypura.engine.config import EngineConfig
 from hypura.engine.engine import Engine
 from hypura.engine.loader import engine_llama_kwargs
 from hypura.engine.types import SamplingParams
 from hypura.errors import HypuraError
+from hypura.speed.bound import run_bound
+from hypura.speed.single import spread
 
 RUN_TIMEOUT_S = 3600.0  # one run's requests; a run that long on any plan means a stuck engine
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from hypura.serve.errors import ApiError
+from hypura.serve.http.errors import ApiError
 
 PIECE_CHARS = 2048  # a piece holds at most ~200 special tokens: its N² split costs well under a millisecond
 _SPECIAL_ATTRS = (1 << 0) | (1 << 3) | (1 << 4)  # llama.cpp's UNKNOWN | CONTROL | USER_DEFINED

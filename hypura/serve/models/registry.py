@@ -38,9 +38,9 @@ from typing import Callable, Optional
 
 from hypura.chat_template import ChatTemplate, TemplateError
 from hypura.errors import HypuraError
-from hypura.serve.errors import ApiError
-from hypura.serve.model_info import ModelInfo, model_info
-from hypura.serve.prompt_tokens import Vocab, read_vocab
+from hypura.serve.http.errors import ApiError
+from hypura.serve.models.model_info import ModelInfo, model_info
+from hypura.serve.models.prompt_tokens import Vocab, read_vocab
 from hypura.serve.settings import ServeSettings
 from hypura.store import names
 
@@ -241,7 +241,7 @@ class Registry:
         return entry
 
     def _load(self, offer: Offer) -> ModelEntry:
-        from hypura.serve.room import make_room
+        from hypura.serve.models.room import make_room
 
         try:
             with self._mem:
@@ -276,6 +276,20 @@ class Registry:
         finally:
             with self._lock:
                 self._loading.pop(offer.name, None)
+
+    def loaded(self) -> tuple[list[ModelEntry], list[ModelEntry]]:
+        """(the entries loaded now, those of them that may be unloaded now, least recently used first)."""
+        with self._lock:
+            return list(self.entries.values()), self.idle()
+
+    def take_idle(self, entries: list[ModelEntry]) -> list[ModelEntry]:
+        """Take those of `entries` still idle out of the registry (a request may have leased one meanwhile: it
+        stays), to close them; returns those taken. The caller holds `_mem` (a load making room)."""
+        with self._lock:
+            gone = [e for e in entries if self.entries.get(e.name) is e and e in self.idle()]
+            for e in gone:
+                del self.entries[e.name]
+        return gone
 
     def idle(self) -> list[ModelEntry]:
         """Entries that may be unloaded now, least recently used first (call under `_lock`)."""

@@ -22,16 +22,16 @@ import hypura
 from hypura.chat_template import METADATA_KEY
 from hypura.engine.types import MAX_TOP_LOGPROBS
 from hypura.modelfile import read_header
-from hypura.serve import fields
-from hypura.serve.chat import ChatSpec, prepare, thinks, thinks_in, tools_served
-from hypura.serve.errors import bad_request
-from hypura.serve.generation import Job, checked_token_ids, fim_tokens, make_job, submit, text_tokens
-from hypura.serve.grammars import ollama_format_grammar
-from hypura.serve.ollama_options import ollama_sampling
-from hypura.serve.openai_shapes import chat_logprobs
-from hypura.serve.replies import whole_replies
-from hypura.serve.streaming import NDJSON, StreamResponse, ndjson
+from hypura.serve.generate.generation import Job, checked_token_ids, fim_tokens, make_job, submit, text_tokens
+from hypura.serve.generate.grammars import ollama_format_grammar
+from hypura.serve.http import fields
+from hypura.serve.http.errors import bad_request
+from hypura.serve.http.streaming import NDJSON, StreamResponse, ndjson
+from hypura.serve.ollama.options import ollama_sampling
+from hypura.serve.openai.shapes import chat_logprobs
 from hypura.serve.tools import read_tools
+from hypura.serve.tools.chat import ChatSpec, prepare, thinks, thinks_in, tools_served
+from hypura.serve.tools.replies import whole_replies
 from hypura.serve.tools.stream import Delta, ReplyStream
 
 NS = 1_000_000_000

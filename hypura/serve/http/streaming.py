@@ -17,8 +17,8 @@ from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from hypura.serve import lifecycle
-from hypura.serve.errors import ApiError
+from hypura.serve.http import lifecycle
+from hypura.serve.http.errors import ApiError
 
 T = TypeVar("T")
 SHUTTING_DOWN = "the server is shutting down"

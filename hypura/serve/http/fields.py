@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from starlette.requests import Request
 
-from hypura.serve.errors import bad_request
+from hypura.serve.http.errors import bad_request
 
 _MISSING = object()
 

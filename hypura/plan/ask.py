@@ -1,0 +1,55 @@
+"""What the user asked of a load: the request the one decision (decision.py) answers."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Union
+
+from hypura.plan import knobs
+from hypura.plan.auto import Fit
+from hypura.plan.beside import Beside
+from hypura.plan.budget import RateOverrides
+from hypura.plan.plan import Plan
+
+# llama-cpp-python's default n_batch (llama_cpp.Llama's keyword)
+N_BATCH = 512
+
+
+@dataclass(frozen=True)
+class Planner:
+    """The planner's own settings (`hypura inspect`'s flags); the defaults are what every run plans with."""
+
+    kv_bytes_per_element: float = knobs.KV_BYTES_PER_ELEMENT
+    prefetch_depth: int = knobs.PREFETCH_DEPTH
+    disk: bool = True  # False: never stream from disk
+    overrides: RateOverrides = RateOverrides()
+    solver: str = "optimizer"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What the user asked for."""
+
+    plan: Union[Plan, str, os.PathLike, None] = None  # a Plan, a plan file, or "auto"
+    gpu_mem: Union[int, str, None] = None  # budgets: a plan is made within them
+    ram: Union[int, str, None] = None
+    n_ctx: int = 0  # 0: unset (chosen here)
+    n_ubatch: int = knobs.N_UBATCH
+    n_gpu_layers: int = -1  # 0: the CPU computes; -1: every layer offered to the GPU; N: llama.cpp's placement
+    placement: bool = False  # a placement policy or -ot overrides: llama.cpp's placement, refused beside a plan
+    expert_cache: bool = False  # an expert cache: llama.cpp places the rest (with budgets: a plan does)
+    fit: Fit = Fit()
+    planner: Planner = Planner()
+    always_plan: bool = False  # `hypura inspect`: the plan within the free memory even where the model fits
+    beside: Optional[Beside] = None  # a draft loaded beside: its memory is reserved within the budgets
+    # sequences decoded together (the engine's batch, a draft tree's branches): a plan is made for steps of
+    # that many tokens, and llama.cpp's context holds that many sequence ids
+    parallel: int = 1
+    spare_seqs: int = 0  # sequence ids beyond `parallel` that decode nothing in a step (the engine's embeddings)
+    n_batch: int = N_BATCH
+    n_threads: Optional[int] = None  # None: chosen (load_params.py)
+    n_threads_batch: Optional[int] = None
+    # llama.cpp's params fields the caller set ({"model_params": {...}, "context_params": {...}}): they stand,
+    # except where they contradict what a plan needs (load_params.py)
+    param_overrides: Mapping[str, Mapping[str, object]] = field(default_factory=dict)

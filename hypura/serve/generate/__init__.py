@@ -1,0 +1,7 @@
+"""What both APIs ask of the engine.
+
+    generation.py     prompt tokens, context check, submission (engine errors -> HTTP)
+    bridge.py         the asyncio <-> engine-thread protocol (EngineStream)
+    grammars.py       JSON schemas (structured outputs, forced calls) -> GBNF
+    embed_routes.py   /api/embed, /api/embeddings, /v1/embeddings
+"""
