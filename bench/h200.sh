@@ -279,13 +279,16 @@ ttft)  # time to first token of one 4,096-token prompt through `hypura serve` be
     done
     ;;
 serve-np16)  # one and sixteen clients through `hypura serve -np 16` beside hypura-cli's one sequence (`hypura bench`)
-    models_done
+    models_done  # and beside `hypura bench --parallel 16` of the same load (16-token prompts, 16 tokens each)
     hy bench $M70 --gpu-mem 8GiB --ram 64GiB -p 0 -n 16 -r 2 --json "$RES/hypura-single-l70.json" 2>&1 | tail -2 \
         | sed "s/^/l70 one sequence: /" | tee -a "$RES/summary.txt"
+    hy bench $M70 --gpu-mem 8GiB --ram 64GiB --parallel 16 -p 16 -n 16 -r 2 --json "$RES/hypura-par16-l70.json" 2>&1 \
+        | tail -3 | sed "s/^/l70 --parallel 16: /" | tee -a "$RES/summary.txt"
     for c in ${CLIENTS:-1 16}; do
         timeout 300 python3 bench/serve_throughput.py $M70 --clients $c --parallel 16 --tokens 16 --gpu-mem 8GiB \
             --ram 64GiB --json "$RES/serve-np16-l70-c$c.json" > "$RES/serve-np16-l70-c$c.txt" 2>&1
-        tail -6 "$RES/serve-np16-l70-c$c.txt" | sed "s/^/serve -np 16, $c clients: /" | tee -a "$RES/summary.txt"
+        grep -E '^\| (engine|hypura)|served / engine|Error|error' "$RES/serve-np16-l70-c$c.txt" \
+            | sed "s/^/serve -np 16, $c clients: /" | tee -a "$RES/summary.txt"
     done
     ;;
 serve)  # the same through `hypura serve`: 16 concurrent openai clients beside the engine alone

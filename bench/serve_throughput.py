@@ -1,7 +1,8 @@
 """What HTTP costs: aggregate decode through `hypura serve` beside the engine driven directly.
 
     python3 bench/serve_throughput.py [MODEL] [--clients 16] [--parallel N (default: --clients)] [--tokens 128]
-        [--threads N] [--gpu-mem 8GiB --ram 64GiB] [--spec none|auto [--models-dir DIR]] [--served-only] [--json FILE]
+        [--ctx N (default: hypura serve's)] [--threads N] [--gpu-mem 8GiB --ram 64GiB]
+        [--spec none|auto [--models-dir DIR]] [--served-only] [--json FILE]
 
 Both runs load the model the same way (hypura.engine.load: `parallel` sequences, the budgets' plan made
 for steps of `parallel` tokens) and generate `--tokens` tokens for each of `--clients` requests with
@@ -77,7 +78,10 @@ def _plan_summary(plan) -> dict:
     if plan is None:
         return {"plan": None}
     return {"plan": {"mode": plan.mode, "config": plan.config, "parallel": plan.prediction.parallel,
-                     "predicted_decode_tok_s": plan.prediction.decode_tok_s}}
+                     "predicted_decode_tok_s": plan.prediction.decode_tok_s, "kv_tier": plan.kv_tier,
+                     "kv_bytes": plan.kv_bytes, "n_ctx": plan.n_ctx,
+                     # one client's step on its own path (plan/solve.py), the figure a lone client compares with
+                     "predicted_one_tok_s": plan.one_decode_tok_s}}
 
 
 async def _clients(url: str, args) -> dict:
@@ -142,7 +146,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--parallel", type=int, default=None, help="sequences decoded together (default: --clients)")
     p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--ctx", type=int, default=512, help="context per sequence")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context per sequence (default: hypura serve's, 4096 held to the training context)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--gpu-mem", default=None)
     p.add_argument("--ram", default=None)
@@ -153,6 +158,11 @@ def main() -> None:
     args = p.parse_args()
     args.model = args.model or str(default_model_path())
     args.parallel = args.parallel or args.clients
+    if args.ctx is None:  # as `hypura serve -np N` sizes it without -c
+        from hypura.modelfile import read_header
+        from hypura.serve.settings import ServeSettings
+
+        args.ctx = ServeSettings(parallel=args.parallel).ctx_per_seq(read_header(args.model))
     runs = {}
     if not args.served_only:
         runs["engine"] = engine_run(args)

@@ -212,8 +212,11 @@ def summary(plan: Plan) -> str:
     w = plan.bytes_by_tier()
     tiers = ", ".join(f"{t} {fmt_size(w[t])}" for t in (GPU, RAM, DISK) if w[t])
     pr = plan.prediction
+    # a plan for several sequences serves one too (a server's lone client): both predictions
+    many = (f" for {pr.parallel} sequences together, {plan.one_decode_tok_s:.2f} for one alone"
+            if pr.parallel > 1 and plan.one_decode_tok_s else "")
     return (f"weights {tiers}; context {plan.n_ctx} (KV {fmt_size(plan.kv_bytes)} in {plan.kv_tier}); "
-            f"predicts decode {pr.decode_tok_s:.2f} tok/s, limited by {pr.decode_limit}"
+            f"predicts decode {pr.decode_tok_s:.2f} tok/s{many}, limited by {pr.decode_limit}"
             + (f"; {plan.why}" if plan.why else ""))
 
 

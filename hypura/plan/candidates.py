@@ -1,6 +1,7 @@
 """Which candidate placement a plan keeps: the fastest chat turn, except that llama.cpp's kind of placement
 (nothing streamed into GPU slots: its kernels, CPU weights as it holds them or pinned as its -lm none does) is
-kept unless streaming predicts a gain beyond the cost model's error (knobs.STREAM_GAIN_MIN). Within that error
+kept unless streaming predicts a gain beyond the cost model's error (knobs.STREAM_GAIN_MIN): in a chat turn, or for a
+plan for several sequences in its aggregate decode at its own step or at the fewer it runs as clients come and go. Within that error
 what llama.cpp itself would run is never the slower. The choice and its reason go on the solution (`why`).
 """
 
@@ -12,7 +13,7 @@ from hypura.plan import knobs
 
 
 def choose(solutions: list):
-    """The kept one of `solutions` (solve.Solution: `streams`, `turn_s`, `prediction`), with its `why`."""
+    """The kept one of `solutions` (solve.Solution: `streams`, `turn_s`, `prediction`, `at`), with its `why`."""
     best = min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
     if not best.streams:
         rival = min((s for s in solutions if s.streams), key=lambda s: s.turn_s, default=None)
@@ -22,15 +23,24 @@ def choose(solutions: list):
     plain = min((s for s in solutions if not s.streams), key=lambda s: s.turn_s, default=None)
     if plain is None:
         return best
-    # a plan for several sequences counts its aggregate decode too (its turn weighs the one sequence's most)
-    gain = max(plain.turn_s / best.turn_s - 1,
-               best.prediction.decode_tok_s / plain.prediction.decode_tok_s - 1 if best.prediction.parallel > 1 else 0)
+    # a plan for several sequences counts its aggregate decode too (its turn weighs the one sequence's most), at its
+    # own step and the fewer sequences it runs as clients come and go: below op offload's batch, llama.cpp's kind
+    # computes every RAM weight on the CPU, however fast its own step
+    many = best.prediction.parallel
+    gains = [(plain.turn_s / best.turn_s - 1, "a chat turn", plain.prediction.decode_tok_s)]
+    if many > 1:
+        gains.append((best.prediction.decode_tok_s / plain.prediction.decode_tok_s - 1, f"{many} sequences' decode",
+                      plain.prediction.decode_tok_s))
+    if many >= knobs.OP_OFFLOAD_MIN_BATCH and best.at is not None and plain.at is not None:  # its own step has
+        for k in (knobs.OP_OFFLOAD_MIN_BATCH // 2, knobs.OP_OFFLOAD_MIN_BATCH - 1):  # op offload, fewer do not
+            b, p = best.at(k).decode_tok_s, plain.at(k).decode_tok_s
+            gains.append((b / p - 1, f"{k} sequences' decode", p))
+    gain, what, theirs = max(gains, key=lambda g: g[0])
     if gain < knobs.STREAM_GAIN_MIN:
         return dataclasses.replace(plain, why=f"llama.cpp's kind of placement (nothing streamed): the best streaming "
                                               f"plan predicts only {gain:.0%} faster, within the cost model's error "
                                               f"({knobs.STREAM_GAIN_MIN:.0%})")
     return dataclasses.replace(best, why=f"streaming predicts {gain:.0%} faster than llama.cpp's kind of placement "
-                                         f"({plain.prediction.decode_tok_s:.2f} tok/s decode)")
-
+                                         f"({what}: {theirs:.2f} tok/s there)")
 
 __all__ = ["choose"]

@@ -71,6 +71,9 @@ class Plan:
     # aggregate tok/s), ...) in rising order; the CPU computes the other RAM tensors. Empty: `compute` at every step
     step_paths: tuple = ()
     why: str = ""  # why the planner chose this placement over its other candidates, where it matters
+    # a plan for several sequences (prediction.parallel > 1): one sequence's predicted decode, on its own step's
+    # path, reading its own KV cells (what one client of a server gets); 0: not predicted (an older plan)
+    one_decode_tok_s: float = 0.0
 
     # --- what the loader and the runtime ask ------------------------------------------------
     def _index(self) -> dict[str, TensorPlacement]:
@@ -240,7 +243,7 @@ def build_plan(model: str, mu: ModelUnits, sol: Solution, settings: PlanSettings
         memory=memory, unified=budgets.unified, traffic=sol.traffic, prediction=sol.prediction, rates=rates,
         step_paths=tuple((k, tuple(sorted(name for i in moved for name in units[i].tensors)), rate)
                          for (k, moved), rate in zip(sol.steps, step_rates(mu, sol, rates, settings))),
-        why=sol.why,
+        why=sol.why, one_decode_tok_s=sol.one.decode_tok_s if sol.one is not None else 0.0,
     )
     _check_budgets(plan)
     return plan

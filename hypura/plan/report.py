@@ -147,6 +147,9 @@ def describe_prediction(plan: Plan) -> list[str]:
     return ([f"predict  {'decode' if pr.parallel == 1 else f'aggregate decode of {pr.parallel} sequences'} "
              f"{rate(pr.decode_tok_s)} tok/s (limited by {pr.decode_limit}), "
              f"prefill {rate(pr.prefill_tok_s)} tok/s (limited by {pr.prefill_limit})",
+             *([f"         one sequence alone {rate(plan.one_decode_tok_s)} tok/s (its own step's path, its own KV "
+                "cells): a plan for several sequences weighs its chat turn too"] if pr.parallel > 1 and
+               plan.one_decode_tok_s else []),
              f"         a chat turn ({knobs.OBJECTIVE_PROMPT_TOKENS} prompt + {knobs.OBJECTIVE_DECODE_TOKENS} "
              f"generated tokens, what plans minimise): {turn_seconds(pr):.1f} s",
              describe_prompts(plan)] + _table(rows))

@@ -20,8 +20,9 @@ non-resident bytes / (CPU rate + link rate) when nothing else binds). Memory for
 fill and split; it is reserved by iterating to a fixed point (reservations only grow, so this ends).
 
 Per-step paths. Where a RAM unit is computed follows the step: with the tiers fixed, the split above runs again
-over the RAM units alone for steps of 1, 2, 4, ... n_ubatch tokens (`step_paths`); the plan keeps that table, the
-slots hold any layer a step streams, and a plan made for several sequences is scored for one too.
+over the RAM units alone for steps of 1, 2, 4, ... n_ubatch tokens, the plan's own step and the largest before op
+offload (`step_sizes`, `step_paths`); the plan keeps that table, the slots hold any layer a step streams, and a plan
+made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
 Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
 down while they fit, the rest in RAM in graph order, then disk; the CPU computes everything not on
@@ -33,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypura.errors import HypuraError
 from hypura.plan import knobs
@@ -75,6 +76,9 @@ class Solution:
     one: Prediction | None = None  # one sequence's prediction, when the plan is made for several
     why: str = ""  # why this candidate over the others (_pick), where the choice was close or ran against the fastest
     stage_slots: int = 0  # RAM staging slots for disk layers (fewer than prefetch depth + 1 at the RAM floor); 0: those
+    # the prediction at a step of k tokens on its own path (a plan runs fewer sequences as a server's clients come
+    # and go: candidates.choose asks the two it compares)
+    at: Callable[[int], Prediction] | None = field(default=None, compare=False, repr=False)
 
     @property
     def streams(self) -> bool:
@@ -91,8 +95,16 @@ class Solution:
 def step_rates(mu: ModelUnits, sol: Solution, rates: Rates, settings: PlanSettings) -> tuple[float, ...]:
     """The predicted aggregate tok/s of each step size of the solution's table."""
     kv = sol.memory[sol.kv_tier]["kv"]
-    return tuple(predict_step(mu, sol.tiers, sol.compute, sol.steps, sol.kv_tier, kv, rates, settings.n_ubatch, k,
-                              sol.traffic.op_offload, sol.traffic.host_pinned).decode_tok_s for k, _ in sol.steps)
+    return tuple(predict_step(mu, sol.tiers, sol.compute, sol.steps, sol.kv_tier, kv_read(kv, k, settings.parallel),
+                              rates, settings.n_ubatch, k, sol.traffic.op_offload, sol.traffic.host_pinned).decode_tok_s
+                 for k, _ in sol.steps)
+
+
+def kv_read(kv_bytes: float, tokens: int, parallel: int) -> float:
+    """The KV cache a decode step of `tokens` sequences reads, of a cache the plan's `parallel` sequences share
+    (the engine gives each an equal part): each sequence attends to its own cells (llama.cpp masks the others'
+    and its CPU kernel skips them), so one client of a server reads its part, not the whole cache."""
+    return kv_bytes * min(1.0, tokens / parallel)
 
 
 def predict_step(mu: ModelUnits, tiers, compute, steps: tuple, kv_tier: str, kv: int, rates: Rates, n_ubatch: int,
@@ -112,6 +124,17 @@ def path_at(base, tiers, steps: tuple, tokens: int | None) -> list[str]:
     else:
         moved = set(next((step[1] for step in steps if tokens <= step[0]), steps[-1][1]))
     return [GPU if i in moved else (CPU if t == RAM else c) for i, (c, t) in enumerate(zip(base, tiers))]
+
+
+def step_sizes(n_ubatch: int, parallel: int) -> list[int]:
+    """The step sizes a plan's step table holds: 1, 2, 4, ... n_ubatch, the plan's own step (a server's sequences
+    and its spare), and the largest step before op offload turns on (knobs.OP_OFFLOAD_MIN_BATCH). A step takes
+    the path of the smallest size at or above it (path_at), so a path never assumes op offload a step lacks."""
+    sizes, k = {n_ubatch, min(parallel, n_ubatch), min(knobs.OP_OFFLOAD_MIN_BATCH - 1, n_ubatch)}, 1
+    while k < n_ubatch:
+        sizes.add(k)
+        k *= 2
+    return sorted(sizes)
 
 
 def turn_seconds(pr: Prediction) -> float:
@@ -240,7 +263,7 @@ class _Problem:
         step = StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned)
         for u, t, c in zip(units, tiers, compute):
             step.add(u, t, c)
-        step.add_kv(kv_tier, self.kv)
+        step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
         best = step.seconds()
         # experts never stream through layer slots (the runtime would copy whole stacked tensors):
         # an expert cache loads them one by one instead (plan/experts.py)
@@ -363,8 +386,8 @@ class _Problem:
         prediction = predict(tr, self.r)
 
         def at(k: int) -> Prediction:
-            return predict_step(self.mu, tiers, compute, steps, kv_tier, self.kv, self.r, self.s.n_ubatch, k, op_offload,
-                                pinned)
+            return predict_step(self.mu, tiers, compute, steps, kv_tier, kv_read(self.kv, k, self.s.parallel), self.r,
+                                self.s.n_ubatch, k, op_offload, pinned)
 
         if steps:  # a prompt's micro-batch is one more step, with its own path: all RAM layers streamed, mostly
             batch = at(self.s.n_ubatch)
@@ -375,21 +398,19 @@ class _Problem:
             one = at(1)
         return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
                         solver, config + (f", {n_stage} staging slot(s)" if staged else ""), steps, one,
-                        stage_slots=n_stage if staged else 0)
+                        stage_slots=n_stage if staged else 0, at=at)
 
     def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str],
                    pinned: bool = False) -> tuple:
-        """((tokens, RAM units streamed at that step size), ...) for steps of 1, 2, 4, ... n_ubatch tokens:
+        """((tokens, RAM units streamed at that step size), ...) for each of step_sizes:
         the CPU computes few tokens from RAM faster than the link streams the bytes, a batch the other way."""
         if not any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers)):
             return ()
-        out, k = [], 1
-        while True:
+        out = []
+        for k in step_sizes(self.s.n_ubatch, self.s.parallel):
             c = self.split(tiers, kv_tier, op_offload, k, base, pinned)
             out.append((k, tuple(i for i, t in enumerate(tiers) if t == RAM and c[i] == GPU)))
-            if k >= self.s.n_ubatch:
-                return tuple(out)
-            k = min(2 * k, self.s.n_ubatch)
+        return tuple(out)
 
     def _shortfall(self, on_gpu: bool, use_gpu: bool, kv_tier: str, gpu_need: int, ram_need: int,
                    pool: int, staging: int, host_buf: int) -> _Shortfall:

@@ -44,11 +44,15 @@ def start_engine(path: Path, settings: ServeSettings):
     """(llm, engine) for `path`: a hypura.Llama sized for `parallel` sequences of settings.ctx_per_seq tokens,
     planned from the budgets when given, and its batched engine, started."""
     from hypura.engine import EngineConfig, load
+    from hypura.plan.auto import summary
 
     config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache,
                           speculative=settings.speculative)
-    return load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
-                gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
+    llm, engine = load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
+                       gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
+    if llm.plan is not None and llm.fit_decision is None:  # a plan from the budgets said nothing yet: what it chose
+        log.info("%s: plan: %s", path.name, summary(llm.plan))
+    return llm, engine
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -109,6 +109,7 @@ def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambd
 def predicted(header, plan, b: int) -> Optional[dict]:
     """The cost model's aggregate decode and prefill for the plan's placement at b sequences."""
     from hypura.plan import model_units, predict, traffic
+    from hypura.plan.solve import kv_read
 
     if plan is None or plan.expert_slots:
         return None  # llama.cpp's placement, or an expert cache (a one-sequence prediction)
@@ -116,7 +117,8 @@ def predicted(header, plan, b: int) -> Optional[dict]:
     placed = [plan.placement(u.tensors[0]) for u in mu.units]
     tiers = [t.experts[u.expert] if u.expert >= 0 else t.tier for u, t in zip(mu.units, placed)]
     compute = [t.expert_compute[u.expert] if u.expert >= 0 else plan.compute_at(t, b) for u, t in zip(mu.units, placed)]
-    pr = predict(traffic(mu, tiers, compute, plan.kv_tier, plan.kv_bytes, plan.rates, plan.n_ubatch, b,
+    kv = kv_read(plan.kv_bytes, b, plan.prediction.parallel)  # b sequences' own cells
+    pr = predict(traffic(mu, tiers, compute, plan.kv_tier, kv, plan.rates, plan.n_ubatch, b,
                          plan.traffic.op_offload, plan.traffic.host_pinned), plan.rates)
     return {"decode_tok_s": pr.decode_tok_s, "decode_limit": pr.decode_limit, "prefill_tok_s": pr.prefill_tok_s,
             "prefill_limit": pr.prefill_limit}
