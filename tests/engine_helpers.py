@@ -26,7 +26,7 @@ def engine_llm(smollm2_path, n_threads):
 
 @contextlib.contextmanager
 def running(llm, **config):
-    engine = Engine(llm, EngineConfig(**config)).start()
+    engine = Engine(llm.loaded, EngineConfig(**config)).start()
     try:
         yield engine
     finally:

@@ -102,8 +102,17 @@ class FakeEngine:
         self.closed = True
 
 
+class FakeVocab:
+    bos, eos = 1, 2
+
+    def piece(self, token, special=True):
+        return {1: b"<|im_start|>", 2: b"<|im_end|>"}[token]
+
+
 class FakeLlama:
-    """What the registry reads of a hypura.Llama: header, metadata, special tokens, vocabulary size."""
+    """What the registry reads of a loaded model: header, metadata, special tokens, vocabulary size."""
+
+    vocab = FakeVocab()
 
     def __init__(self, path: Path, template=None):
         self.header = read_header(path)
@@ -111,15 +120,6 @@ class FakeLlama:
         if template is not None:
             self.metadata["tokenizer.chat_template"] = template
         self.closed = False
-
-    def token_bos(self):
-        return 1
-
-    def token_eos(self):
-        return 2
-
-    def detokenize(self, tokens, special=False):
-        return {1: b"<|im_start|>", 2: b"<|im_end|>"}[tokens[0]]
 
     def n_vocab(self):
         return 49152

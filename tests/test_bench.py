@@ -74,10 +74,11 @@ def test_the_expert_cache_bound_adds_gpu_reads_and_measured_loads(tiny_qwen3moe)
 
 
 class _TokenLog:
-    """Stands in for a Llama: logs the tokens bench decodes."""
+    """Stands in for a loaded model: logs the tokens bench decodes."""
 
     def __init__(self):
         self.batches = []
+        self.context = self  # its KV cache's clear()
 
     def n_vocab(self):
         return 1000
@@ -86,7 +87,7 @@ class _TokenLog:
         self.batches.append(list(toks))
         return True
 
-    def clear_memory(self):
+    def clear(self):
         pass
 
     def stats(self, reset=False):

@@ -102,7 +102,7 @@ def test_a_draft_model_loads_where_its_target_kept_it(smollm2_path, n_threads):
         assert llm.plan.memory["ram"]["budget"] == parse_size("1GiB") - draft.nbytes(512)
         out = llm.create_completion("The capital of France is", max_tokens=8, temperature=0.0)
         assert out["choices"][0]["text"]
-        drafter = llm.draft_model.drafter.llm
+        drafter = llm.draft_model.drafter.model
         assert drafter.plan is None and drafter.decision.line == ""  # placed as kept: not fitted again
     finally:
         llm.close()

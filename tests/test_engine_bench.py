@@ -15,7 +15,7 @@ def test_each_size_runs_one_prefill_step_then_ntg_decode_steps(tiny_llama):
     s = BatchBenchSettings(n_prompt=8, n_gen=4, parallel=(1, 3), repeats=2)
     llm = hypura.Llama(str(tiny_llama), n_threads=1, n_threads_batch=1, **s.llama_kwargs())
     try:
-        r = run_batch_bench(llm, None, s, rates=Rates(cpu_read=10e9, disk_read=1e9))
+        r = run_batch_bench(llm.loaded, None, s, rates=Rates(cpu_read=10e9, disk_read=1e9))
     finally:
         llm.close()
     assert [row["parallel"] for row in r["sizes"]] == [1, 3]

@@ -21,7 +21,7 @@ def llm(smollm2_path, n_threads):
 
 
 def test_a_full_queue_is_refused_and_close_ends_what_waits(llm):
-    engine = Engine(llm, EngineConfig(parallel=1, max_queue=2))  # not started: everything waits
+    engine = Engine(llm.loaded, EngineConfig(parallel=1, max_queue=2))  # not started: everything waits
     tokens = llm.tokenize(PROMPT.encode())
     waiting = [engine.submit(tokens, GREEDY) for _ in range(2)]
     with pytest.raises(QueueFull, match="2 requests wait already"):
@@ -39,7 +39,7 @@ def test_a_full_queue_is_refused_and_close_ends_what_waits(llm):
 
 
 def test_close_ends_running_requests_and_joins_the_thread(llm):
-    engine = Engine(llm, EngineConfig(parallel=2)).start()
+    engine = Engine(llm.loaded, EngineConfig(parallel=2)).start()
     thread = engine._thread  # this engine's (another test's server may still be closing its own)
     tokens = llm.tokenize(PROMPT.encode())
     got = []
@@ -54,7 +54,7 @@ def test_close_ends_running_requests_and_joins_the_thread(llm):
 
 
 def test_a_failing_decode_ends_its_step_and_the_engine_keeps_serving(llm, monkeypatch):
-    real, calls = llm.decode_batch, []
+    real, calls = llm.loaded.decode_batch, []
 
     def failing(batch, decode=False):
         calls.append(batch.n_tokens)
@@ -64,8 +64,8 @@ def test_a_failing_decode_ends_its_step_and_the_engine_keeps_serving(llm, monkey
             raise HypuraError("weights could not be streamed, the results are void: disk gone")
         return real(batch, decode)
 
-    monkeypatch.setattr(llm, "decode_batch", failing)
-    engine = Engine(llm)
+    monkeypatch.setattr(llm.loaded, "decode_batch", failing)
+    engine = Engine(llm.loaded)
     with contextlib.closing(engine):
         tokens = engine.tokenize(PROMPT)
         first = [engine.submit(tokens, GREEDY) for _ in range(2)]  # queued before the start: one step
@@ -97,9 +97,9 @@ def test_an_engine_needs_the_sequences_it_runs(smollm2_path):
     llm = hypura.Llama(str(smollm2_path), n_ctx=N_CTX, verbose=False)  # n_seq_max 1
     try:
         with pytest.raises(HypuraError, match="holds 1 sequences, fewer than parallel 4"):
-            Engine(llm, EngineConfig(parallel=4))
+            Engine(llm.loaded, EngineConfig(parallel=4))
         with pytest.raises(HypuraError, match="step_tokens 1024 must lie within"):
-            Engine(llm, EngineConfig(parallel=1, step_tokens=1024))
+            Engine(llm.loaded, EngineConfig(parallel=1, step_tokens=1024))
     finally:
         llm.close()
 

@@ -214,7 +214,7 @@ def test_bench_bounds_paged_experts_at_the_measured_hit_rate(tiny_qwen3moe):
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
     try:
-        out = run_bench(llm, plan, BenchSettings(0, 8, 1, 1))
+        out = run_bench(llm.loaded, plan, BenchSettings(0, 8, 1, 1))
     finally:
         llm.close()
     measured = out["stats"]["decode"]["streamed_bytes_per_token"]["disk"]
@@ -277,7 +277,7 @@ def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_q
     plan = _plan(tiny_qwen3moe)
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=256, n_threads=1, verbose=False)
     try:
-        out = run_bench(llm, plan, BenchSettings(0, 8, 1, 1))
+        out = run_bench(llm.loaded, plan, BenchSettings(0, 8, 1, 1))
         resident = llm._pager.resident_bytes
         probe = llm.probe_disk(0.05)
         assert llm._pager.resident_bytes == resident  # scratch reads: nothing paged in
@@ -302,7 +302,7 @@ def test_a_plan_without_disk_experts_is_not_probed(tiny_qwen3moe):
     llm = hypura.Llama(str(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
     try:
         assert llm.probe_disk() is None
-        assert "disk_probe" not in run_bench(llm, None, BenchSettings(0, 4, 1, 1))
+        assert "disk_probe" not in run_bench(llm.loaded, None, BenchSettings(0, 4, 1, 1))
     finally:
         llm.close()
 
@@ -335,7 +335,7 @@ def test_a_prompt_of_several_micro_batches_pages_its_experts(tiny_qwen3moe):
     llm = hypura.Llama(str(tiny_qwen3moe), plan=plan, n_ctx=1024, n_batch=1024, n_ubatch=256, n_threads=1,
                        verbose=False)
     try:
-        out = run_bench(llm, plan, BenchSettings(1000, 0, 1, 1))
+        out = run_bench(llm.loaded, plan, BenchSettings(1000, 0, 1, 1))
     finally:
         llm.close()
     assert out["stats"]["prefill"]["tokens"] >= 1000

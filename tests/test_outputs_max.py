@@ -4,12 +4,15 @@ llama.cpp (which aborts on one), and greedy output unchanged by the larger micro
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-import hypura.llama as hypura_llama
 from hypura import Llama
 from hypura.engine import engine_llama_kwargs
 from hypura.errors import HypuraError
+
+loading = importlib.import_module("hypura.loaded.load")  # the module: hypura.loaded.load names its function
 
 from greedy import COUNTING, assert_same_tokens, greedy
 
@@ -27,7 +30,7 @@ def asked(monkeypatch):
         seen.append(ask)
         raise _Asked
 
-    monkeypatch.setattr(hypura_llama, "decide", decide)
+    monkeypatch.setattr(loading, "decide", decide)
     return seen
 
 
@@ -52,11 +55,11 @@ def test_the_cli_reads_a_verification_pass_of_rows(monkeypatch):
 
     seen = {}
 
-    def fake_llama(path, param_overrides, **kwargs):
-        seen.update(param_overrides["context_params"])
+    def fake_load(path, ask):
+        seen.update(ask.param_overrides["context_params"])
         raise _Asked
 
-    monkeypatch.setattr(common_init, "Llama", fake_llama)
+    monkeypatch.setattr(common_init, "load", fake_load)
     cases = ((["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"], 5), (["--spec-type", "ngram-simple"], 17))
     for argv, want in cases:
         seen.clear()
@@ -103,6 +106,6 @@ def test_an_engine_verifying_drafts_needs_their_outputs(smollm2_path):
     llm = Llama(str(smollm2_path), **engine_llama_kwargs(2, 64, param_overrides={"context_params": {"n_outputs_max": 3}}))
     try:
         with pytest.raises(HypuraError, match="speculative=True"):
-            Engine(llm, EngineConfig(parallel=2, speculative=SpecSettings(type="ngram-simple")))
+            Engine(llm.loaded, EngineConfig(parallel=2, speculative=SpecSettings(type="ngram-simple")))
     finally:
         llm.close()

@@ -1,6 +1,7 @@
 """llama.cpp's model and context, owned as llama-cpp-python's `Llama` owns them: its `_internals.LlamaModel` and
 `LlamaContext` entered into the caller's ExitStack, so they close in reverse order (the context before its
-model). hypura.Llama builds its state on them; the CPU profile's timing runs decode on them directly."""
+model). hypura.loaded.load builds the model Hypura owns on them; the CPU profile's timing decodes on a BareModel
+(no placement hooks, no Runtime: the profile is what the decision reads, so it cannot come from a decision)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def new_context(stack: contextlib.ExitStack, model: internals.LlamaModel, params
     return stack.enter_context(contextlib.closing(cls(model=model, params=params, verbose=verbose, **kwargs)))
 
 
-class Loaded:
-    """A model and one context of it, from fields set over llama.cpp's default params; close() frees both."""
+class BareModel:
+    """A model and one context of it, from fields set over llama.cpp's default params, without Hypura's hooks;
+    close() frees both."""
 
     def __init__(self, path: str, model_fields: dict, context_fields: dict, verbose: bool = False):
         self._stack = contextlib.ExitStack()

@@ -1,6 +1,6 @@
 """The batched engine: many requests share every llama_decode, so a streamed weight byte serves them all.
 
-    engine = Engine(llm, EngineConfig(parallel=4))      # llm: a hypura.Llama made with parallel >= 4
+    engine = Engine(llm, EngineConfig(parallel=4))      # llm: a hypura.loaded.LoadedModel loaded with parallel >= 4
     engine.start()                                      # its loop runs on a thread of its own
     req = engine.submit(tokens, SamplingParams(...), on_event=None)   # QueueFull, PromptTooLong
     for event in req.events(): ...                      # Event(text, token, finish_reason, error)

@@ -18,13 +18,14 @@ from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
 
 
-def embed_one(llm, ctx, mem, seq: int, tokens: list[int], n_batch: int) -> np.ndarray:
+def embed_one(llm, seq: int, tokens: list[int], n_batch: int) -> np.ndarray:
+    ctx = llm.ctx
     pooled = llama_cpp.llama_pooling_type(ctx) not in (llama_cpp.LLAMA_POOLING_TYPE_NONE,
                                                        llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
     if pooled and len(tokens) > n_batch:
         raise HypuraError(f"an input of {len(tokens)} tokens is longer than a batch ({n_batch}) of this "
                           "embedding model: shorten it, or truncate")
-    n_embd = llama_cpp.llama_model_n_embd(llm.model)
+    n_embd = llama_cpp.llama_model_n_embd(llm.model.model)
     total = np.zeros(n_embd, dtype=np.float64)
     batch = Batch(min(n_batch, len(tokens)))
     try:
@@ -44,13 +45,14 @@ def embed_one(llm, ctx, mem, seq: int, tokens: list[int], n_batch: int) -> np.nd
                 total += rows.sum(axis=0, dtype=np.float64)
     finally:
         batch.close()
-        llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
+        llm.context.seq_rm(seq)
     return total if pooled else total / len(tokens)
 
 
-def embed(llm, ctx, mem, seq: int, inputs: list[list[int]], n_batch: int) -> list[np.ndarray]:
+def embed(llm, seq: int, inputs: list[list[int]], n_batch: int) -> list[np.ndarray]:
+    ctx = llm.ctx
     llama_cpp.llama_set_embeddings(ctx, True)
     try:
-        return [embed_one(llm, ctx, mem, seq, tokens, n_batch) for tokens in inputs]
+        return [embed_one(llm, seq, tokens, n_batch) for tokens in inputs]
     finally:
         llama_cpp.llama_set_embeddings(ctx, False)

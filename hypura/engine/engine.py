@@ -17,7 +17,7 @@ Threading protocol:
 - `metrics()` reads the request counts in one hold of the lock (active is derived from them, so an idle
   engine never shows a request that has not been counted finished) and takes the step lock for
   llm.stats(), so it waits at most one step. `close()` ends every request (finish_reason "error",
-  "engine closed") and joins the thread; the Llama stays the caller's (a draft model is the engine's: closed).
+  "engine closed") and joins the thread; the model stays the caller's (a draft model is the engine's: closed).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from hypura.engine.speculate import Speculation
 from hypura.engine.text import TextStream
 from hypura.engine.types import EngineClosed, Event, PromptTooLong, QueueFull, Result, SamplingParams
 from hypura.errors import HypuraError
-from hypura.speculative.verify import accept
+from hypura.speculative.verify import keep_accepted
 
 log = logging.getLogger("hypura.engine")
 
@@ -53,29 +53,29 @@ DECODE_STATUS = {1: "no free KV cells for the batch", 2: "aborted", -1: "invalid
 
 class Engine:
     def __init__(self, llm, config: EngineConfig = EngineConfig()):
+        """llm: a hypura.loaded.LoadedModel (hypura.engine.load makes one with the sequences the engine needs)."""
         self.llm, self.config = llm, config
         self._ctx = llm.ctx
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._kv = llm.context
         self._vocab = llm.vocab
         self.n_vocab = self._vocab.n_tokens
-        n_seq = llama_cpp.llama_n_seq_max(self._ctx)
+        n_seq = self._kv.n_seq_max
         if n_seq < config.parallel:
-            raise HypuraError(f"the Llama holds {n_seq} sequences, fewer than parallel {config.parallel}: make it "
-                              "with parallel=N (hypura.engine.load does)")
+            raise HypuraError(f"the model's context holds {n_seq} sequences, fewer than parallel {config.parallel}: load "
+                              "it with parallel=N (hypura.engine.load does)")
         outputs, spec = llm.context_params.n_outputs_max, config.speculative
         if spec is not None and 0 < outputs < config.parallel * spec.pass_rows:  # llama.cpp would abort mid-step
-            raise HypuraError(f"the Llama computes at most {outputs} outputs a step, fewer than verifying "
-                              f"{config.parallel} sequences' drafts: make it with engine_llama_kwargs(..., "
+            raise HypuraError(f"the model's context computes at most {outputs} outputs a step, fewer than verifying "
+                              f"{config.parallel} sequences' drafts: load it with engine_llama_kwargs(..., "
                               "speculative=True) (hypura.engine.load does)")
         unified = bool(llm.context_params.kv_unified)
         # a unified cache is shared by all sequences; each stream of a split one holds its sequence only
-        per_seq = (llama_cpp.llama_n_ctx(self._ctx) // config.parallel if unified
-                   else llama_cpp.llama_n_ctx_seq(self._ctx))
+        per_seq = self._kv.n_ctx() // config.parallel if unified else self._kv.n_ctx_seq
         self.n_ctx_per_seq = min(per_seq, config.n_ctx_per_seq or per_seq)
         if self.n_ctx_per_seq < 2:
-            raise HypuraError(f"a context of {llama_cpp.llama_n_ctx(self._ctx)} leaves {per_seq} tokens to each of "
+            raise HypuraError(f"a context of {self._kv.n_ctx()} leaves {per_seq} tokens to each of "
                               f"{config.parallel} sequences: give a larger n_ctx")
-        n_batch = llama_cpp.llama_n_batch(self._ctx)
+        n_batch = self._kv.n_batch
         self.step_tokens = config.step_tokens or n_batch
         if self.step_tokens > n_batch or self.step_tokens < config.parallel:
             raise HypuraError(f"step_tokens {self.step_tokens} must lie within parallel {config.parallel} and the "
@@ -91,13 +91,13 @@ class Engine:
         self._spec: Optional[Speculation] = None
         if config.speculative is not None:
             # the decode part of a step stays one micro-batch: a second one is a second pass over the weights
-            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, llama_cpp.llama_n_ubatch(self._ctx)),
+            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, self._kv.n_ubatch),
                                      config.parallel, self.n_ctx_per_seq)
             self._counters.spec = SpecCounters()
         self._closing = False
         self._stopped: Optional[str] = None  # why the loop ended (None while it may run)
         self._thread: Optional[threading.Thread] = None
-        llama_cpp.llama_memory_clear(self._mem, True)  # sequences start empty: slots own their KV from here
+        self._kv.clear()  # sequences start empty: slots own their KV from here
 
     # --- any thread -----------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -143,7 +143,7 @@ class Engine:
             self._cond.notify()
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
+        return self._vocab.tokenize(text.encode("utf-8"), add_special, parse_special)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of `tokens` as the engine streams it (special tokens not rendered)."""
@@ -153,15 +153,15 @@ class Engine:
         """Each input's embedding (numpy float64 vectors, not normalised), between steps (embed.py)."""
         if not inputs or any(not t for t in inputs):
             raise HypuraError("embed needs non-empty token lists")
-        if llama_cpp.llama_n_seq_max(self._ctx) <= self.config.parallel:
-            raise HypuraError("this engine has no spare sequence for embeddings: make its Llama with "
+        if self._kv.n_seq_max <= self.config.parallel:
+            raise HypuraError("this engine has no spare sequence for embeddings: load its model with "
                               "spare_seqs=1 (hypura.engine.load does)")
         with self._step_lock:
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")
             # every token of an embedding's batch is an output: no more than the context computes (n_outputs_max)
             rows = min(self.step_tokens, self.llm.context_params.n_outputs_max or self.step_tokens)
-            return embed(self.llm, self._ctx, self._mem, self.config.parallel, inputs, rows)
+            return embed(self.llm, self.config.parallel, inputs, rows)
 
     def fim_tokens(self) -> Optional[tuple[int, int, int]]:
         """The model's fill-in-the-middle tokens (prefix, suffix, middle), None when it lacks one."""
@@ -187,7 +187,7 @@ class Engine:
         return out
 
     def close(self) -> None:
-        """End every request, stop the loop and free the engine's llama.cpp objects (not the Llama)."""
+        """End every request, stop the loop and free the engine's llama.cpp objects (not the model)."""
         with self._cond:
             if self._closing:
                 return
@@ -290,20 +290,19 @@ class Engine:
     def _reuse(self, choice) -> int:
         """Put the chosen prefix into the slot's KV (nothing else of the slot survives); what was reused."""
         slot, source, reuse = choice.slot, choice.source, choice.reuse
-        mem = self._mem
+        kv = self._kv
         if source is None or reuse == 0:
-            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+            kv.seq_rm(slot)
             return 0
         if source == slot:
-            kept = llama_cpp.llama_memory_seq_rm(mem, slot, reuse, -1)  # false: this memory keeps whole sequences
+            kept = kv.seq_rm(slot, reuse, -1)  # false: this memory keeps whole sequences
         else:
-            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
-            llama_cpp.llama_memory_seq_cp(mem, source, slot, 0, reuse)
+            kv.seq_rm(slot)
+            kv.seq_cp(source, slot, 0, reuse)
             kept = True
         # e.g. a sliding-window cache that dropped the first positions, or recurrent state: evaluate it all
-        if not kept or llama_cpp.llama_memory_seq_pos_min(mem, slot) != 0 or \
-                llama_cpp.llama_memory_seq_pos_max(mem, slot) != reuse - 1:
-            llama_cpp.llama_memory_seq_rm(mem, slot, -1, -1)
+        if not kept or kv.pos_min(slot) != 0 or kv.pos_max(slot) != reuse - 1:
+            kv.seq_rm(slot)
             return 0
         return reuse
 
@@ -356,7 +355,7 @@ class Engine:
 
     def _verify(self, chunk, start: int, picks: dict[int, int], spec: SpecCounters, decode_s: float,
                 draft_s: float) -> int:
-        """A decoding sequence's next token and draft, decoded at `start`: keep what verify.accept keeps
+        """A decoding sequence's next token and draft, decoded at `start`: keep what verify.keep_accepted keeps
         (the tokens before the last emitted one stay in the KV cache), remove the rest's KV cells, emit the
         tokens until one ends the sequence. Returns the tokens sampled."""
         seq, ctx = chunk.seq, self._ctx
@@ -365,8 +364,7 @@ class Engine:
             token = picks.get(start + i, -1)
             return token if token >= 0 else seq.sampler.sample(ctx, start + i)
 
-        out = accept(chunk.draft, sample, self._is_eog)
-        llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, seq.n_past + len(out), -1)
+        out = keep_accepted(self._kv, seq.slot, seq.n_past, chunk.draft, sample, self._is_eog)
         self._slots.kv[seq.slot].extend(chunk.tokens[:len(out)])
         seq.n_past += len(out)
         seq.next_token = None
@@ -401,10 +399,10 @@ class Engine:
         self._active.remove(seq)
         keep = reason in ("stop", "length")
         if not keep:
-            llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+            self._kv.seq_rm(seq.slot)
         self._slots.release(seq.slot, keep)
         if not self._slots.cache and keep:
-            llama_cpp.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+            self._kv.seq_rm(seq.slot)
         seq.sampler.close()
         result, last = seq.result(reason, error)
         self._count_finish(reason)

@@ -1,4 +1,4 @@
-"""One way to make a Llama for the engine, and the engine on it (the server and `hypura bench --parallel`)."""
+"""One way to load a model for the engine, and the engine on it (the server and `hypura bench --parallel`)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ EMBEDDING_SEQS = 1
 
 
 def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, speculative: bool = False, **kwargs) -> dict:
-    """hypura.Llama keywords for `parallel` sequences of `n_ctx_per_seq` tokens each, and one spare sequence id
-    for embeddings (engine/embed.py): the decision makes them one unified KV cache of parallel x n_ctx_per_seq
+    """hypura.Llama keywords (hypura.loaded.LoadAsk.of's) for `parallel` sequences of `n_ctx_per_seq` tokens each,
+    and one spare sequence id for embeddings (engine/embed.py): the decision makes them one unified KV cache of parallel x n_ctx_per_seq
     cells (sequences copy a shared prefix's cells instead of recomputing it), plans for steps of `parallel`
     tokens, and chooses the threads for them (hypura.plan.load_params). Flash attention is llama.cpp's default
     ("auto") unless asked otherwise: its CPU kernel leaves a sequence's attention independent of the others in
@@ -43,16 +43,16 @@ def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, speculative: bool = F
 
 def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 4096,
          config: Optional[EngineConfig] = None, **llama_kwargs):
-    """Load `model_path` as hypura.Llama (llama-cpp-python's keywords plus Hypura's: plan, gpu_mem, ram, ...)
-    for `parallel` sequences of `n_ctx_per_seq` tokens, and start an Engine on it. Returns (llm, engine);
-    close the engine, then the Llama."""
-    from hypura import Llama
+    """Load `model_path` (hypura.loaded.load: llama-cpp-python's keywords plus Hypura's: plan, gpu_mem, ram, ...)
+    for `parallel` sequences of `n_ctx_per_seq` tokens, and start an Engine on it. Returns (the LoadedModel,
+    engine); close the engine, then the model."""
+    from hypura.loaded import LoadAsk, load as load_model
 
     config = dataclasses.replace(config, parallel=parallel) if config else EngineConfig(parallel=parallel)
     if config.speculative is not None:  # a draft model loads after the model, in the room its decision kept
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)
-    llm = Llama(str(model_path), **engine_llama_kwargs(parallel, n_ctx_per_seq, config.speculative is not None,
-                                                            **llama_kwargs))
+    llm = load_model(model_path, LoadAsk.of(**engine_llama_kwargs(parallel, n_ctx_per_seq,
+                                                                  config.speculative is not None, **llama_kwargs)))
     try:
         # auto: the draft the decision found, n-gram drafting where the plan makes it pay, or none
         config = dataclasses.replace(config, speculative=resolve(config.speculative, llm))

@@ -1,13 +1,14 @@
 """Speculative decoding in the engine: several sequences' drafts verified in one step.
 
 Before a step, every decoding sequence drafts from its own history (prompt and generated tokens, the next
-token last) with hypura.speculative's n-gram drafters, or all of them at once with a draft model (draft.py); its draft length comes from its own DraftLength (the
+token last) with hypura.speculative's n-gram drafters, or all of them at once with a draft model (one llama_decode a
+round: hypura.speculative.draft_model); its draft length comes from its own DraftLength (the
 acceptance of its drafts, the step times by the tokens it carried). The drafts are cut so that the decode
 part of the step (every next token plus the drafts) fits one micro-batch (n_ubatch, and the step's
 budget): a step over streamed weights that spills into a second micro-batch pays a second weight pass.
 The scheduler puts each draft after its sequence's next token, logits at every position; after the step
-the engine keeps, per sequence, what hypura.speculative.verify.accept keeps and removes the KV cells of
-the rest.
+the engine keeps, per sequence, what hypura.speculative.verify.keep_accepted keeps (the chain pass every
+front end ends with) and removes the KV cells of the rest.
 
 Speculation steps aside as the batch grows: with several sequences decoding, a step's drafts are kept only where
 the cost model predicts more tokens a second with them: every sequence's next token plus the accepted drafts its
@@ -25,7 +26,8 @@ import weakref
 
 from hypura.engine.sequence import Sequence
 from hypura.speculative.cost import DraftLength, PassTimes
-from hypura.speculative.settings import SpecSettings, make_drafter
+from hypura.loaded.drafts import draft_model, make_drafter
+from hypura.speculative.settings import SpecSettings
 
 
 def share(wants: list[int], room: int) -> list[int]:
@@ -44,10 +46,9 @@ class Speculation:
         n_ctx_per_seq: the engine's slots and their length (a draft model keeps a sequence for each)."""
         self.settings, self.max_tokens, self.plan = settings, max_tokens, llm.plan
         self.drafter, self.model = None, None
-        if settings.type == "draft-simple":  # all sequences draft together (draft.py)
-            from hypura.engine.draft import BatchedDraft
-
-            self.model = BatchedDraft.load(settings.draft_model, llm, n_seq, n_ctx_per_seq, settings.p_min)
+        if settings.type == "draft-simple":  # all sequences draft together: a KV sequence each in the draft's cache
+            self.model = draft_model(settings.draft_model, llm, n_seq, settings.p_min, n_ctx=n_seq * n_ctx_per_seq,
+                                     n_threads=llm.context.n_threads, n_threads_batch=llm.context.n_threads_batch)
         else:
             self.drafter = make_drafter(settings, llm)
         self._lengths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftLength
@@ -69,7 +70,7 @@ class Speculation:
         if self.aside:
             return {}, time.perf_counter() - t0
         if self.model is not None:
-            wants = self.model.draft(asks)
+            wants = self.model.draft_many(asks)
         else:
             wants = [list(self.drafter.draft(history, k))[:k] if k > 0 else [] for _, history, k in asks]
         cut = share([len(w) for w in wants], self.max_tokens - len(decoding))

@@ -67,13 +67,14 @@ def decide(header, ask: Ask, free: Source, profile: Source,
            routing: Union[Routing, Callable[[], Routing]] = Routing(), host: Optional[Host] = None) -> Decision:
     """The decision for `header` (module docstring). free: FreeMemory (None: another machine's plan, budgets
     not checked, no default path); profile: the MachineProfile to plan with; routing: the recorded routing to
-    plan with; host: the machine the load's parameters are for (None: this one). The plan's cost model optimises
+    plan with; host: the machine the load's parameters are for (None: this one; without `free`, the profile's). The plan's cost model optimises
     steps of ask.parallel tokens (the sequences decoded together)."""
     free_now, machine, recorded = _once(free), _once(profile), _once(routing)
     parallel = ask.parallel
 
     def applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
-        return Decision(plan, n_ctx, load_params(plan, n_ctx, ask, host or Host.here()), line,
+        here = host or (Host.here() if free is not None else Host.profiled(machine()))
+        return Decision(plan, n_ctx, load_params(plan, n_ctx, ask, here), line,
                         beside_on_gpu=beside_on_gpu)
 
     budgets = ask.gpu_mem is not None or ask.ram is not None

@@ -22,13 +22,13 @@ import multiprocessing
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-import llama_cpp
-
 from hypura.plan import knobs
 from hypura.plan.ask import Ask
 from hypura.plan.plan import Plan
 from hypura.plan.pools import paged_by_expert, streamed_through_host
 from hypura.tiers.names import GPU
+
+LOAD_MODE_NONE = 0  # llama.h's LLAMA_LOAD_MODE_NONE (read, not mapped); the planner runs without the library
 
 # a quarter of the cores is left to the pager's threads, on machines this large (on 2 cores a fault-in thread
 # gained nothing)
@@ -49,6 +49,14 @@ class Host:
         from hypura.profile.host import cores
 
         return cls(has_gpu(), cores()[0], multiprocessing.cpu_count())
+
+    @classmethod
+    def profiled(cls, profile) -> Host:
+        """The GPU a machine profile records (another machine's plan: `inspect --profile`), this one's cores: asks
+        nothing of llama.cpp, so a plan is made before the library is built."""
+        from hypura.profile.host import cores
+
+        return cls(getattr(profile, "gpu", None) is not None, cores()[0], multiprocessing.cpu_count())
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,7 @@ def load_params(plan: Optional[Plan], n_ctx: int, ask: Ask, host: Host) -> LoadP
             out["op_offload"] = False
     if cache:
         if host.gpu:  # read, not mapped: with mmap, llama.cpp maps what would be pinned (copies 6x slower)
-            for key, value in (("n_gpu_layers", -1), ("load_mode", llama_cpp.LLAMA_LOAD_MODE_NONE)):
+            for key, value in (("n_gpu_layers", -1), ("load_mode", LOAD_MODE_NONE)):
                 if key not in model and key not in out:
                     out[key] = value
         else:

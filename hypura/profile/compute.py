@@ -71,12 +71,12 @@ class _Steps:
         import llama_cpp
 
         from hypura.bindings.batch import Batch
-        from hypura.bindings.model import Loaded
+        from hypura.bindings.model import BareModel
 
         n = knobs.LLAMA_PROMPT_TOKENS
         with _quiet_stderr():  # on a GPU build too: the CPU alone computes, from plain (not pinned) memory
             # plain: ggml's own layout, as a plan holds pinned CPU weights; else repacked where llama.cpp repacks
-            self.llm = Loaded(str(path), {"n_gpu_layers": 0, "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE,
+            self.llm = BareModel(str(path), {"n_gpu_layers": 0, "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE,
                                           "no_host": True, **({"use_extra_bufts": False} if plain else {})},
                               {"n_ctx": knobs.LLAMA_CTX, "n_batch": n, "n_ubatch": n, "n_threads": threads,
                                "n_threads_batch": threads, "offload_kqv": False, "op_offload": False})

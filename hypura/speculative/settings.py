@@ -1,4 +1,4 @@
-"""Speculative decoding's settings (llama.cpp's --spec-* flags) and the one place a drafter is made."""
+"""Speculative decoding's settings (llama.cpp's --spec-* flags); hypura.loaded.drafts makes what they name."""
 
 from __future__ import annotations
 
@@ -52,33 +52,3 @@ class SpecSettings:
                               f"(n_min {self.n_min}, n_max {self.n_max})")
         if self.tree and (self.beside is None or not 1 < self.tree <= 64):
             raise HypuraError("--spec-tree N takes a draft model (-md FNAME) and 2 <= N <= 64 branches")
-
-
-def make_drafter(s: SpecSettings, target, **draft_kwargs):
-    """The drafter `s` names, for `target` (a loaded hypura.Llama); type auto resolved first (auto.resolve)."""
-    if s.type == "auto":
-        raise HypuraError("speculative decoding of type auto is resolved against its loaded target first")
-    if s.type == "draft-simple":
-        from hypura.speculative.draft_model import DraftModel
-
-        return DraftModel.load(s.draft_model, target, p_min=s.p_min, **draft_kwargs)
-    from hypura.speculative.ngram import NgramSimple, PromptLookup
-
-    if s.type == "ngram-simple":
-        return NgramSimple(s.ngram_size_n, s.ngram_size_m)
-    return PromptLookup(num_pred_tokens=s.n_max)
-
-
-def make_verifier(s: SpecSettings, target, is_eog, **draft_kwargs):
-    from hypura.speculative.cost import DraftLength, PassTimes
-    from hypura.speculative.verify import Verifier
-
-    times = PassTimes.starting(s.pass_ms, target.plan)
-
-    if s.tree:
-        from hypura.speculative.tree import TreeVerifier
-        from hypura.speculative.tree_draft import TreeDrafter
-
-        drafter = TreeDrafter.load(s.draft_model, target, s.tree, s.p_split, **draft_kwargs)
-        return TreeVerifier(target, drafter, DraftLength(s.tree * s.n_max, s.n_min, s.tree, s.n_max, times), is_eog)
-    return Verifier(target, make_drafter(s, target, **draft_kwargs), DraftLength(s.n_max, s.n_min, times=times), is_eog)

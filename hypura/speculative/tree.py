@@ -24,19 +24,44 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
-
-import llama_cpp
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
 
 from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
 from hypura.speculative.cost import DraftLength
+from hypura.speculative.target import Target
 from hypura.speculative.verify import SpecStats
+
+P_SPLIT = 0.1  # llama.cpp's --spec-draft-p-split default
 
 
 def context_params(branches: int) -> dict:
     """What a target (and a draft model building trees) needs of its llama_context."""
     return {"n_seq_max": max(1, branches), "kv_unified": True}
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """hypura.Llama(draft_model=DraftTree("draft.gguf", branches=4)): a draft GGUF (the target's vocabulary)
+    proposing trees of up to `branches` leaves, n_max deep; the node budget (up to branches x n_max) follows the
+    passes' cost. p_split: llama.cpp's --spec-draft-p-split; pass_ms: {tokens carried: ms} measured beforehand
+    (`hypura bench -p 1,2,4,...`)."""
+
+    model: Union[str, Path]
+    branches: int = 4
+    n_max: int = 16
+    p_split: float = P_SPLIT
+    pass_ms: Optional[dict] = None
+
+    def __post_init__(self):
+        if not 1 < self.branches <= 64 or self.n_max < 1:
+            raise HypuraError(f"a draft tree takes 2 <= branches <= 64 and n_max >= 1 ({self.branches}, {self.n_max})")
+
+    @property
+    def context_params(self) -> dict:
+        """What the target's llama_context needs: a sequence per branch in one KV cache."""
+        return context_params(self.branches)
 
 
 @dataclass
@@ -107,41 +132,39 @@ def fill_batch(batch: Batch, tree: Tree, n_past: int, sets: list[list[int]]) -> 
     batch.c.n_tokens = len(tree.tokens)
 
 
-def open_branches(ctx, n_branches: int) -> None:
+def open_branches(target: Target, n_branches: int) -> None:
     """Every branch's sequence holds the history (seq 0's cells)."""
-    mem = llama_cpp.llama_get_memory(ctx)
     for s in range(1, n_branches):
-        llama_cpp.llama_memory_seq_rm(mem, s, -1, -1)
-        llama_cpp.llama_memory_seq_cp(mem, 0, s, -1, -1)
+        target.seq_rm(s)
+        target.seq_cp(0, s)
 
 
-def keep_path(ctx, n_past: int, sets: list[list[int]], path: Sequence[int], n_branches: int) -> None:
+def keep_path(target: Target, n_past: int, sets: list[list[int]], path: Sequence[int], n_branches: int) -> None:
     """Seq 0 holds the history, the root and the accepted path's nodes (at n_past + 1 ...); nothing else
     of the tree stays."""
-    mem = llama_cpp.llama_get_memory(ctx)
     end = n_past + 1 + len(path)
     last = path[-1] if path else 0
     if 0 in sets[last]:
-        llama_cpp.llama_memory_seq_rm(mem, 0, end, -1)
+        target.seq_rm(0, end, -1)
     else:
-        llama_cpp.llama_memory_seq_rm(mem, 0, n_past + 1, -1)
-        llama_cpp.llama_memory_seq_cp(mem, sets[last][0], 0, n_past + 1, end)
+        target.seq_rm(0, n_past + 1, -1)
+        target.seq_cp(sets[last][0], 0, n_past + 1, end)
     for s in range(1, n_branches):
-        llama_cpp.llama_memory_seq_rm(mem, s, -1, -1)
+        target.seq_rm(s)
 
 
 class TreeVerifier:
-    """The Verifier's step for a tree (hypura-cli's loop): one sequence, seq 0 of a hypura.Llama whose
-    context has n_seq_max >= branches and a unified KV cache."""
+    """The Verifier's step for a tree: one sequence, seq 0 of a target whose context has n_seq_max >= branches
+    and a unified KV cache."""
 
-    def __init__(self, llm, drafter, length: DraftLength, is_eog: Callable[[int], bool]):
+    def __init__(self, target: Target, drafter, length: DraftLength, is_eog: Callable[[int], bool]):
         """drafter: a TreeDrafter (hypura.speculative.tree_draft); length: its node budget's cost model."""
-        self.llm, self.drafter, self.length, self.is_eog = llm, drafter, length, is_eog
+        self.target, self.drafter, self.length, self.is_eog = target, drafter, length, is_eog
         self.stats = SpecStats()
-        n_seq = llama_cpp.llama_n_seq_max(llm.ctx)
+        n_seq = target.n_seq_max
         if n_seq < drafter.branches:
             raise HypuraError(f"a tree of {drafter.branches} branches needs n_seq_max >= {drafter.branches} ({n_seq})")
-        length.n_max = min(length.n_max, llama_cpp.llama_n_batch(llm.ctx) - 1)  # a pass is one batch
+        length.n_max = min(length.n_max, target.n_batch - 1)  # a pass is one batch
         self._batch = Batch(length.n_max + 1, drafter.branches)
 
     def step(self, history: Sequence[int], n_past: int, sample: Callable[[int], int],
@@ -152,21 +175,28 @@ class TreeVerifier:
         t0 = time.perf_counter()
         depth = min(limit - 1, self.length.depth_max or n)
         tree = self.drafter.draft_tree(history, n, depth, self.length.accept.rates(depth, self.length.width))
-        t1 = time.perf_counter()
+        done = self.verify(tree, n_past, sample, limit, time.perf_counter() - t0)
+        return None if done is None else done[0]
+
+    def verify(self, tree: Tree, n_past: int, sample: Callable[[int], int], limit: int,
+               draft_s: float) -> Optional[tuple[list[int], list[int]]]:
+        """One pass over a drafted `tree` whose root is decoded at n_past: (the emitted tokens, the accepted path's
+        nodes), the KV cache holding the root and the path in seq 0 and the batch's logits still readable; None
+        when llama_decode failed (nothing of the tree stays). draft_s: what drafting the tree took."""
         sets = tree.seq_sets()
         n_branches = max(s[-1] for s in sets) + 1
-        open_branches(self.llm.ctx, n_branches)
+        open_branches(self.target, n_branches)
         fill_batch(self._batch, tree, n_past, sets)
-        if self.llm.decode_batch(self._batch, decode=True) != 0:
-            keep_path(self.llm.ctx, n_past, sets, [], n_branches)
+        t0 = time.perf_counter()
+        if self.target.decode(self._batch, True) != 0:
+            keep_path(self.target, n_past, sets, [], n_branches)
             return None
-        t2 = time.perf_counter()
+        pass_s = time.perf_counter() - t0
         out, path, outcomes = tree.walk(sample, limit, self.is_eog)
-        keep_path(self.llm.ctx, n_past, sets, path, n_branches)
-        levels = max(tree.depth)
-        self.length.record(tree.n_nodes, len(path), t2 - t1, t1 - t0, outcomes, levels)
-        self.stats.add(tree.n_nodes, len(path), t2 - t1, t1 - t0)
-        return out
+        keep_path(self.target, n_past, sets, path, n_branches)
+        self.length.record(tree.n_nodes, len(path), pass_s, draft_s, outcomes, max(tree.depth))
+        self.stats.add(tree.n_nodes, len(path), pass_s, draft_s)
+        return out, path
 
     def close(self) -> None:
         self._batch.close()

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-import llama_cpp
 import numpy as np
 
 from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
 from hypura.speculative.draft_model import DraftModel
-from hypura.speculative.tree import Tree, context_params
+from hypura.speculative.tree import P_SPLIT, Tree
 
-P_SPLIT = 0.1  # llama.cpp's --spec-draft-p-split default
 
 
 class TreeDrafter:
@@ -36,23 +34,16 @@ class TreeDrafter:
 
     def __init__(self, draft: DraftModel, branches: int, p_split: float = P_SPLIT):
         self.draft, self.branches, self.p_split = draft, branches, p_split
-        n_seq = llama_cpp.llama_n_seq_max(draft.llm.ctx)
+        n_seq = draft.target.n_seq_max
         if n_seq < branches:
             raise HypuraError(f"the draft model's context has n_seq_max {n_seq}; a tree of {branches} branches "
                              f"needs {branches}")
         self._batch = Batch(branches, 1)
 
-    @classmethod
-    def load(cls, path, target, branches: int, p_split: float = P_SPLIT, **kwargs) -> "TreeDrafter":
-        overrides = kwargs.pop("param_overrides", {})
-        overrides.setdefault("context_params", {}).update(context_params(branches))
-        return cls(DraftModel.load(path, target, param_overrides=overrides, parallel=branches, **kwargs), branches,
-                   p_split)
-
     def _top(self, i: int) -> list[tuple[int, float]]:
         """The draft's top `branches` tokens and probabilities at its last decode's output i."""
         d = self.draft
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(d.llm.ctx, i), shape=(d.n_vocab,))
+        logits = d.target.logits(i)
         k = min(self.branches, d.n_vocab)
         top = np.argpartition(logits, -k)[-k:]
         top = top[np.argsort(-logits[top])]
@@ -65,13 +56,12 @@ class TreeDrafter:
         d = self.draft
         if n_nodes <= 0 or depth_max <= 0 or not history:
             return Tree([history[-1]])
-        d._sync(history)
+        d.decode({0: d.forget_after(0, history)}, lambda i: None)  # the root's logits: the last output
         n_past = len(history) - 1
         tok, parent, depth, rank, score, qs = [history[-1]], [-1], [0], [0], [1.0], [1.0]
         seq = {0: 0}  # expanded candidate -> its draft sequence
         chain0: list[int] = []  # seq 0's decoded nodes: the draft's cache after this call
         frontier = [(0, -1)]  # (candidate, its logits' output index)
-        mem = llama_cpp.llama_get_memory(d.llm.ctx)
         for level in range(1, depth_max + 1):
             new = []
             for c, out in frontier:
@@ -99,17 +89,17 @@ class TreeDrafter:
                     seq[i] = seq[parent[i]]
                 else:
                     seq[i] = free.pop(0)
-                    llama_cpp.llama_memory_seq_rm(mem, seq[i], -1, -1)
-                    llama_cpp.llama_memory_seq_cp(mem, seq[parent[i]], seq[i], -1, -1)
+                    d.target.seq_rm(seq[i])
+                    d.target.seq_cp(seq[parent[i]], seq[i])
                 b.set(j, tok[i], n_past + level, [seq[i]], True)
             b.c.n_tokens = len(expand)
-            if d.llm.decode_batch(b) != 0:
+            if d.target.decode(b) != 0:
                 break
             chain0 += [tok[i] for i in expand if seq[i] == 0]
             frontier = [(i, j) for j, i in enumerate(expand)]
         for s in range(1, self.branches):
-            llama_cpp.llama_memory_seq_rm(mem, s, -1, -1)
-        d.cached = list(history) + chain0
+            d.target.seq_rm(s)
+        d.cached[0] = list(history) + chain0
         return _select(tok, parent, depth, rank, score, n_nodes, self.branches, qs)
 
     def close(self) -> None:

@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-import llama_cpp
-
 from hypura.bindings.batch import Batch
 from hypura.speculative.cost import DraftLength
+from hypura.speculative.target import Target
 
 
 @dataclass
@@ -85,11 +84,22 @@ def accept(draft: Sequence[int], sample: Callable[[int], int], is_eog: Callable[
     return out
 
 
-class Verifier:
-    """Drafts, verifies in one pass, trims the KV cache; one sequence (seq 0) of a hypura.Llama."""
+def keep_accepted(target: Target, seq: int, n_past: int, draft: Sequence[int], sample: Callable[[int], int],
+                  is_eog: Callable[[int], bool]) -> list[int]:
+    """After one decode of `seq`'s [last token, *draft] at n_past: the tokens the pass emits (accept), and the
+    rejected drafts' KV cells removed (all but the last emitted token stay in the cache). Every chain pass ends
+    here: one sequence's (Verifier) and each sequence's of an engine step."""
+    out = accept(draft, sample, is_eog)
+    target.seq_rm(seq, n_past + len(out), -1)
+    return out
 
-    def __init__(self, llm, drafter, length: DraftLength, is_eog: Callable[[int], bool]):
-        self.llm, self.drafter, self.length, self.is_eog = llm, drafter, length, is_eog
+
+class Verifier:
+    """Drafts, verifies in one pass, trims the KV cache; one sequence (seq 0) of a target (hypura-cli's loop,
+    bench's greedy runs)."""
+
+    def __init__(self, target: Target, drafter, length: DraftLength, is_eog: Callable[[int], bool]):
+        self.target, self.drafter, self.length, self.is_eog = target, drafter, length, is_eog
         self.stats = SpecStats()
         self._batch = Batch(length.n_max + 1)
 
@@ -102,17 +112,14 @@ class Verifier:
         t0 = time.perf_counter()
         draft = list(self.drafter.draft(history, k))[:k] if k > 0 else []
         t1 = time.perf_counter()
-        b = self._batch.c
+        b = self._batch
         for i, tok in enumerate([history[-1]] + draft):
-            b.token[i], b.pos[i], b.logits[i] = tok, n_past + i, True
-            b.seq_id[i][0] = 0
-        b.n_tokens = len(draft) + 1
-        if self.llm.decode_batch(self._batch, decode=True) != 0:
+            b.set(i, tok, n_past + i, (0,), True)
+        b.c.n_tokens = len(draft) + 1
+        if self.target.decode(b, True) != 0:
             return None
         t2 = time.perf_counter()
-        out = accept(draft, sample, self.is_eog)
-        mem = llama_cpp.llama_get_memory(self.llm.ctx)
-        llama_cpp.llama_memory_seq_rm(mem, 0, n_past + len(out), -1)  # the rejected drafts' cells
+        out = keep_accepted(self.target, 0, n_past, draft, sample, self.is_eog)
         self.length.record(len(draft), len(out) - 1, t2 - t1, t1 - t0)
         self.stats.add(len(draft), len(out) - 1, t2 - t1, t1 - t0)
         return out

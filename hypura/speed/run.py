@@ -65,7 +65,7 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     """Load, measure, close; the result (single.py's or batched.py's, with what the run was)."""
     import llama_cpp
 
-    from hypura.llama import Llama
+    from hypura.loaded import LoadAsk, load
     from hypura.profile.measure import planning_profile
     from hypura.profile.store import resolve_profile
     from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
@@ -84,7 +84,7 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     if a.expert_slots is not None:
         slots = slots_for_budget(header, parse_size(a.gpu_mem)) if a.expert_slots < 0 else a.expert_slots
         cache = ExpertCacheSettings(slots)
-    # hypura.Llama plans within the budgets (an expert cache sizes itself), with the profile named
+    # the load plans within the budgets (an expert cache sizes itself), with the profile named
     budgets = {"gpu_mem": a.gpu_mem, "ram": a.ram, "profile": profile} if cache is None else {}
     planned = a.plan_file or a.gpu_mem or a.ram
     say(f"loading {a.model} ({'plan' if planned else 'plan or llama.cpp placement by free memory' if cache is None and a.n_gpu_layers in (0, -1) else f'-ngl {a.n_gpu_layers}'}) ...")
@@ -103,13 +103,13 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     if batched is not None:
         say(f"{max(batched.parallel)} sequences of {batched.n_ctx_per_seq} tokens at most")
         # a plan from budgets is made for the largest size (docs/engine.md)
-        llm = Llama(a.model, **batched.llama_kwargs(**common))
+        llm = load(a.model, LoadAsk.of(**batched.llama_kwargs(**common)))
     else:
         # no plan or budgets: the default path, as hypura-cli's (a plan if the model does not fit the free memory)
-        llm = Llama(a.model, n_ctx=a.ctx_size or (single.n_ctx if a.plan_file else 0),
-                    n_batch=max(max(a.n_prompt), 32), n_ubatch=512, verbose=False,
-                    fit=Fit(min_ctx=max(a.fit_ctx, single.n_ctx), say=say),
-                    parallel=a.spec.tree if a.spec is not None and a.spec.tree else 1, **common)
+        llm = load(a.model, LoadAsk.of(n_ctx=a.ctx_size or (single.n_ctx if a.plan_file else 0),
+                                       n_batch=max(max(a.n_prompt), 32), n_ubatch=512, verbose=False,
+                                       fit=Fit(min_ctx=max(a.fit_ctx, single.n_ctx), say=say),
+                                       parallel=a.spec.tree if a.spec is not None and a.spec.tree else 1, **common))
         if llm.fit_decision is None or llm.fit_decision.plan is None:
             say(f"context  {llm.n_ctx()}")
     say(f"threads  {llm.n_threads}" + (" (a quarter of the cores left to the disk reads)"

@@ -60,20 +60,20 @@ def run_bench(llm, plan: Optional[Plan], s: BenchSettings, progress=lambda msg: 
     tokens = [rng.randrange(vocab) for _ in range(max(max(s.n_prompt), max(s.n_gen), 2 + WARMUP_PROMPT))]
 
     def prefill(n: int) -> float:
-        llm.clear_memory()
+        llm.context.clear()
         t0 = time.perf_counter()
         decode_tokens(tokens[:n], decode=False)
         return time.perf_counter() - t0
 
     def decode(n: int) -> float:
-        llm.clear_memory()
+        llm.context.clear()
         t0 = time.perf_counter()
         for tok in tokens[:n]:
             decode_tokens([tok], decode=True)
         return n / (time.perf_counter() - t0)
 
     progress("warm-up")
-    llm.clear_memory()
+    llm.context.clear()
     for tok in tokens[:2]:
         decode_tokens([tok], decode=True)
     if max(s.n_prompt):

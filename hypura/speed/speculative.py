@@ -47,20 +47,17 @@ class SpecBenchSettings:
 
 def run_spec_bench(llm, plan, spec, s: SpecBenchSettings, say=lambda msg: None, rates=None) -> dict:
     """spec: the hypura.speculative.SpecSettings to verify with; rates: the machine's, for a bound without a plan."""
-    import llama_cpp
-
+    from hypura.loaded.drafts import make_verifier
     from hypura.speculative.generate import greedy
-    from hypura.speculative.settings import make_verifier
     from hypura.speculative.verify import SpecStats
 
-    tokens = llm.tokenize(s.prompt.encode())
+    tokens = llm.vocab.tokenize(s.prompt.encode(), True, False)
     if len(tokens) + s.n_gen > llm.n_ctx():
         raise HypuraError(f"the prompt ({len(tokens)} tokens) and -n {s.n_gen} do not fit the context {llm.n_ctx()}")
     say("warm-up ...")
     greedy(llm, tokens, 2)
     plain, fast, stats = [], [], []
-    verifier = make_verifier(spec, llm, lambda t: llama_cpp.llama_vocab_is_eog(llm._model.vocab, t),
-                             n_threads=llm.n_threads, n_threads_batch=llm.n_threads_batch)
+    verifier = make_verifier(spec, llm, llm.vocab.is_eog, n_threads=llm.n_threads, n_threads_batch=llm.n_threads_batch)
     try:
         for i in range(s.repeats):
             say(f"run {i + 1}/{s.repeats}: {'plain, then ' if s.plain else ''}speculative ...")

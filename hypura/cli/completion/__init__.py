@@ -2,7 +2,7 @@
 
 Same flags, defaults, stdout/stderr split and exit codes as the vendored llama-completion, so a
 script keeps working when `llama-completion` (or `llama-cli`) becomes `hypura-cli`; the model is
-loaded through `hypura.Llama`. Each file is named after the llama.cpp part it mirrors:
+loaded through `hypura.loaded.load`. Each file is named after the llama.cpp part it mirrors:
 
   arg.py, arg_values.py, arg_params.py   common/arg.cpp: the flag table, argv checks and value parsers,
                                          flags -> common_params
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
 
 
 def run(settings) -> int:
-    """Load the model through hypura.Llama and run llama-completion's loop; the exit status."""
+    """Load the model (hypura.loaded.load) and run llama-completion's loop; the exit status."""
     from hypura.cli.completion.console import Console
 
     con = Console(verbosity=settings.verbosity, log_disable=settings.log_disable, color=settings.color,

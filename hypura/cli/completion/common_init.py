@@ -1,7 +1,7 @@
 """common/common.cpp for `hypura-cli`: the model and context from the flags (common_init_from_params), as
 llama-completion makes them (the vocabulary is hypura.bindings.vocab's).
 
-The model and context come from `hypura.Llama`, so Hypura's placement hooks are in charge of every
+The model and context come from `hypura.loaded.load`, so Hypura's placement hooks are in charge of every
 tensor; generation then calls llama.cpp's C API directly (decode, sampler chain), as the C tool does.
 """
 
@@ -11,10 +11,10 @@ import os
 import sys
 
 from hypura.cli.completion.common_params import KV_CACHE_TYPES, Settings
-from hypura.llama import Llama
+from hypura.loaded import LoadAsk, LoadedModel, load
 from hypura.plan.auto import Fit
 
-import llama_cpp  # after hypura.llama: it must load our library
+import llama_cpp  # after hypura: it must load our library
 
 _LOAD_MODES = {
     "auto": llama_cpp.LLAMA_LOAD_MODE_AUTO, "none": llama_cpp.LLAMA_LOAD_MODE_NONE,
@@ -29,7 +29,7 @@ _FLASH_ATTN = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama_cpp.LLAMA
                False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-def load_model(s: Settings, model_path: str, say=None) -> Llama:
+def load_model(s: Settings, model_path: str, say=None) -> LoadedModel:
     """say: where the default path's one line goes (the console: Python's stderr is quiet while loading)."""
     n_threads = s.n_threads if s.n_threads > 0 else None  # Llama's default: physical cores (fewer if paging)
     n_threads_batch = s.n_threads_batch if s.n_threads_batch > 0 else n_threads
@@ -52,9 +52,8 @@ def load_model(s: Settings, model_path: str, say=None) -> Llama:
         context_overrides.update(context_params(s.speculative.tree))
     if s.speculative is not None:  # a verification pass reads a row for each token it carries
         context_overrides["n_outputs_max"] = max(s.speculative.pass_rows, context_overrides["n_seq_max"])
-    with _quiet_python_stderr():  # llama_cpp.Llama prints its metadata dump; llama.cpp logs still flow
-        return Llama(
-            model_path,
+    with _quiet_python_stderr():  # llama-cpp-python's own prints stay quiet; llama.cpp logs still flow
+        return load(model_path, LoadAsk.of(
             param_overrides={"model_params": model_overrides, "context_params": context_overrides},
             n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, seed=s.sampling.seed,
@@ -65,11 +64,11 @@ def load_model(s: Settings, model_path: str, say=None) -> Llama:
             draft_beside=s.speculative.beside if s.speculative is not None else None,
             parallel=max(1, s.speculative.tree) if s.speculative is not None and s.speculative.tree else 1,
             **_device_kwargs(s),
-        )
+        ))
 
 
 def _device_kwargs(s: Settings) -> dict:
-    """--rpc, -dev, -sm, -ts, -mg, --rpc-mem, --split as hypura.Llama's keywords; none given: none passed (the one-GPU
+    """--rpc, -dev, -sm, -ts, -mg, --rpc-mem, --split as hypura.loaded.LoadAsk.of keywords; none given: none passed (the one-GPU
     path, unchanged)."""
     d = s.devices
     out = {"rpc_servers": d.rpc, "devices": d.devices, "rpc_mem": d.rpc_mem, "split": d.split or None,

@@ -61,18 +61,17 @@ class Completion:
         con.inf(f"{FN}: llama backend init\n")
         con.inf(f"{FN}: load the model and apply lora adapter, if any\n")
         self.llm = llm = load_model(s, self.model_path, say=lambda line: con.inf(line + "\n"))
-        ctx, model = llm.ctx, llm.model
+        ctx, model = llm.ctx, llm.model.model
         if llama_cpp.llama_model_has_encoder(model):
             raise HypuraError("encoder-decoder models are not supported by hypura-cli")
         self.vocab = vocab = llm.vocab
         self.sampler = CommonSampler(vocab, sampling_from_model(model, s.sampling), llama_cpp.llama_n_ctx(ctx))
-        mem = llama_cpp.llama_get_memory(ctx)
         self.ctx_shift = s.ctx_shift
-        if self.ctx_shift and not llama_cpp.llama_memory_can_shift(mem):
+        if self.ctx_shift and not llm.context.can_shift():
             con.wrn("KV cache shifting is not supported for this context, disabling KV cache shifting\n")
             self.ctx_shift = False
         if s.warmup:
-            self._warmup(ctx, vocab, mem)
+            self._warmup(ctx, vocab)
         self.tmpl = BuiltinChatTemplate(model, s.chat_template)
         llama_cpp.llama_perf_context_reset(ctx)
 
@@ -170,14 +169,14 @@ class Completion:
             con.write(b"Interrupted by user\n")
             return 130
 
-    def _warmup(self, ctx, vocab: Vocab, mem) -> None:
+    def _warmup(self, ctx, vocab: Vocab) -> None:
         """common_init_from_params' warmup: decode BOS+EOS once, then forget it."""
         con = self.con
         con.log(4, "warming up the model with an empty run - please wait ... (--no-warmup to disable)\n")
         tmp = [t for t in (vocab.bos, llama_cpp.llama_vocab_eos(vocab.vocab)) if t != llama_cpp.LLAMA_TOKEN_NULL]
         tmp = (tmp or [0])[: self.s.n_batch]
         _decode(self.llm, tmp)
-        llama_cpp.llama_memory_clear(mem, True)
+        self.llm.context.clear()
         llama_cpp.llama_synchronize(ctx)
         llama_cpp.llama_perf_context_reset(ctx)
         self.llm.stats(reset=True)
@@ -247,8 +246,7 @@ class Completion:
     # --- the main loop -----------------------------------------------------------------------------
     def _loop(self, embd_inp: list[int]) -> int:
         s, con, vocab, smpl = self.s, self.con, self.vocab, self.sampler
-        ctx = self.llm.ctx
-        mem = llama_cpp.llama_get_memory(ctx)
+        ctx, kv = self.llm.ctx, self.llm.context
         n_ctx = self.n_ctx
         # llama.cpp caps a context's batch at the requested n_ctx, which it then pads: with -c 12 a
         # 13-token prompt aborts llama-completion (GGML_ABORT in get_sub_batch); we feed smaller chunks
@@ -280,8 +278,8 @@ class Completion:
                         break
                     n_left = n_past - self.n_keep
                     n_discard = n_left // 2
-                    llama_cpp.llama_memory_seq_rm(mem, 0, self.n_keep, self.n_keep + n_discard)
-                    llama_cpp.llama_memory_seq_add(mem, 0, self.n_keep + n_discard, n_past, -n_discard)
+                    kv.seq_rm(0, self.n_keep, self.n_keep + n_discard)
+                    kv.seq_add(0, self.n_keep + n_discard, n_past, -n_discard)
                     n_past -= n_discard
                     if self.spec is not None:
                         self.spec.forget(self.n_keep, n_discard)

@@ -91,7 +91,7 @@ def speculation(s: SpecSettings, llm, vocab, sampler, interactive: bool, con):
     import llama_cpp
 
     from hypura.speculative.loop import SpecDecoder
-    from hypura.speculative.settings import make_verifier
+    from hypura.loaded.drafts import make_verifier
 
     if interactive:
         con.wrn("speculative decoding is off in interactive mode: one-shot runs (-no-cnv, or -st with -p) use it\n")

@@ -61,10 +61,10 @@ def _cutters(specials: dict[str, int]) -> frozenset:
 
 
 def read_vocab(llm) -> Vocab:
-    """The Vocab of a hypura.Llama (llama.cpp's view of it: token texts and attributes)."""
+    """The Vocab of a loaded model or a hypura.Llama (llama.cpp's view of it: token texts and attributes)."""
     import llama_cpp
 
-    vocab = llm._model.vocab
+    vocab = llm.vocab.vocab  # llama_vocab *
     longest, specials = 1, {}
     for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
         text = llama_cpp.llama_vocab_get_text(vocab, token) or b""

@@ -69,7 +69,7 @@ class ModelEntry:
     info: ModelInfo
     path: Path
     engine: object  # hypura.engine.Engine
-    llm: object  # the hypura.Llama the engine drives
+    llm: object  # the hypura.loaded.LoadedModel the engine drives
     template: Optional[ChatTemplate]
     template_error: Optional[str]  # why the GGUF's template could not be used, when it has one
     n_ctx: int  # context per sequence
@@ -341,10 +341,10 @@ class Registry:
             entry.close()
 
 
-def _token_text(llm, token: int) -> str:
+def _token_text(vocab, token: int) -> str:
     if token is None or token < 0:
         return ""
-    return llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+    return vocab.piece(token, True).decode("utf-8", errors="replace")
 
 
 def _device_bytes(llm) -> int:
@@ -367,13 +367,13 @@ def open_model(path: Path, settings: ServeSettings, start_engine: Callable, name
     source = llm.metadata.get("tokenizer.chat_template")
     if source:
         try:
-            template = ChatTemplate(source, _token_text(llm, llm.token_bos()), _token_text(llm, llm.token_eos()))
+            template = ChatTemplate(source, _token_text(llm.vocab, llm.vocab.bos), _token_text(llm.vocab, llm.vocab.eos))
         except TemplateError as e:
             template_error = str(e)
     return ModelEntry(info=model_info(path, llm.header, name), path=path, engine=engine, llm=llm, template=template,
                       template_error=template_error, n_ctx=int(engine.n_ctx_per_seq), n_vocab=int(llm.n_vocab()),
                       loaded_at=datetime.now(timezone.utc), load_s=load_s, size_vram=_device_bytes(llm),
-                      **({"vocab": read_vocab(llm)} if hasattr(llm, "_model") else {}))  # stand-ins have none
+                      **({"vocab": read_vocab(llm)} if hasattr(llm, "context") else {}))  # stand-ins have none
 
 
 def offer_of(stored, header) -> Offer:

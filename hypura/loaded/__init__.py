@@ -1,0 +1,19 @@
+"""A model Hypura loaded and owns: `load(path, ask) -> LoadedModel`.
+
+- ask.py: LoadAsk, what a load is asked for (llama-cpp-python's keywords and Hypura's).
+- load.py: load(): the model file checked, devices chosen, the one decision (hypura.plan.decision), the Runtime,
+  then llama.cpp's model and context through the Runtime's hooks.
+- model.py: LoadedModel: the model, its context, vocabulary, runtime and decision; close() (or `with`) frees them.
+- context.py: Context: a context's decodes (through the Runtime), logits and KV cache by sequence: the one place of
+  llama.cpp's llama_memory_* calls.
+
+hypura.Llama (llama-cpp-python's facade) is made from a LoadedModel; the engine, hypura-cli, bench and speculation
+take one directly.
+"""
+
+from hypura.loaded.ask import LoadAsk
+from hypura.loaded.context import Context
+from hypura.loaded.load import load
+from hypura.loaded.model import LoadedModel
+
+__all__ = ["Context", "LoadAsk", "LoadedModel", "load"]

@@ -1,0 +1,205 @@
+"""`load(path, ask)`: the one way Hypura loads a model: the model file checked, the devices chosen, the one
+decision made (hypura.plan.decision; a draft found in the stores where asked), the Runtime built over it, then
+llama.cpp's model and context loaded through its hooks, with llama-cpp-python's keywords and Hypura's fields
+set over llama.cpp's params structs."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import sys
+from typing import Optional
+
+import llama_cpp
+from llama_cpp.llama import set_verbose
+
+from hypura.bindings.ffi import ffi, lib
+from hypura.bindings.llama_params import context_params, llama_keywords, model_params, set_fields
+from hypura.bindings.llama_log import LogCapture
+from hypura.bindings.model import load_model, new_context
+from hypura.errors import HypuraError
+from hypura.loaded.ask import LoadAsk
+from hypura.loaded.context import Context, RuntimeContext
+from hypura.loaded.model import LoadedModel
+from hypura.modelfile import read_header
+from hypura.plan.auto import Fit
+from hypura.plan.beside import Beside
+from hypura.plan.decision import Ask, Decision, Routing, decide
+from hypura.plan.microbatch import outputs_needed
+from hypura.runtime.devices import DeviceAsk, DeviceChoice, choose as choose_devices
+from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
+from hypura.runtime.overrides import overrides_policy
+from hypura.runtime.runtime import Runtime, as_model_pointer
+from hypura.speculative.auto import AutoDraft, find_draft, is_auto
+from hypura.store import resolve_path
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class _Loading:
+    """What one load works from: the header, llama-cpp-python's keywords (as they end up), the params overrides."""
+
+    path: str
+    header: object
+    k: dict
+    overrides: dict
+    fit: Fit
+    gpu_mem: object
+    ram: object
+
+    @property
+    def say(self):
+        return self.fit.say or (_stderr if self.k["verbose"] else None)
+
+
+def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
+    """Load `path` (or a model named as Ollama names it, from the stores hypura.store searches) as `ask` says.
+    Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or unsupported file before llama.cpp
+    reads it, HypuraError for a placement that cannot be, TypeError for a keyword llama_cpp.Llama does not take."""
+    path = str(resolve_path(path))
+    k = llama_keywords(path, dict(ask.llama))
+    header = read_header(path)
+    lib()  # fail clearly now if the library lacks the hooks
+    if ask.param_overrides is not None and not isinstance(ask.param_overrides, dict):
+        raise HypuraError("param_overrides takes a dict: {\"model_params\": {...}, \"context_params\": {...}}")
+    # copies, never the caller's: the decision's context goes into them
+    overrides = {name: dict(fields) for name, fields in (ask.param_overrides or {}).items()}
+    fit = ask.fit if isinstance(ask.fit, Fit) else Fit(enabled=bool(ask.fit))
+    if ask.placement_policy is not None and ask.override_tensor is not None:
+        raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
+    placed = ask.placement_policy is not None or ask.override_tensor is not None
+    at = _Loading(path, header, k, overrides, fit, ask.gpu_mem, ask.ram)
+    devices = _devices(at, ask, placed or ask.plan is not None or ask.expert_cache is not None or not fit.enabled)
+    if devices.shares is not None:  # the split took the budgets: the decision is llama.cpp's placement
+        at.gpu_mem = at.ram = None
+    decision, found = _decide(at, ask, placed or bool(ask.rpc_servers) or ask.devices is not None or ask.split)
+    k.update(decision.params.keywords())  # the context, its batches and the threads (hypura.plan.load_params)
+    context = overrides.setdefault("context_params", {})
+    if "n_ctx" in context:
+        context["n_ctx"] = decision.n_ctx
+    expert_cache = ask.expert_cache
+    if isinstance(expert_cache, int):
+        expert_cache = ExpertCacheSettings(slots=expert_cache)
+    runtime = Runtime(header, path, decision.plan, ask.placement_policy or overrides_policy(ask.override_tensor),
+                      decision.params, overrides, expert_cache, ask.on_route)
+    if runtime.reads is not None and at.say is not None:
+        at.say(runtime.reads.line)
+    stack = contextlib.ExitStack()  # llama.cpp's model and context
+    runtime.own(stack.close)  # first at close: before the layer stream and expert caches
+    try:
+        with runtime.loading() as hooks:
+            loaded = _load(at, stack, runtime, devices, runtime.params.merged())
+        loaded.decision, loaded.draft_found = decision, found
+        loaded.placement = {name: p for name, (_, p) in hooks.placed.items()}
+        runtime.attach(as_model_pointer(loaded.model.model))
+        _load_lora(loaded)
+    except BaseException:
+        runtime.close()  # the model, context and streams go with the failed load
+        raise
+    return loaded
+
+
+def _devices(at: _Loading, ask: LoadAsk, placed: bool) -> DeviceChoice:
+    """The devices the model loads onto (hypura.runtime.devices): llama.cpp's default unless RPC servers or a
+    device list are given; RPC servers are placement as given to the decision (llama.cpp's, or the split)."""
+    from hypura.profile.measure import planning_profile
+
+    wanted = DeviceAsk(ask.rpc_servers, None if ask.devices is None else list(ask.devices),
+                       None if ask.rpc_mem is None else list(ask.rpc_mem), ask.split)
+    return choose_devices(at.header, wanted, at.k, at.overrides, placed=placed, ram=at.ram, gpu_mem=at.gpu_mem,
+                          say=at.say, warn=at.fit.say,
+                          profile=lambda: ask.profile or planning_profile(at.path, at.say,
+                                                                          measure=at.fit.measure_profile))
+
+
+def _decide(at: _Loading, ask: LoadAsk, placed: bool) -> tuple[Decision, object]:
+    """The one decision (hypura.plan.decision) and the draft found for it (None unless one was asked for and
+    kept); its line said where verbose."""
+    from hypura.profile.free import free_memory
+    from hypura.profile.measure import planning_profile
+    from hypura.runtime.moe.coactivation import routing_frequencies
+
+    model, context = at.overrides.get("model_params", {}), at.overrides.get("context_params", {})
+    k, fit, say, header = at.k, at.fit, at.say, at.header
+    n_ubatch = context.get("n_ubatch", k["n_ubatch"])
+    # every row where llama-cpp-python's logits_all, embeddings or a draft verified in the pass read them
+    outputs = outputs_needed(context, bool(k["logits_all"] or k["embedding"] or k["draft_model"] is not None),
+                             ask.parallel + ask.spare_seqs)
+    request = Ask(plan=ask.plan, gpu_mem=at.gpu_mem, ram=at.ram, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
+                  n_ubatch=n_ubatch, n_outputs=outputs, n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]),
+                  placement=placed, expert_cache=ask.expert_cache is not None, fit=fit,
+                  n_batch=context.get("n_batch", k["n_batch"]), n_threads=k["n_threads"],
+                  n_threads_batch=k["n_threads_batch"], param_overrides=at.overrides, parallel=ask.parallel,
+                  spare_seqs=ask.spare_seqs)
+    machine = ask.profile or functools.cache(lambda: planning_profile(at.path, say, measure=fit.measure_profile))
+
+    def decide_beside(beside: Optional[Beside]) -> Decision:
+        return decide(header, dataclasses.replace(request, beside=beside), lambda: fit.free or free_memory(),
+                      machine, routing=lambda: Routing(*routing_frequencies(header)))
+
+    draft, found_path = ask.draft_beside, None
+    if is_auto(draft):  # a draft from the stores, planned beside; kept where the cost model predicts a gain
+        decision = decide_beside(None)
+        found = find_draft(header, decision, decide_beside, draft if isinstance(draft, AutoDraft) else AutoDraft(),
+                           n_ubatch)
+        if found is not None:
+            decision, found_path = found.decision, found.path
+            if say is not None:
+                say(found.line())
+    else:
+        decision = decide_beside(Beside.of(read_header(draft), n_ubatch) if draft else None)
+    if decision.line and say is not None:
+        say(decision.line)
+    return decision, found_path
+
+
+def _load(at: _Loading, stack: contextlib.ExitStack, runtime: Runtime, devices: DeviceChoice,
+          fields: dict) -> LoadedModel:
+    """llama.cpp's model and context, built as llama_cpp.Llama builds them from keywords `k`, with Hypura's
+    `fields` set over its params structs (hypura.runtime.params), owned by `stack`."""
+    k = at.k
+    set_verbose(k["verbose"])  # llama-cpp-python's log callback: llama.cpp's log on stderr where verbose
+    numa = k["numa"] if not isinstance(k["numa"], bool) else (
+        llama_cpp.GGML_NUMA_STRATEGY_DISTRIBUTE if k["numa"] else llama_cpp.GGML_NUMA_STRATEGY_DISABLED)
+    if numa != llama_cpp.GGML_NUMA_STRATEGY_DISABLED:
+        llama_cpp.llama_numa_init(numa)
+    arrays = model_params(k)  # the struct and the arrays it points into, alive as long as the model
+    device_array = devices.array()  # alive as long as the params that point at it
+    if device_array is not None:
+        arrays.params.devices = int(ffi.cast("uintptr_t", device_array))
+    set_fields(arrays.params, fields["model_params"])
+    log = LogCapture()  # llama.cpp says why a load failed only in its log
+    try:
+        with log:
+            model = load_model(stack, at.path, arrays.params, k["verbose"])
+            cparams = context_params(k, model.n_ctx_train())
+            set_fields(cparams, fields["context_params"])
+            owner = new_context(stack, model, cparams, k["verbose"], RuntimeContext, runtime=runtime)
+        log.replay()
+    except Exception as e:
+        clearer = log.failure(e, at.path)
+        if clearer is not None:
+            raise clearer from None
+        raise
+    return LoadedModel(at.path, at.header, k, runtime, stack, model, Context(owner, model.n_vocab()), arrays,
+                       (device_array,), cparams, devices)
+
+
+def _load_lora(loaded: LoadedModel) -> None:
+    """llama-cpp-python's lora_path and lora_scale: the adapter set on the context, freed first at close."""
+    k = loaded.keywords
+    if not k["lora_path"]:
+        return
+    adapter = llama_cpp.llama_adapter_lora_init(loaded.model.model, k["lora_path"].encode("utf-8"))
+    if adapter is None:
+        raise RuntimeError(f"Failed to initialize LoRA adapter from lora path: {k['lora_path']}")
+    loaded.own(lambda: llama_cpp.llama_adapter_lora_free(adapter))
+    loaded.lora_adapter = adapter
+    adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+    if llama_cpp.llama_set_adapters_lora(loaded.context.ctx, adapters, 1, (ctypes.c_float * 1)(k["lora_scale"])):
+        raise RuntimeError(f"Failed to set LoRA adapter from lora path: {k['lora_path']}")
