@@ -97,6 +97,8 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     fi
     export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)
     if [ "${GPUTESTS:-1}" = 1 ]; then
+        # the GPU tests' MoE, where .device/ came without it (synth needs no library)
+        [ -f .device/tiny-qwen3moe.gguf ] || hy synth tiny-qwen3moe .device/tiny-qwen3moe.gguf > /dev/null
         HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf \
             HYPURA_GPU_TEST_DENSE=$PWD/$TOK PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
             timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_gpu_placement.py > "$RES/pytest-gpu.txt" 2>&1
