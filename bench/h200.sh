@@ -23,7 +23,9 @@ KEY=$(cat patches/*.patch | sha256sum | cut -c1-12)
 GIB=$((1 << 30))
 hy() { python3 -m hypura.cli.main "$@"; }
 hycli() { python3 -m hypura.cli.completion "$@"; }
-old() { PYTHONPATH=/tmp/site:$PWD/.oldtree python3 -m hypura.cli.main "$@"; }
+# the earlier tree from its own folder: `python3 -m` puts the working directory first on sys.path, so from the
+# checkout's root it would import this tree's hypura whatever PYTHONPATH says
+old() { (cd .oldtree && PYTHONPATH=/tmp/site python3 -m hypura.cli.main "$@"); }
 libdir() { cat /tmp/hypura-lib; }
 models_done() { while [ ! -f /tmp/synth.rc ]; do sleep 5; done; }
 draft70() { echo /dev/shm/l70-d$1.gguf; }  # the synthetic drafts (setup's background job writes them there)

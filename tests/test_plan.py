@@ -251,10 +251,11 @@ def test_hybrid_beats_partial_offload(model):
     # 1.10x (2.42 against -ngl 14's 2.19, bench/RESULTS.md)
     assert hybrid.prediction.decode_tok_s > 1.05 * vanilla.prediction.decode_tok_s
     assert hybrid.prediction.decode_tok_s < 3.5 * 1.1
-    # llama.cpp's fill with its CPU weights pinned (its -lm none) comes within the cost model's error for one
-    # sequence (vanilla's best 3.02 against streaming's 2.97 on the H100 of issue 40): that one is kept
+    # llama.cpp's fill is weighed as llama.cpp runs it, its KV cache beside its GPU layers: whole CPU layers
+    # beside a KV cache in RAM (flash attention off, every layer's attention on the CPU) are no candidate
     kept = plan_model(h, H200, gpu_mem="8GiB")
-    assert not kept.pool_slots and kept.traffic.host_pinned and "within the cost model's error" in kept.why
+    assert "llama.cpp's kind of placement" in kept.why
+    assert kept.pool_slots or kept.kv_tier == "gpu"
 
 
 @pytest.mark.parametrize("shape", ["llama3.3-70b", "qwen3-30b-a3b"])

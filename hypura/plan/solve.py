@@ -496,8 +496,11 @@ def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSett
 
 
 def _greedy_candidates(p: _Problem, pins: tuple = (False,)) -> list:
+    # llama.cpp's kind keeps the KV cache with its GPU layers: whole CPU layers beside a KV cache in RAM turn
+    # flash attention off and compute every layer's attention on the CPU (l70 at 8 GiB, 8192 tokens of context:
+    # prompts at 69-128 tok/s, 3-6x under vanilla -ngl 14), which the cost model does not count
     return [p.solve(p.fill_like_ngl, g, kv, False, "greedy", True, pin) for g, kv, _ in p.configs((False,))
-            for pin in pins]
+            if not (g and kv == RAM) for pin in pins]
 
 
 def _optimize_candidates(p: _Problem) -> list:
