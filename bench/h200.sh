@@ -69,7 +69,7 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$RES/gpu.txt"
     { lscpu | grep -iE "model name|^cpu\(s\)"; df -h /tmp /dev/shm; free -g; uname -r; } > "$RES/machine.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-    mkdir -p .device; [ -f $TOK ] || hy synth tiny-llama $TOK > /dev/null || exit 1  # the tokenizer synth copies
+    [ -f $TOK ] || { note "$TOK missing (bench/device_prep.sh makes it: synth takes its tokenizer from the default model)"; exit 1; }
     if [ "${MODELS:-1}" = 1 ] && [ ! -f /tmp/synth.rc ]; then
         setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK --block-out-scale 0.000001 > /tmp/synth70.log 2>&1 &
             python3 -m hypura.cli.main synth qwen3-30b-a3b $MQ3 --tokenizer-from $TOK --block-out-scale 0.000001 > /tmp/synthq3.log 2>&1 &
@@ -100,8 +100,8 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     fi
     export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)
     if [ "${GPUTESTS:-1}" = 1 ]; then
-        # the GPU tests' MoE, where .device/ came without it (synth needs no library, as above)
-        [ -f .device/tiny-qwen3moe.gguf ] || hy synth tiny-qwen3moe .device/tiny-qwen3moe.gguf > /dev/null
+        # the GPU tests' MoE, where .device/ came without it (synth needs no library)
+        [ -f .device/tiny-qwen3moe.gguf ] || hy synth tiny-qwen3moe .device/tiny-qwen3moe.gguf --tokenizer-from $TOK > /dev/null
         HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$PWD/.device/tiny-qwen3moe.gguf \
             HYPURA_GPU_TEST_DENSE=$PWD/$TOK PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
             timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_gpu_placement.py > "$RES/pytest-gpu.txt" 2>&1
