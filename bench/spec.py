@@ -6,7 +6,7 @@
         [--vanilla-spec-args '-ngl 14 -ngld 99' ...] [--vanilla-bench-args '-ngl 14'] [--no-hypura] [--json FILE]
     python3 bench/spec.py TARGET.gguf --spec-type ngram-simple --copy-prompts [...]   # n-gram drafting, no draft model
 
-Hypura's side loads the target once through hypura.Llama (a plan when --gpu-mem/--ram are given; the draft's
+Hypura's side loads the target once (hypura.loaded.load: a plan when --gpu-mem/--ram are given; the draft's
 memory kept within the budgets, --gpu-mem grown by the draft's bytes so that the target keeps what vanilla's
 -ngl gives it) and generates greedily: plain once a prompt (one llama_decode a token), then speculative with
 each draft (several --draft: drafts of the same size, e.g. one per agreement) and each --tree value (0: a chain,
@@ -49,7 +49,7 @@ DEFAULT_PROMPT = "The history of the printing press begins"
 
 
 def _load(path, args, **kw):
-    from hypura import Llama
+    from hypura.loaded import LoadAsk, load
     from hypura.speculative.tree import context_params
 
     budgets = {k: v for k, v in (("gpu_mem", args.gpu_mem), ("ram", args.ram)) if v}
@@ -65,8 +65,8 @@ def _load(path, args, **kw):
             budgets["gpu_mem"] = parse_size(args.gpu_mem) + Beside.of(read_header(args.draft[0])).nbytes(args.ctx)
     if max(args.tree):  # a tree's branches are sequences of one KV cache (chains run in it too)
         kw.setdefault("param_overrides", {"context_params": context_params(max(args.tree))})
-    return Llama(str(path), n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
-                 verbose=False, **budgets, **kw)
+    return load(str(path), LoadAsk.of(n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
+                                      verbose=False, **budgets, **kw))
 
 
 def _drafters(args) -> list[tuple[str, object, int]]:
