@@ -56,6 +56,13 @@ class _Loading:
     def say(self):
         return self.fit.say or (_stderr if self.k["verbose"] else None)
 
+    @functools.cached_property
+    def machine(self):
+        """The machine profile the devices and the decision plan with, read (or measured) once, when first asked."""
+        from hypura.profile.measure import planning_profile
+
+        return planning_profile(self.path, self.say, measure=self.fit.measure_profile)
+
 
 def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
     """Load `path` (or a model named as Ollama names it, from the stores hypura.store searches) as `ask` says.
@@ -107,21 +114,16 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
 def _devices(at: _Loading, ask: LoadAsk, placed: bool) -> DeviceChoice:
     """The devices the model loads onto (hypura.runtime.devices): llama.cpp's default unless RPC servers or a
     device list are given; RPC servers are placement as given to the decision (llama.cpp's, or the split)."""
-    from hypura.profile.measure import planning_profile
-
     wanted = DeviceAsk(ask.rpc_servers, None if ask.devices is None else list(ask.devices),
                        None if ask.rpc_mem is None else list(ask.rpc_mem), ask.split)
     return choose_devices(at.header, wanted, at.k, at.overrides, placed=placed, ram=at.ram, gpu_mem=at.gpu_mem,
-                          say=at.say, warn=at.fit.say,
-                          profile=lambda: ask.profile or planning_profile(at.path, at.say,
-                                                                          measure=at.fit.measure_profile))
+                          say=at.say, warn=at.fit.say, profile=lambda: ask.profile or at.machine)
 
 
 def _decide(at: _Loading, ask: LoadAsk, placed: bool) -> tuple[Decision, object]:
     """The one decision (hypura.plan.decision) and the draft found for it (None unless one was asked for and
     kept); its line said where verbose."""
     from hypura.profile.free import free_memory
-    from hypura.profile.measure import planning_profile
     from hypura.runtime.moe.coactivation import routing_frequencies
 
     model, context = at.overrides.get("model_params", {}), at.overrides.get("context_params", {})
@@ -136,7 +138,7 @@ def _decide(at: _Loading, ask: LoadAsk, placed: bool) -> tuple[Decision, object]
                   n_batch=context.get("n_batch", k["n_batch"]), n_threads=k["n_threads"],
                   n_threads_batch=k["n_threads_batch"], param_overrides=at.overrides, parallel=ask.parallel,
                   spare_seqs=ask.spare_seqs)
-    machine = ask.profile or functools.cache(lambda: planning_profile(at.path, say, measure=fit.measure_profile))
+    machine = ask.profile or (lambda: at.machine)
 
     def decide_beside(beside: Optional[Beside]) -> Decision:
         return decide(header, dataclasses.replace(request, beside=beside), lambda: fit.free or free_memory(),
