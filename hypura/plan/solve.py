@@ -131,7 +131,7 @@ def path_at(base, tiers, steps: tuple, tokens: int | None) -> list[str]:
 
 def step_sizes(n_ubatch: int, parallel: int) -> list[int]:
     """The step sizes a plan's step table holds: 1, 2, 4, ... n_ubatch, the plan's own step (a server's sequences
-    and its spare), and the largest step before op offload turns on (knobs.OP_OFFLOAD_MIN_BATCH). A step takes
+    decoded together), and the largest step before op offload turns on (knobs.OP_OFFLOAD_MIN_BATCH). A step takes
     the path of the smallest size at or above it (path_at), so a path never assumes op offload a step lacks."""
     sizes, k = {n_ubatch, min(parallel, n_ubatch), min(knobs.OP_OFFLOAD_MIN_BATCH - 1, n_ubatch)}, 1
     while k < n_ubatch:
