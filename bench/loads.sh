@@ -8,7 +8,7 @@
 #              FRESH   an empty folder for first use's XDG_CACHE_HOME (default: a new temporary one)
 #              XDG     the cache for second runs (default: FRESH, which first use filled)
 #              DROP    how the file leaves the page cache (default: drop_caches; "evict": only this file's pages)
-#              VANILLA vanilla's extra flags (default: none, its --fit)
+#              VANILLA vanilla's extra flags (default: none, its --fit; a row more with -lm none: pinned host weights)
 set -uo pipefail
 MODEL=$1; shift
 LIBDIR=${LIBDIR:-$(cat .venv/hypura-lib 2> /dev/null)}
@@ -48,6 +48,7 @@ warm
 row hypura-first-use hycli "$FRESH" "$@"
 row hypura-cached hycli "$XDG" "$@"
 row vanilla-cached vanilla
+VANILLA="${VANILLA:-} -lm none" row vanilla-lm-none-cached vanilla  # its weights read into pinned host memory
 drop
 row hypura-dropped hycli "$XDG" "$@"
 drop
