@@ -21,7 +21,9 @@ fill and split; it is reserved by iterating to a fixed point (reservations only 
 
 Per-step paths. Where a RAM unit is computed follows the step: with the tiers fixed, the split above runs again
 over the RAM units alone for steps of 1, 2, 4, ... n_ubatch tokens, the plan's own step and the largest before op
-offload (`step_sizes`, `step_paths`); the plan keeps that table, the slots hold any layer a step streams, and a plan
+offload (`step_sizes`, `step_paths`), and over the expert stacks of layers whose experts are all in RAM, a layer's
+as one move (its stacked tensors stream whole: the link carries all of them, cost.streamed_bytes); the plan keeps
+that table, the slots hold any layer a step streams (where they cannot, no stacks stream), and a plan
 made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
 Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
