@@ -176,7 +176,7 @@ def describe_steps(plan: Plan) -> list[str]:
     stacks = [t for t in plan.tensors if t.experts and t.name in plan.dual]
     rows = [["  tokens", "RAM layers streamed", "computed by the CPU"]
             + (["expert layers streamed"] if stacks else []) + ["tok/s", "s/step"]]
-    n_stacked = len({t.layer for t in stacks})
+    n_stacked = len({t.layer for t in plan.tensors if t.experts and set(t.experts) == {RAM}})  # may stream
     first = None  # the smallest step that streams expert stacks
     for k, names, rate in plan.step_paths:
         streamed = {plan.placement(n).layer for n in names if not plan.placement(n).experts}
