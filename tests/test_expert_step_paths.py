@@ -24,7 +24,7 @@ from hypura.synth import writer
 from hypura.units import model_units
 from hypura.modelfile import read_header
 
-from conftest import PLAN_PROMPT
+from conftest import logits_by_steps
 
 EXPS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 H200 = resolve_profile("h200-design")  # a 55 GB/s pinned link beside a 67 GB/s CPU
@@ -123,14 +123,6 @@ def with_stacks(plan: Plan, first_streamed: int, slots: int = 2) -> Plan:
     names = tuple(sorted(t.name for t in plan.tensors if t.experts and t.tier == RAM))
     table = ((first_streamed - 1, (), 0.0), (512, names, 0.0)) if first_streamed > 1 else ((512, names, 0.0),)
     return dataclasses.replace(plan, step_paths=table, staging_slots=slots)
-
-
-def logits_by_steps(llm, step: int):
-    tokens = llm.tokenize(PLAN_PROMPT)
-    llm.reset()
-    for i in range(0, len(tokens), step):
-        llm.eval(tokens[i:i + step])
-    return np.array(llm.scores[: len(tokens)], copy=True)
 
 
 def opened(path, plan, n_threads):
