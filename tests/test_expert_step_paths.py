@@ -13,7 +13,7 @@ import pytest
 
 import hypura
 from hypura.plan import PlanSettings, budgets_for, plan_model, rates_for
-from hypura.plan.cost import GPU, RAM
+from hypura.plan.cost import GPU, RAM, Traffic, predict
 from hypura.plan.plan import Plan
 from hypura.plan.report import describe_steps
 from hypura.plan.solve import Solution, _optimize_candidates, _Problem
@@ -33,10 +33,28 @@ H200 = resolve_profile("h200-design")  # a 55 GB/s pinned link beside a 67 GB/s 
 # --- the planner ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def q3(tmp_path_factory):
+def q3_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("q3") / "q3.gguf"
     writer.write_synth("qwen3-30b-a3b", path, ftype="q4_k_m", sparse=True)
-    return model_units(read_header(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def q3(q3_path):
+    return model_units(read_header(q3_path))
+
+
+def test_op_offloads_prompt_copies_add_to_the_compute_streamed_ones_overlap_it():
+    """A micro-batch's time: op offload copies a weight and then computes it on the GPU's one stream; the layer
+    streamer's copies run on a copy stream beside the compute."""
+    r = rates_for(H200)
+    flops, nbytes = r.gpu_flops * 0.1, r.link * 0.2  # 0.1 s of matmuls, 0.2 s of copies
+    offloaded = predict(Traffic(n_ubatch=512, prefill_flops=flops, prefill_link_bytes=nbytes, prefill_on_gpu=True,
+                                prefill_offload_bytes=nbytes, host_pinned=True), r)
+    streamed = predict(Traffic(n_ubatch=512, prefill_flops=flops, prefill_link_bytes=nbytes, prefill_on_gpu=True), r)
+    assert 512 / offloaded.prefill_tok_s == pytest.approx(0.3)
+    assert 512 / streamed.prefill_tok_s == pytest.approx(0.2)
+    assert offloaded.prefill_limit == streamed.prefill_limit == "link"
 
 
 def streaming_candidate(mu, gpu_mem: str, n_ubatch: int = 2048):
@@ -92,20 +110,25 @@ def test_no_stacks_stream_where_the_slots_do_not_fit(q3):
     assert sol.steps and not any(stacked_layers(q3, moved) for _, moved in sol.steps)  # dense units stream still
 
 
-def test_inspect_tells_from_which_step_experts_stream(q3, tmp_path):
-    path = tmp_path / "q3.gguf"
-    writer.write_synth("qwen3-30b-a3b", path, ftype="q4_k_m", sparse=True)
-    plan = plan_model(path, H200, gpu_mem="6GiB", ram="64GiB", settings=PlanSettings(n_ctx=4096, parallel=16))
-    with_stacks = _with_stack_table(plan, first_streamed=32)
-    text = "\n".join(describe_steps(with_stacks))
+def test_a_plan_for_16_sequences_streams_experts_and_inspect_says_from_which_step(q3_path):
+    """q3 at 4 GiB for 16 sequences, prompts in micro-batches of 4096 (as `hypura inspect -np 16` grows them): the
+    hybrid (some layers' stacks streamed while the CPU computes the others' routed experts) wins its aggregate
+    decode, and a prompt's micro-batch streams stacks; one token streams none."""
+    plan = plan_model(q3_path, H200, gpu_mem="4GiB", ram="64GiB",
+                      settings=PlanSettings(n_ctx=4096, parallel=16, n_ubatch=4096, n_outputs=16))
+    assert plan.pool_slots and plan.why.startswith("streaming predicts")
+    stacks = {t.name for t in plan.tensors if t.experts}
+    assert not set(plan.streamed_at(1)) & stacks
+    assert set(plan.streamed_at(plan.n_ubatch)) & stacks
+    text = "\n".join(describe_steps(plan))
     assert "expert layers streamed" in text
-    assert "experts streamed from 32 tokens" in text
+    first = next(k for k, names, _ in plan.step_paths if set(names) & stacks)
+    assert f"experts streamed from {_smallest(plan, first)} tokens" in text
 
 
-def _with_stack_table(plan: Plan, first_streamed: int) -> Plan:
-    names = tuple(sorted(t.name for t in plan.tensors if t.experts and set(t.experts) == {RAM}))
-    assert names
-    return dataclasses.replace(plan, step_paths=((first_streamed - 1, (), 1.0), (512, names, 1.0)))
+def _smallest(plan: Plan, k: int) -> int:
+    sizes = [size for size, _, _ in plan.step_paths]
+    return sizes[sizes.index(k) - 1] + 1 if sizes.index(k) else 1
 
 
 # --- the mechanism (CPU) ------------------------------------------------------------------------
