@@ -8,7 +8,7 @@
 # `setup` packs a fresh build into $OUT (lib-<patch hash>.tar.xz.partNN); copied into .prebuilt/, the next
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
 #   phases: setup | ab | profile | defaults | loads | prefill | smoke | cgroup | batched-l70 | batched-q14 | batched-q3 |
-#           perstep | vanilla-best | passes | ttft | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu |
+#           perstep | vanilla-best | passes | ttft | pins | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu |
 #           split-gpus (2+ GPUs) | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
@@ -223,11 +223,16 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
     # vanilla: mmap (its default) for one-prompt and decode rows; -lm none (pinned host weights, its best for prompts:
     # 3-5x mmap's in the runs of 2026-12-06) also at micro-batch 2048, and for the batched rows and l70's prompts
     for cfg in mmap lmnone; do
-        lm=""; ub=512; [ $cfg = mmap ] || { lm="-lm none"; ub=512,2048; }
+        lm=""; ub=512; [ $cfg = mmap ] || { lm="-lm none"; ub=512,2048,4096; }
         timeout 150 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -ub $ub -p 512,2048 -n 32 -r 2 -o json \
             > "$RES/vanilla-q3-pp-$cfg.json" 2> /dev/null
         note "q3 vanilla -ncmoe 41 $lm -ub $ub pp512 pp2048 tg32 (each -ub): $(tps "$RES/vanilla-q3-pp-$cfg.json")"
     done
+    # the GPU's own compute for the same prompts, every weight resident (q3 fits the whole GPU): what a micro-batch
+    # costs beside its copies (op offload's copies and compute run one after the other)
+    release_gpu; timeout 100 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ub 2048 -p 512,2048 -n 0 -r 2 -o json \
+        > "$RES/vanilla-q3-pp-resident.json" 2> /dev/null
+    note "q3 vanilla resident -ngl 99 -ub 2048 pp512 pp2048: $(tps "$RES/vanilla-q3-pp-resident.json")"
     timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 -lm none \
         2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-lmnone.txt"
     sed "s/^/q3 vanilla batched lmnone: /" "$RES/vanilla-batched-q3-lmnone.txt" | tee -a "$RES/summary.txt"
@@ -284,6 +289,11 @@ ttft)  # time to first token of one 4,096-token prompt through `hypura serve` be
                 -ub $ub -b $ub 2>&1 | tail -1 | sed "s/^/$m llama-server $vflags -ub $ub: /" | tee -a "$RES/summary.txt"
         done
     done
+    ;;
+pins)  # what pinned host memory costs here: allocation, fills, registering the page cache's pages (bench/pin_probe.py)
+    models_done
+    timeout 120 python3 bench/pin_probe.py $MQ3 --gib 8 --json "$RES/pin-probe.json" 2>&1 | sed "s/^/pins: /" \
+        | tee -a "$RES/summary.txt"
     ;;
 serve-np16)  # one and sixteen clients through `hypura serve -np 16` beside hypura-cli's one sequence (`hypura bench`)
     models_done  # and beside `hypura bench --parallel 16` of the same load (16-token prompts, 16 tokens each)

@@ -158,6 +158,23 @@ def test_the_micro_batch_counts_only_the_outputs_read(shapes):
     assert resident.plan.n_ubatch == knobs.N_UBATCH and "n_outputs_max" not in resident.params.fields()["context_params"]
 
 
+def test_the_kv_cache_stays_on_the_gpu_where_it_fits(shapes):
+    """A KV cache in RAM beside GPU layers puts attention on the CPU (a prompt's quadratic cost): the plan keeps the
+    cache on the GPU wherever it fits there, and counts that attention where it does not (a server's 16 x 4096
+    cells of l70 at 8 GiB), so a prompt is predicted slower than the same step's weights alone."""
+    h, prof = shapes["llama3.3-70b"], host(68.1e9, 1.0)
+    for n_ctx in (4096, 10752):
+        assert budgets(h, prof, "8GiB", n_ctx=n_ctx).kv_tier == "gpu"
+    server = decide(h, Ask(gpu_mem="8GiB", ram="64GiB", n_ctx=16 * 4096, parallel=16), None, prof,
+                    routing=Routing()).plan
+    assert server.kv_tier == "ram"
+    weights_only = server.step_paths[-1][2] if server.step_paths else server.prediction.decode_tok_s
+    assert server.prediction.prefill_tok_s < 0.8 * weights_only
+    # the same plan's attention on the GPU costs a few percent of the prompt
+    one = budgets(h, prof, "8GiB")
+    assert one.prediction.prefill_tok_s > 0.9 * one.step_paths[-1][2]
+
+
 def test_the_compute_buffer_holds_logits_for_the_outputs():
     from hypura.units import ModelDims
 

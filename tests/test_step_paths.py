@@ -122,7 +122,8 @@ def test_the_planner_streams_more_layers_as_steps_grow(gpu_plan):
     for t in gpu_plan.tensors:
         if t.name in ram:
             assert t.compute == gpu_plan.compute_at(t, 16)
-    assert gpu_plan.prediction.prefill_tok_s == pytest.approx(steps[-1][2])
+    # a prompt's micro-batch is the table's largest step, and its attention beside (on the GPU here: a few percent)
+    assert 0.9 * steps[-1][2] < gpu_plan.prediction.prefill_tok_s < steps[-1][2]
 
 
 def test_the_table_survives_a_plan_file(gpu_plan, tmp_path):

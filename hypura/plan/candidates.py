@@ -10,10 +10,21 @@ from __future__ import annotations
 import dataclasses
 
 from hypura.plan import knobs
+from hypura.tiers.names import GPU
+
+
+def beside_gpu_kv(solutions: list) -> list:
+    """`solutions` less those that keep the KV cache in RAM beside GPU layers, where one with it on the GPU fits:
+    attention then runs on the CPU without flash attention, a prompt's quadratic in its length (l70 at 8 GiB: a
+    2048-token prompt in 30 s, 2.5 s with the cache on the GPU; one server client 0.90x of the CLI's plan,
+    bench/RESULTS.md prefill-house, serve-one-client-h100), as llama.cpp never places it."""
+    on_gpu = any(s.kv_tier == GPU for s in solutions)
+    return [s for s in solutions if s.kv_tier == GPU or not (on_gpu and s.memory[GPU]["compute"] > 0)]
 
 
 def choose(solutions: list):
     """The kept one of `solutions` (solve.Solution: `streams`, `turn_s`, `prediction`, `at`), with its `why`."""
+    solutions = beside_gpu_kv(solutions)
     best = min(solutions, key=lambda s: s.turn_s)  # min() keeps the first of equals
     if not best.streams:
         rival = min((s for s in solutions if s.streams), key=lambda s: s.turn_s, default=None)
@@ -43,4 +54,4 @@ def choose(solutions: list):
     return dataclasses.replace(best, why=f"streaming predicts {gain:.0%} faster than llama.cpp's kind of placement "
                                          f"({what}: {theirs:.2f} tok/s there)")
 
-__all__ = ["choose"]
+__all__ = ["beside_gpu_kv", "choose"]

@@ -307,8 +307,8 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     pre = {"compute": pre_compute + offload_s, "link": _div(t.prefill_link_bytes - t.prefill_offload_bytes, r.link),
            "disk": _div(t.prefill_disk_bytes, r.disk_read)}
     pre_limit = max(pre, key=pre.get)
-    if pre_limit == "compute" and offload_s > 0:
-        pre_limit = "link"  # copies in the bound: a larger micro-batch serves more tokens with them (plan/microbatch.py)
+    if pre_limit == "compute" and offload_s > pre_compute:
+        pre_limit = "link"  # op offload's copies, more of the bound than the matmuls
     batch_s = max(pre.values())
     nbytes = {"gpu": t.gpu_bytes, "cpu": t.cpu_bytes, "link": t.link_bytes, "disk": t.disk_bytes}
     seconds = {"gpu": s[GPU], "cpu": s[CPU], "link": s["link"], "disk": s["disk"], "overhead": overhead}
@@ -322,6 +322,16 @@ def predict(t: Traffic, r: Rates) -> Prediction:
         prefill_tok_s=t.n_ubatch / batch_s if batch_s > 0 else float("inf"),
         prefill_limit=pre_limit, seconds=seconds, bytes_per_token=nbytes, parallel=t.parallel,
     )
+
+
+def attention_flops(mu: ModelUnits, kv_bytes: int, n_ubatch: int) -> float:
+    """FLOPs of a micro-batch's attention in a long prompt (knobs.MICROBATCH_PROMPT_TOKENS, at most one sequence's
+    cells of the cache): each token reads K and V of the positions before it, half the prompt on average."""
+    d = mu.dims
+    per_cell = d.n_layer * d.kv_bytes_per_layer(1)
+    cells = kv_bytes / per_cell if per_cell > 0 else 0.0
+    context = min(float(knobs.MICROBATCH_PROMPT_TOKENS), cells) / 2
+    return 2.0 * n_ubatch * d.n_layer * d.n_head * (d.head_k + d.head_v) * context
 
 
 def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tier: str, kv_bytes: int,
@@ -357,6 +367,10 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         layer_devs.setdefault((u.stage, part), set()).add(GPU if offloaded and tier == RAM else dev)
     # attention runs where the KV cache is, between the projections (q, k, v before; output after)
     kv_dev = kv_tier if kv_tier == GPU else CPU
+    # and a prompt's attention grows with it: beside a KV cache in RAM the CPU computes it (without flash
+    # attention): l70 at 8 GiB, 2048 tokens: 30 s where the GPU took 2.5 (bench/RESULTS.md prefill-house)
+    attn = attention_flops(mu, kv_bytes, n_ubatch)
+    flops += attn
     for (stage, part), devs in list(layer_devs.items()):
         if part == 0:
             layer_devs[(stage, 0.25)], layer_devs[(stage, 0.5)] = {kv_dev}, set(devs)
@@ -379,7 +393,7 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         gpu_layers=len(layers[GPU]), cpu_layers=len(layers[CPU]), splits=splits,
         n_ubatch=n_ubatch, prefill_flops=flops, prefill_link_bytes=pre_link if on_gpu else 0.0,
         prefill_disk_bytes=pre_disk, prefill_on_gpu=on_gpu,
-        prefill_cpu_flops=cpu_flops if offload_off else 0.0,
+        prefill_cpu_flops=(cpu_flops if offload_off else 0.0) + (attn if kv_dev == CPU and on_gpu else 0.0),
         # CPU-resident weights sit in pageable host memory; on unified memory the GPU reads RAM as it is
         prefill_offload_bytes=cpu_link if on_gpu and not offload_off and not rates.unified else 0.0,
         parallel=parallel, decode_gpu_flops=paths["gpu_flops"], decode_cpu_flops=paths["cpu_flops"],

@@ -54,9 +54,9 @@ def turn_with_long_prompt(plan) -> float:
 
 def largest_paying(plan, plan_at: Callable[[int], object], n_ctx: int):
     """The plan at the micro-batch (of knobs.MICROBATCH_CHOICES, at most the context) whose long-prompt turn is
-    fastest; plan_at(n_ubatch) makes the plan at another size. `plan` is kept where its prefill is not limited
-    by the weights' copies."""
-    if plan.prediction.prefill_limit == "compute":
+    fastest; plan_at(n_ubatch) makes the plan at another size. `plan` is kept where its prompts copy no weights (a
+    prompt limited by compute beside copies, op offload's in turn with the GPU's, still gains from fewer of them)."""
+    if plan.prediction.prefill_limit == "compute" and not plan.traffic.prefill_link_bytes:
         return plan
     best, best_s = plan, turn_with_long_prompt(plan)
     for u in knobs.MICROBATCH_CHOICES:

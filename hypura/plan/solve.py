@@ -42,7 +42,8 @@ from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.candidates import choose
-from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, predict, traffic
+from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
+                              traffic)
 from hypura.sizes import fmt_mib
 from hypura.units import ModelUnits
 
@@ -411,8 +412,15 @@ class _Problem:
 
         if steps:  # a prompt's micro-batch is one more step, with its own path: all RAM layers streamed, mostly
             batch = at(self.s.n_ubatch)
-            prediction = dataclasses.replace(prediction, prefill_tok_s=batch.decode_tok_s,
-                                             prefill_limit=_prefill_limit(batch))
+            # and its attention, on the device of the KV cache (a step's cost model counts the cache's reads only)
+            attn = attention_flops(self.mu, self.kv, self.s.n_ubatch)
+            attn_s = attn / ((self.r.gpu_flops or knobs.GPU_FLOPS_DEFAULT) if kv_tier == GPU else self.r.cpu_flops)
+            step_s = self.s.n_ubatch / batch.decode_tok_s if batch.decode_tok_s > 0 else float("inf")
+            # op offload's copies cross the link too, one after the other with the compute
+            limit = ({"offload": "link"}.get(batch.decode_limit, batch.decode_limit)
+                     if batch.decode_limit in ("link", "disk", "offload") and attn_s < step_s else "compute")
+            prediction = dataclasses.replace(prediction, prefill_tok_s=self.s.n_ubatch / (step_s + attn_s),
+                                             prefill_limit=limit)
         one = None
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
             one = at(1)
@@ -451,14 +459,6 @@ class _Problem:
         CPU-only config stays a candidate (a GPU budget too small for its buffers, tiny models)."""
         gpu = [(True, kv, st) for st in streams for kv in (GPU, RAM)] if self.gpu_usable else []
         return gpu + [(False, RAM, False)]
-
-
-def _prefill_limit(batch: Prediction) -> str:
-    """A prompt's micro-batch bound, named from its step's: op offload's copies cross the link too, and where they
-    add to the compute that binds, a larger micro-batch serves more tokens with them (as cost.predict names it)."""
-    if batch.decode_limit == "disk":
-        return "disk"
-    return "link" if batch.decode_limit in ("link", "offload") or batch.seconds.get("offload", 0.0) > 0 else "compute"
 
 
 def _spread_order(stages: list[int]) -> dict[int, float]:
@@ -522,9 +522,8 @@ def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSett
 
 
 def _greedy_candidates(p: _Problem, pins: tuple = (False,)) -> list:
-    # llama.cpp's kind keeps the KV cache with its GPU layers: whole CPU layers beside a KV cache in RAM turn
-    # flash attention off and compute every layer's attention on the CPU (l70 at 8 GiB, 8192 tokens of context:
-    # prompts at 69-128 tok/s, 3-6x under vanilla -ngl 14), which the cost model does not count
+    # llama.cpp's kind keeps the KV cache with its GPU layers (as candidates.beside_gpu_kv keeps every candidate's
+    # where it fits): whole CPU layers beside a KV cache in RAM compute every layer's attention on the CPU
     return [p.solve(p.fill_like_ngl, g, kv, False, "greedy", True, pin) for g, kv, _ in p.configs((False,))
             if not (g and kv == RAM) for pin in pins]
 

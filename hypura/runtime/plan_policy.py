@@ -23,8 +23,10 @@ def plan_layout(plan: Plan) -> StreamLayout:
     return StreamLayout.of(plan, gpu)
 
 
-def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset()) -> PlacementPolicy:
-    """paged: stacked expert tensors with disk experts (moe/expert_paging.py), host memory filled by Python."""
+def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset(),
+                defer_pinned: bool = False) -> PlacementPolicy:
+    """paged: stacked expert tensors with disk experts (moe/expert_paging.py), host memory filled by Python;
+    defer_pinned: pinned CPU weights filled by Python too (runtime/load_fills.py, several threads)."""
     pinned = plan.traffic.host_pinned and not paged
 
     def policy(info: TensorInfo) -> Placement:
@@ -39,6 +41,6 @@ def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset())
         # a plan that streams to the GPU holds its CPU weights pinned: op offload copies a batch's share at the
         # link's rate (plan/cost.py, host_pinned); beside experts paged from disk nothing is (pinned memory is
         # resident whole, and op offload is off there)
-        return Placement(tier=Tier.PINNED if pinned else Tier.HOST)
+        return Placement(tier=Tier.PINNED, defer=defer_pinned) if pinned else Placement(tier=Tier.HOST)
 
     return policy

@@ -14,6 +14,7 @@ llama_decode (docs/design.md, "Runtime"); `after_decode` runs there right after 
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 import weakref
 from typing import Callable, Optional
@@ -32,6 +33,7 @@ from hypura.runtime.mechanism import Mechanism
 from hypura.runtime.moe.coactivation import CoactivationPredictor, CoactivationRecorder, model_key
 from hypura.runtime.moe.expert_paging import ExpertPager, paged_tensors
 from hypura.runtime.moe.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer
+from hypura.runtime.load_fills import CACHED_THREADS, LoadFills
 from hypura.runtime.load_reads import LoadReads, load_reads
 from hypura.runtime.params import LlamaParams
 from hypura.runtime.placement import FileFiller, LoaderHooks, Placement, PlacementPolicy, Tier
@@ -65,6 +67,7 @@ class Runtime:
         self.reads: Optional[LoadReads] = load_reads([model_path], self.params.given.get("model_params", {}).get(
             "load_mode")) if plan is not None else None
         self.files = FileFiller([str(model_path)], cached=self.reads is not None and self.reads.buffered)
+        self.load_fills = self._load_fills(model_path, plan)
         self.gpu_free_at_start = gpu_free()  # before anything of this model is on the GPU
         self.layout, self.pager = StreamLayout.empty(), None
         self.streamer: Optional[LayerStreamer] = None
@@ -79,7 +82,7 @@ class Runtime:
         self.router = (Router.of(header, self._route)
                        if on_route is not None or expert_cache or self.pager is not None else None)
         self.recorder = self._routing_recorder()
-        self.fill = self.files
+        self.fill = self._fill_host
         if self.layout.tensors or self.router:
             self._start_streamer()
         self.stats = RunStats(self.mechanisms(), self.streamer, plan, self.gpu_free_at_start)
@@ -107,7 +110,19 @@ class Runtime:
         # 42 GiB), and a CPU plan's repacked weights were in RSS twice (2.26 GiB for a 2 GiB plan of the
         # llama3.1-8b shape, 8 layers)
         self.params.need("model_params", "a plan within a RAM budget", load_mode=self.reads.load_mode)
-        return plan_policy(plan, layout, paged)
+        return plan_policy(plan, layout, paged, defer_pinned=self.load_fills is not None)
+
+    def _load_fills(self, model_path: str, plan: Optional[Plan]) -> Optional[LoadFills]:
+        """Pinned host memory a plan fills at load (its CPU weights, its streamed layers' RAM copies) is read on
+        several threads (load_fills.py): through the cache, copies that scale with threads; around it, the disk's
+        readers. None: nothing of the kind (llama.cpp's own load reads the rest)."""
+        if plan is None or not (plan.traffic.host_pinned or plan.step_paths):
+            return None
+        cached = self.files.cached
+        threads = min(CACHED_THREADS, os.cpu_count() or 1) if cached else max(1, plan.rates.disk_readers)
+        fills = LoadFills([str(model_path)], cached, threads)
+        self._stack.callback(fills.close)
+        return fills
 
     def _experts_in_host(self, policy: PlacementPolicy) -> PlacementPolicy:
         """The stacked experts go to plain host memory (pinned with a GPU), the loads' source (without a GPU in
@@ -132,19 +147,27 @@ class Runtime:
         plan = self.plan
         self.streamer = streamer = LayerStreamer(self.layout, self.files, plan.prefetch_depth if plan else 0,
                                                  self.router, plan.rates.disk_readers if plan else 1,
-                                                 plan.streamed_at if plan is not None and plan.step_paths else None)
+                                                 plan.streamed_at if plan is not None and plan.step_paths else None,
+                                                 self.load_fills)
         self._stack.callback(streamer.close)  # after the context: it calls into the stream until freed
         fn, user_data = streamer.eval_callback()
         self.params.need("context_params", "the compute hooks", cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn),
                          cb_eval_user_data=user_data)
-        layout, pager, files = self.layout, self.pager, self.files
+        layout, pager = self.layout, self.pager
 
         def fill(info, t):
             if info.name in layout.tensors:
                 return streamer.fill(info, t)
-            return (pager.fill if pager is not None and info.name in pager.tensors else files)(info, t)
+            return (pager.fill if pager is not None and info.name in pager.tensors else self._fill_host)(info, t)
 
         self.fill = fill
+
+    def _fill_host(self, info, tensor) -> None:
+        """A deferred host tensor outside the stream and the pager: a pinned CPU weight, read on the load's
+        threads where there are some (its buffer is host memory: llama.cpp placed it there)."""
+        if self.load_fills is None:
+            return self.files(info, tensor)
+        self.load_fills.read_into(info, lib().ggml_get_data(tensor))
 
     # --- the load -------------------------------------------------------------------------------
     def own(self, close: Callable[[], None]) -> None:
@@ -163,10 +186,14 @@ class Runtime:
                 lib().hypura_cpu_compute_pageable(copies_to_gpu)
                 try:
                     yield hooks
+                    if self.load_fills is not None:
+                        self.load_fills.wait()  # before anything computes from the weights it reads
                 except Exception:
                     hooks.raise_pending()
                     raise
                 finally:
+                    if self.load_fills is not None:
+                        self.load_fills.close()
                     self.files.close()
                     if self.reads is not None:
                         self.reads.settle()

@@ -44,10 +44,12 @@ _ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffe
 
 class LayerStreamer(Mechanism):
     def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None,
-                 readers: int = 1, streamed_at: Optional[Callable[[int], frozenset]] = None):
-        """streamed_at(tokens): the dual tensors a step of that many tokens streams (the plan's step_paths)."""
+                 readers: int = 1, streamed_at: Optional[Callable[[int], frozenset]] = None, load_fills=None):
+        """streamed_at(tokens): the dual tensors a step of that many tokens streams (the plan's step_paths);
+        load_fills: what reads a RAM-tier tensor's pinned copy at load (runtime/load_fills.py; default: files)."""
         super().__init__()
         self.layout, self.files, self.depth, self.router = layout, files, depth, router
+        self.load_fills = load_fills if load_fills is not None else files
         self.streamed_at = streamed_at
         self.dual = {name for name, s in layout.tensors.items() if s.dual}
         self.streamed: Optional[frozenset] = None  # dual tensors in slots now; None: all (as loaded)
@@ -87,7 +89,7 @@ class LayerStreamer(Mechanism):
         if s.source == RAM:
             piece.pinned = self._pinned + self._pinned_used
             self._pinned_used += -(-info.nbytes // _ALIGN) * _ALIGN
-            self.files.read_into(info, piece.pinned)
+            self.load_fills.read_into(info, piece.pinned)
         unit = self._unit(s.pool, s.layer)
         if lib().hypura_stream_add(self.c_stream, tensor, unit) != 0:
             raise HypuraError(f"cannot stream tensor '{info.name}' (more than 64 in one layer?)")
