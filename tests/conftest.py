@@ -112,6 +112,15 @@ def n_threads() -> int:
 PLAN_PROMPT = b"A plan decides where every tensor lives: GPU memory, pinned RAM or disk. " * 4
 
 
+def logits_by_steps(llm, step: int):
+    """Logits of every position of PLAN_PROMPT, the prompt decoded `step` tokens a llama_decode."""
+    tokens = llm.tokenize(PLAN_PROMPT)
+    llm.reset()
+    for i in range(0, len(tokens), step):
+        llm.eval(tokens[i:i + step])
+    return np.array(llm.scores[: len(tokens)], copy=True)
+
+
 @pytest.fixture(scope="session")
 def prompt_logits():
     """logits(llm) -> the logits of every position of a fixed prompt, evaluated from an empty context."""

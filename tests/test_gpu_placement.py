@@ -259,27 +259,57 @@ def test_per_step_paths_on_the_gpu(dense_model):
         llm.close()
 
 
+def _experts_in_ram(t):
+    if t.experts:
+        n = len(t.experts)
+        return dataclasses.replace(t, tier="ram", compute="cpu", experts=("ram",) * n, expert_compute=("cpu",) * n)
+    return dataclasses.replace(t, tier="gpu", compute="gpu") if t.name != "token_embd.weight" else t
+
+
+GPU_KWARGS = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=4)
+
+
+def _pinned_plan_and_vanilla(moe_model, **fields):
+    """The design plan with the experts in pinned RAM and the rest on the GPU (other plan fields as given), and what
+    llama.cpp computes so with -lm none: (plan, tokens, (a prompt's logits, one token at a time's logits))."""
+    plan = _design_plan(moe_model, _experts_in_ram)
+    plan = dataclasses.replace(plan, traffic=dataclasses.replace(plan.traffic, host_pinned=True, op_offload=True),
+                               **fields)
+    pinned = {"model_params": {"load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE, "no_host": False,
+                               "use_extra_bufts": False}}
+    vanilla = hypura.Llama(str(moe_model), n_gpu_layers=99, override_tensor="exps=CPU", param_overrides=pinned,
+                           **GPU_KWARGS)
+    tokens = vanilla.tokenize(b"The quick brown fox jumps over the lazy dog. " * 8)
+    want = _logits(vanilla, tokens), _decode_logits(vanilla, tokens[:6])
+    vanilla.close()
+    return plan, tokens, want
+
+
+def test_per_step_expert_stacks_on_the_gpu(moe_model):
+    """The experts' stacks with a path per step: a prompt batch streams them whole into GPU slots and the GPU
+    computes them there (what llama.cpp's op offload computes from -lm none's pinned copies, bitwise), a one-token
+    step computes them on the CPU from their pinned home (-lm none's decode); then back."""
+    stacks = tuple(sorted(t.name for t in _design_plan(moe_model, _experts_in_ram).tensors if t.experts))
+    plan, tokens, want = _pinned_plan_and_vanilla(moe_model, step_paths=((4, (), 0.0), (512, stacks, 0.0)),
+                                                  pool_slots=3)
+    llm = hypura.Llama(str(moe_model), plan=plan, **GPU_KWARGS)
+    try:
+        assert np.array_equal(_logits(llm, tokens), want[0])
+        loads = llm.stats()["stream"]["loads"]
+        assert loads > 0
+        assert np.array_equal(_decode_logits(llm, tokens[:6]), want[1])
+        assert llm.stats()["stream"]["loads"] == loads
+        assert np.array_equal(_logits(llm, tokens), want[0])
+    finally:
+        llm.close()
+
+
 def test_a_plan_that_pins_cpu_weights(moe_model):
     """A plan whose CPU weights are held pinned (Traffic.host_pinned: the experts here) loads them into the GPU's
     pinned host buffers, unrepacked, and computes what llama.cpp computes with the same placement and -lm none
     (pinned host weights): a prompt's experts offloaded at the link's rate, a token's on the CPU, bitwise."""
-    def experts_in_ram(t):
-        if t.experts:
-            n = len(t.experts)
-            return dataclasses.replace(t, tier="ram", compute="cpu", experts=("ram",) * n, expert_compute=("cpu",) * n)
-        return dataclasses.replace(t, tier="gpu", compute="gpu") if t.name != "token_embd.weight" else t
-
-    plan = _design_plan(moe_model, experts_in_ram)
-    plan = dataclasses.replace(plan, traffic=dataclasses.replace(plan.traffic, host_pinned=True, op_offload=True))
-    kwargs = dict(n_ctx=256, logits_all=True, verbose=False, n_threads=4)
-    pinned = {"model_params": {"load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE, "no_host": False,
-                               "use_extra_bufts": False}}
-    vanilla = hypura.Llama(str(moe_model), n_gpu_layers=99, override_tensor="exps=CPU", param_overrides=pinned,
-                           **kwargs)
-    tokens = vanilla.tokenize(b"The quick brown fox jumps over the lazy dog. " * 8)
-    want = _logits(vanilla, tokens), _decode_logits(vanilla, tokens[:6])
-    vanilla.close()
-    llm = hypura.Llama(str(moe_model), plan=plan, **kwargs)
+    plan, tokens, want = _pinned_plan_and_vanilla(moe_model)
+    llm = hypura.Llama(str(moe_model), plan=plan, **GPU_KWARGS)
     try:
         names = [t.name for t in llm.header.tensors]
         for name, buft in _buffers(llm.model, names).items():

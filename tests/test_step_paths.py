@@ -18,7 +18,7 @@ from hypura.profile import machine_profile
 from hypura.profile.store import resolve_profile
 from hypura.synth import writer
 
-from conftest import PLAN_PROMPT
+from conftest import logits_by_steps
 
 N_LAYER = 30  # SmolLM2-135M
 
@@ -33,15 +33,6 @@ def with_paths(plan: Plan, layers, first_streamed: int, slots: int = 2) -> Plan:
     names = tuple(sorted(t.name for t in plan.tensors if t.layer in layers and t.tier == "ram"))
     table = ((first_streamed - 1, (), 0.0), (512, names, 0.0)) if first_streamed > 1 else ((512, names, 0.0),)
     return dataclasses.replace(plan, step_paths=table, staging_slots=slots)
-
-
-def logits_by_steps(llm, step: int):
-    """Logits of every prompt position, the prompt decoded `step` tokens a llama_decode."""
-    tokens = llm.tokenize(PLAN_PROMPT)
-    llm.reset()
-    for i in range(0, len(tokens), step):
-        llm.eval(tokens[i:i + step])
-    return np.array(llm.scores[: len(tokens)], copy=True)
 
 
 def opened(path, plan, n_threads, n_batch=512):

@@ -16,7 +16,8 @@ compute included) plus the FLOPs of the step's other tokens at its matmul rate: 
 FLOP-bound within a few tokens, while a streamed or disk-read layer's bytes are paid once a step
 whatever the batch, so a batch moves the best split toward GPU compute. A batch also widens what a
 step reads of an MoE layer: each expert with probability 1 - (1 - p)^parallel, under uniform routing
-n_expert * (1 - (1 - k/n_expert)^parallel) distinct experts of a layer. From OP_OFFLOAD_MIN_BATCH
+n_expert * (1 - (1 - k/n_expert)^parallel) distinct experts of a layer; a layer's RAM experts streamed into a
+GPU slot go whole, as their stacked tensors (`streamed_bytes`), so the link carries every expert's bytes. From OP_OFFLOAD_MIN_BATCH
 tokens on, llama.cpp's op offload computes CPU-resident weights on the GPU after copying them (of a
 stacked expert tensor, the experts the step selects: ggml-backend.cpp) every step: from pageable memory at
 PAGEABLE_LINK_DEFAULT-like rates, why vanilla's batched decode of a partly offloaded model is slower at 32
@@ -28,8 +29,10 @@ For one sequence and the hybrid (the CPU computes some non-resident layers while
 others into GPU slots) this gives the hybrid's bound (docs/design.md): non-resident bytes / (CPU rate + link rate).
 Prefill, per micro-batch of n_ubatch tokens: llama.cpp offloads every matmul of a batch >= 32 to the GPU,
 copying host weights over the link (streamed ones and pinned CPU ones at the link's rate, CPU-resident ones as
-llama.cpp holds them from pageable memory), so
-time = max(FLOPs/rate, link bytes/link rate, disk bytes/disk rate), an expert's bytes counted when any of the
+llama.cpp holds them from pageable memory); op offload copies on the compute stream, one weight and then its
+matmul, where streamed slots fill on a copy stream beside the compute, so
+time = max(FLOPs/rate + op offload's copies, streamed bytes/link rate, disk bytes/disk rate), an expert's bytes
+counted when any of the
 micro-batch's tokens selects it (1 - (1 - p)^n_ubatch of them: at 512 tokens and more, nearly all of a layer's
 experts), so a prompt's link time per token falls with the micro-batch until FLOPs bind; plan/microbatch.py
 grows it where that pays. Beside CPU-computed weights from
@@ -83,7 +86,7 @@ class Rates:
         return _div(nbytes - expert_bytes, self.disk_read) + _div(expert_bytes, self.expert_disk_read or self.disk_read)
 
     def link_beside(self, cpu_bytes: float) -> float | None:
-        """The link's rate when the CPU decodes `cpu_bytes` a token at the same time (both read RAM)."""
+        """The link's rate when the CPU decodes `cpu_bytes` of weights a token at the same time (both read RAM)."""
         return self.link * knobs.LINK_BESIDE_CPU if self.link and cpu_bytes > 0 and not self.unified else self.link
 
     @property
@@ -136,6 +139,7 @@ class Traffic:
     # pinned candidate, plan/solve.py): the CPU reads them at Rates.cpu_read_plain, op offload copies them at the
     # link's rate
     host_pinned: bool = False
+    cpu_row_bytes: float = 0.0  # of cpu_bytes, the input embeddings' rows (get_rows: no decode beside the link)
 
 
 @dataclass(frozen=True)
@@ -181,16 +185,18 @@ def batch_compute_s(nbytes: float, flops: float, read_rate: float | None, flop_r
 
 
 def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, offload: float, link: float,
-                   disk: float, expert_disk: float, r: Rates, parallel: int, pinned: bool = False) -> dict:
+                   disk: float, expert_disk: float, r: Rates, parallel: int, pinned: bool = False,
+                   rows: float = 0.0) -> dict:
     """Seconds of one decode step on each path, fixed costs left out (predict adds them); pinned: host weights
-    are held pinned (Traffic.host_pinned)."""
+    are held pinned (Traffic.host_pinned); rows: of cpu, the input embeddings' rows (get_rows, host_only)."""
     copy = r.host_copy_rate(pinned)
     return {GPU: batch_compute_s(gpu, gpu_flops, r.gpu_read, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT, parallel),
             CPU: batch_compute_s(cpu, cpu_flops, r.cpu_rate(pinned),
                                  r.cpu_flops * (knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING if link > 0 else 1.0), parallel),
             "offload": _div(offload, copy),
-            # op offload's copies hold the link while they run, beside the streamed ones
-            "link": _div(link, r.link_beside(cpu)) + _div(offload, copy),
+            # op offload's copies hold the link while they run, beside the streamed ones; embedding rows the CPU
+            # gathers (`rows`) are no decode beside them
+            "link": _div(link, r.link_beside(cpu - rows)) + _div(offload, copy),
             "disk": r.disk_seconds(disk, expert_disk),
             # experts read where the routers send decode are read after the router and before their matmuls: the
             # compute waits for them (bench/RESULTS.md moe-paging-cpu: the sum predicts, the larger of the two did not)
@@ -198,6 +204,13 @@ def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, o
             # both read RAM: with the CPU busy too, the two share its bandwidth (knobs.RAM_SHARED_HEADROOM)
             "ram": _div(cpu + link, r.cpu_rate(pinned) * knobs.RAM_SHARED_HEADROOM) if cpu > 0 and link > 0
             and not r.unified else 0.0}
+
+
+def streamed_bytes(u, tier: str, used: float, sign: int = 1) -> float:
+    """What the link carries for a unit streamed into a GPU slot when a step reads `used` of its bytes: a RAM
+    expert streams with its layer's whole stacked tensors (one buffer, copied whole into a slot: plan/pools.py),
+    so every expert's bytes cross, read or not; anything else only what is read."""
+    return sign * u.nbytes if u.expert >= 0 and tier == RAM else used
 
 
 @dataclass
@@ -224,6 +237,7 @@ class StepLoad:
     disk: float = 0.0
     expert_disk: float = 0.0
     disk_cpu: int = 0  # CPU-computed disk-tier units
+    rows: float = 0.0  # of cpu: the input embeddings' rows a step gathers (host_only units)
 
     def add(self, u, tier: str, dev: str, sign: int = 1) -> None:
         a = sign * step_probability(u.p, self.parallel) * u.nbytes
@@ -235,12 +249,13 @@ class StepLoad:
         if dev == GPU:
             self.gpu, self.gpu_flops = self.gpu + a, self.gpu_flops + f
             if tier == RAM or (tier == DISK and not self.rates.unified):
-                self.link += a
+                self.link += streamed_bytes(u, tier, a, sign)
         elif tier == RAM and not u.host_only:
             self.host, self.host_flops = self.host + a, self.host_flops + f
             self.host_copy += a
         else:
             self.cpu, self.cpu_flops = self.cpu + a, self.cpu_flops + f
+            self.rows += a if u.host_only else 0.0
 
     def add_kv(self, kv_tier: str, kv_bytes: float) -> None:
         if kv_tier == GPU:
@@ -264,13 +279,13 @@ class StepLoad:
     def seconds(self) -> float:
         """The step's time without fixed costs: what the solver's split minimises."""
         s = decode_seconds(**self.paths(), link=self.link, disk=self.disk, expert_disk=self.expert_disk,
-                           r=self.rates, parallel=self.parallel, pinned=self.pinned)
+                           r=self.rates, parallel=self.parallel, pinned=self.pinned, rows=self.rows)
         return max(s[GPU] + s[CPU] + s["offload"] + s["paged"], s["link"], s["disk"], s["ram"])
 
 
 def predict(t: Traffic, r: Rates) -> Prediction:
     s = decode_seconds(t.gpu_bytes, t.decode_gpu_flops, t.cpu_bytes, t.decode_cpu_flops, t.offload_bytes,
-                       t.link_bytes, t.disk_bytes, t.expert_disk_bytes, r, t.parallel, t.host_pinned)
+                       t.link_bytes, t.disk_bytes, t.expert_disk_bytes, r, t.parallel, t.host_pinned, t.cpu_row_bytes)
     gpu_fixed, cpu_fixed = t.gpu_layers * r.gpu_layer_s, t.cpu_layers * r.cpu_layer_s
     streaming = t.link_bytes > 0 or t.disk_bytes > 0
     overhead = gpu_fixed + cpu_fixed + t.splits * (r.stream_split_s if streaming else r.split_s)
@@ -286,10 +301,14 @@ def predict(t: Traffic, r: Rates) -> Prediction:
         pre_compute = _div(t.prefill_flops - t.prefill_cpu_flops, r.gpu_flops) + _div(t.prefill_cpu_flops, r.cpu_flops)
     else:
         pre_compute = _div(t.prefill_flops, r.cpu_flops)
-    pre_link = _div(t.prefill_link_bytes - t.prefill_offload_bytes, r.link) + _div(t.prefill_offload_bytes,
-                                                                                   r.host_copy_rate(t.host_pinned))
-    pre = {"compute": pre_compute, "link": pre_link, "disk": _div(t.prefill_disk_bytes, r.disk_read)}
+    # op offload copies a CPU weight on the compute stream right before its matmul: its copies add to the compute;
+    # streamed slots fill on the copy stream while the GPU computes the layers before: they overlap it
+    offload_s = _div(t.prefill_offload_bytes, r.host_copy_rate(t.host_pinned))
+    pre = {"compute": pre_compute + offload_s, "link": _div(t.prefill_link_bytes - t.prefill_offload_bytes, r.link),
+           "disk": _div(t.prefill_disk_bytes, r.disk_read)}
     pre_limit = max(pre, key=pre.get)
+    if pre_limit == "compute" and offload_s > pre_compute:
+        pre_limit = "link"  # op offload's copies, more of the bound than the matmuls
     batch_s = max(pre.values())
     nbytes = {"gpu": t.gpu_bytes, "cpu": t.cpu_bytes, "link": t.link_bytes, "disk": t.disk_bytes}
     seconds = {"gpu": s[GPU], "cpu": s[CPU], "link": s["link"], "disk": s["disk"], "overhead": overhead}
@@ -336,7 +355,8 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
             continue  # get_rows of one embedding row: no matmul, no batch copy
         unit_flops = 2.0 * n_ubatch * u.elements * u.p
         flops += unit_flops
-        touched = u.nbytes * (1.0 - (1.0 - u.p) ** n_ubatch)  # an expert: used by any token
+        used = u.nbytes * (1.0 - (1.0 - u.p) ** n_ubatch)  # an expert: used by any token
+        touched = streamed_bytes(u, tier, used) if dev == GPU else used
         if tier == DISK:
             pre_disk += touched
         if tier == RAM or (tier == DISK and not rates.unified):
@@ -377,5 +397,5 @@ def traffic(mu: ModelUnits, tiers: Sequence[str], compute: Sequence[str], kv_tie
         # CPU-resident weights sit in pageable host memory; on unified memory the GPU reads RAM as it is
         prefill_offload_bytes=cpu_link if on_gpu and not offload_off and not rates.unified else 0.0,
         parallel=parallel, decode_gpu_flops=paths["gpu_flops"], decode_cpu_flops=paths["cpu_flops"],
-        offload_bytes=paths["offload"], op_offload=op_offload, host_pinned=pinned,
+        offload_bytes=paths["offload"], op_offload=op_offload, host_pinned=pinned, cpu_row_bytes=step.rows,
     )

@@ -2,10 +2,12 @@
 JSON-serialisable object. The loader hook asks `plan.placement(name)` for each tensor it loads:
 
     tier gpu  -> GPU buffer (resident)
-    tier ram  -> host buffer; pinned when some step streams it into GPU slots (`step_paths`), else plain
+    tier ram  -> host buffer; pinned when some step streams it into GPU slots (`step_paths`: its home, moved into
+                 a slot at those steps), else plain
     tier disk -> not loaded; streamed with O_DIRECT (into GPU slots or RAM staging by `compute`)
 
-A stacked expert tensor has a tier per expert (`experts`); its own `tier` is the slowest of them.
+A stacked expert tensor has a tier per expert (`experts`); its own `tier` is the slowest of them. A layer's
+stacks with every expert in RAM may stream whole at large steps (`step_paths`), as dense RAM tensors do.
 """
 
 from __future__ import annotations
@@ -100,10 +102,20 @@ class Plan:
             object.__setattr__(self, "_streamed_sets", sets)
         return next((names for k, names in sets if tokens <= k), sets[-1][1])
 
+    @property
+    def dual(self) -> frozenset[str]:
+        """The RAM tensors some step sizes stream and others compute in place (any row of `step_paths`): dense
+        ones, and the stacked experts of layers whose experts are all in RAM, streamed whole."""
+        names = self.__dict__.get("_dual")
+        if names is None:  # a cache, not state: frozen otherwise
+            names = frozenset(name for step in self.step_paths for name in step[1])
+            object.__setattr__(self, "_dual", names)
+        return names
+
     def compute_at(self, t: TensorPlacement, tokens: int) -> str:
         """Where a step of `tokens` tokens computes t: a RAM tensor by the step's own path, where the plan
-        has per-step paths; else t.compute."""
-        if not self.step_paths or t.tier != RAM or t.experts:
+        has per-step paths (a stacked expert tensor where some step streams it); else t.compute."""
+        if not self.step_paths or t.tier != RAM or (t.experts and t.name not in self.dual):
             return t.compute
         return GPU if t.name in self.streamed_at(tokens) else CPU
 

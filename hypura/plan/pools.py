@@ -17,13 +17,13 @@ def paged_by_expert(t) -> bool:
 def stream_pool(t, gpu: bool, dual: bool = False) -> str | None:
     """The pool a Plan's tensor `t` streams through on a machine with (`gpu`) or without a GPU; None: resident
     where it is computed, or paged by expert. dual: a RAM tensor some step sizes stream (the plan's step_paths)."""
-    if dual:
+    if dual:  # stacked experts too: a layer's stacks, every expert in RAM, copied whole into a slot at large steps
         return GPU_POOL if gpu else HOST_POOL
     if paged_by_expert(t):
         return None  # read expert by expert as routers select them (runtime/moe/expert_paging.py)
     # a stacked expert tensor is one buffer: some experts on the GPU beside others in RAM cannot be had, and
-    # streaming it whole would copy every expert: the CPU computes it from RAM (an expert cache,
-    # plan.expert_slots, is how experts reach the GPU one by one)
+    # streaming it whole copies every expert, which pays at large steps only (dual, above): otherwise the CPU
+    # computes it from RAM (an expert cache, plan.expert_slots, is how experts reach the GPU one by one)
     compute = CPU if t.experts and t.tier != GPU else t.compute
     if t.tier == GPU or (t.tier == RAM and (compute == CPU or not gpu)):
         return None  # resident: GPU memory, or host memory the CPU computes from
@@ -34,5 +34,4 @@ def stream_pool(t, gpu: bool, dual: bool = False) -> str | None:
 
 def streamed_through_host(plan, gpu: bool) -> bool:
     """Some layer of `plan` streams through the host pool (the CPU computes it from a pool slot filled by reads)."""
-    dual = {name for step in plan.step_paths for name in step[1]}
-    return any(stream_pool(t, gpu, t.name in dual) == HOST_POOL for t in plan.tensors)
+    return any(stream_pool(t, gpu, t.name in plan.dual) == HOST_POOL for t in plan.tensors)

@@ -173,14 +173,31 @@ def describe_steps(plan: Plan) -> list[str]:
     if not plan.step_paths:
         return []
     ram_layers = {t.layer for t in plan.tensors if t.tier == RAM and not t.experts and 0 <= t.layer < plan.n_layer}
-    rows = [["  tokens", "RAM layers streamed", "computed by the CPU", "tok/s", "s/step"]]
+    stacks = [t for t in plan.tensors if t.experts and t.name in plan.dual]
+    rows = [["  tokens", "RAM layers streamed", "computed by the CPU"]
+            + (["expert layers streamed"] if stacks else []) + ["tok/s", "s/step"]]
+    n_stacked = len({t.layer for t in plan.tensors if t.experts and set(t.experts) == {RAM}})  # may stream
+    first = None  # the smallest step that streams expert stacks
     for k, names, rate in plan.step_paths:
-        streamed = {plan.placement(n).layer for n in names}
+        streamed = {plan.placement(n).layer for n in names if not plan.placement(n).experts}
         on_cpu = {t.layer for t in plan.tensors if t.layer in ram_layers and t.tier == RAM and not t.experts
                   and plan.compute_at(t, k) == CPU}
-        rows.append([f"  {k}", str(len(streamed)), str(len(on_cpu)), f"{rate:.3g}", f"{k / rate:.3f}"])
-    return ["paths    each step's own: RAM layers the link streams into GPU slots, or the CPU computes in place "
-            "(a layer split between them counts in both)"] + _table(rows)
+        experts = {t.layer for t in stacks if t.name in names}
+        if experts and first is None:
+            first = _smallest_step(plan, k)
+        rows.append([f"  {k}", str(len(streamed)), str(len(on_cpu))]
+                    + ([f"{len(experts)} of {n_stacked}"] if stacks else []) + [f"{rate:.3g}", f"{k / rate:.3f}"])
+    note = ([f"         experts streamed from {first} tokens: a layer's stacks whole, every expert in RAM; smaller "
+             "steps compute the routed ones on the CPU"] if first is not None else [])
+    return (["paths    each step's own: RAM layers the link streams into GPU slots, or the CPU computes in place "
+             "(a layer split between them counts in both)"] + note + _table(rows))
+
+
+def _smallest_step(plan: Plan, k: int) -> int:
+    """The fewest tokens a step takes the path of table row `k` with: one more than the row before."""
+    sizes = [size for size, _, _ in plan.step_paths]
+    i = sizes.index(k)
+    return sizes[i - 1] + 1 if i else 1
 
 
 def describe_tensors(plan: Plan) -> list[str]:

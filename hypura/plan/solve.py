@@ -21,7 +21,9 @@ fill and split; it is reserved by iterating to a fixed point (reservations only 
 
 Per-step paths. Where a RAM unit is computed follows the step: with the tiers fixed, the split above runs again
 over the RAM units alone for steps of 1, 2, 4, ... n_ubatch tokens, the plan's own step and the largest before op
-offload (`step_sizes`, `step_paths`); the plan keeps that table, the slots hold any layer a step streams, and a plan
+offload (`step_sizes`, `step_paths`), and over the expert stacks of layers whose experts are all in RAM, a layer's
+as one move (its stacked tensors stream whole: the link carries all of them, cost.streamed_bytes); the plan keeps
+that table, the slots hold any layer a step streams (where they cannot, no stacks stream), and a plan
 made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
 Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
@@ -194,14 +196,14 @@ class _Problem:
         return [max((need[s] for s in stages[i::n]), default=0) for i in range(n)]
 
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
-        """Bytes each layer must have in a slot: its selected dense units plus the k largest
-        selected experts (a token needs at most k experts of a layer)."""
+        """Bytes each layer must have in a slot: its selected dense units and RAM experts (stacks streamed
+        whole) plus the k largest selected disk experts (a token needs at most k experts of a layer)."""
         dense: dict[int, int] = defaultdict(int)
         experts: dict[int, list[int]] = defaultdict(list)
         for u, t, c in zip(self.mu.units, tiers, compute):
             if u.host_only or not select(t, c):
                 continue
-            if u.expert >= 0:
+            if u.expert >= 0 and t != RAM:
                 experts[u.stage].append(u.nbytes)
             else:
                 dense[u.stage] += u.nbytes
@@ -258,10 +260,10 @@ class _Problem:
         return tiers
 
     def split(self, tiers: list[str], kv_tier: str, op_offload: bool, parallel: int | None = None,
-              base: list[str] | None = None, pinned: bool = False) -> list[str]:
+              base: list[str] | None = None, pinned: bool = False, stacks: bool = True) -> list[str]:
         """Move non-resident units to GPU compute (streamed into slots) while the time of a step of `parallel`
         tokens (the plan's) falls. base: the plan's split, whose disk units keep their path; then only RAM
-        units move (a step's own path: step_paths)."""
+        units move (a step's own path: step_paths), with the expert stacks of all-RAM layers where `stacks`."""
         units = self.mu.units
         compute = [GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers)]
         step = StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned)
@@ -269,30 +271,42 @@ class _Problem:
             step.add(u, t, c)
         step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
         best = step.seconds()
-        # experts never stream through layer slots (the runtime would copy whole stacked tensors):
-        # an expert cache loads them one by one instead (plan/experts.py)
-        movable = [] if base else [i for i, u in enumerate(units)
+        # the plan's own path streams no experts: a step's path may (below); paged ones an expert cache loads one
+        # by one instead (plan/experts.py)
+        movable = [] if base else [[i] for i, u in enumerate(units)
                                    if tiers[i] == DISK and not u.host_only and u.expert < 0]
         ram = [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only and u.expert < 0]
         # layers spread out (any prefix interleaves with the rest), so the copy engine streams the
         # next GPU layer while the CPU computes the layers between; a layer's units stay together
         spread = _spread_order(sorted({units[i].stage for i in ram}))
         # attention first: its CPU compute beside a GPU KV cache costs two more hand-offs a layer
-        movable += sorted(ram, key=lambda i: (units[i].role != "attn", spread[units[i].stage], i))
+        movable += [[i] for i in sorted(ram, key=lambda i: (units[i].role != "attn", spread[units[i].stage], i))]
+        # a step's path: then the layers whose experts are all in RAM, each as one move (its stacks stream whole)
+        if base and stacks:
+            groups = self.ram_stacks(tiers)
+            spread = _spread_order(sorted(groups))
+            movable += [groups[s] for s in sorted(groups, key=spread.get)]
         # disk units first: on unified memory they need no link copy, and the last CPU-computed one
         # gone lets op offload back on for a large batch (StepLoad)
         # the whole walk, then its best prefix: the time is not convex along it (the first streamed unit
         # slows the CPU's batched matmuls, the last CPU-computed one lets op offload back on)
         best_n = 0
-        for n, i in enumerate(movable, 1):
-            step.add(units[i], tiers[i], CPU, -1)
-            step.add(units[i], tiers[i], GPU)
+        for n, group in enumerate(movable, 1):
+            for i in group:
+                step.add(units[i], tiers[i], CPU, -1)
+                step.add(units[i], tiers[i], GPU)
             t = step.seconds()
             if t < best:
                 best, best_n = t, n
-        for i in movable[:best_n]:
-            compute[i] = GPU
+        for group in movable[:best_n]:
+            for i in group:
+                compute[i] = GPU
         return compute
+
+    def ram_stacks(self, tiers) -> dict[int, list[int]]:
+        """Layer -> its expert units, for the layers whose experts are all in RAM: the stacked tensors a step may
+        stream whole into a GPU slot (with one on disk or the GPU they are paged or resident instead)."""
+        return {s: g for s, g in self.expert_groups.items() if all(tiers[i] == RAM for i in g)}
 
     def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
               op_offload: bool = True, pinned: bool = False) -> Solution | _Shortfall:
@@ -303,6 +317,9 @@ class _Problem:
         reserves prefetch depth + 1 slots of it, all of a small model. Where RAM falls short so, the staging
         is bounded instead (`staged`): the fewest slots given up, each as large as a stage that may stream."""
         sol = self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned)
+        if stream and isinstance(sol, _Shortfall) and sol.tier == GPU and self.expert_groups:
+            # slots for whole expert stacks cost GPU memory a budget may lack: then the steps stream dense units only
+            sol = self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned, stacks=False)
         if not (isinstance(sol, _Shortfall) and sol.tier == RAM and self.b.disk):
             return sol
         short = [sol]
@@ -321,9 +338,9 @@ class _Problem:
         return sorted(set(self.stage_need(everything, everything, lambda t, c: True).values()))
 
     def _solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str, op_offload: bool, pinned: bool,
-               staged: tuple[int, int] | None = None) -> Solution | _Shortfall:
+               staged: tuple[int, int] | None = None, stacks: bool = True) -> Solution | _Shortfall:
         """staged: (slots, bytes a slot) of RAM staging reserved up front, not grown: a placement whose disk
-        layers need more falls short."""
+        layers need more falls short. stacks: steps may stream whole expert stacks (step_paths)."""
         b, units = self.b, self.mu.units
         # CPU weights held pinned (plain layout): a plan that streams to a discrete GPU always (per-step paths copy
         # them to slots), one that does not where asked (llama.cpp's -lm none); op offload then copies a batch's
@@ -351,7 +368,7 @@ class _Problem:
             compute = (self.split(tiers, kv_tier, op_offload, pinned=pinned) if stream
                        else [GPU if t == GPU else CPU for t in tiers])
             # with a GPU to stream to, each step size has its own path for RAM units; slots hold any of them
-            steps = self.step_paths(tiers, kv_tier, op_offload, compute, pinned) if stream else ()
+            steps = self.step_paths(tiers, kv_tier, op_offload, compute, pinned, stacks) if stream else ()
             compute = path_at(compute, tiers, steps, self.s.parallel)
             ever = path_at(compute, tiers, steps, None)
             slots = self.slots_need(tiers, ever, lambda t, c: t != GPU and c == GPU)
@@ -412,14 +429,15 @@ class _Problem:
                         stage_slots=n_stage if staged else 0, at=at)
 
     def step_paths(self, tiers: list[str], kv_tier: str, op_offload: bool, base: list[str],
-                   pinned: bool = False) -> tuple:
+                   pinned: bool = False, stacks: bool = True) -> tuple:
         """((tokens, RAM units streamed at that step size), ...) for each of step_sizes:
         the CPU computes few tokens from RAM faster than the link streams the bytes, a batch the other way."""
-        if not any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers)):
+        if not (any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers))
+                or (stacks and self.ram_stacks(tiers))):
             return ()
         out = []
         for k in step_sizes(self.s.n_ubatch, self.s.parallel):
-            c = self.split(tiers, kv_tier, op_offload, k, base, pinned)
+            c = self.split(tiers, kv_tier, op_offload, k, base, pinned, stacks)
             out.append((k, tuple(i for i, t in enumerate(tiers) if t == RAM and c[i] == GPU)))
         return tuple(out)
 

@@ -92,6 +92,9 @@ class Runtime:
         plan = self.plan
         self.layout = layout = plan_layout(plan)
         paged = paged_tensors(plan)
+        if self.expert_cache is not None and any(plan.placement(n).experts for n in plan.dual):
+            raise HypuraError("this plan streams whole expert stacks at large steps, which an expert cache cannot "
+                              "share: give no expert cache, or plan again with it")
         if paged and self.expert_cache is not None:
             raise HypuraError("an expert cache loads from every expert in RAM, but this plan keeps experts on "
                               "disk: give more --ram or no expert cache")

@@ -116,7 +116,8 @@ def predicted(header, plan, b: int) -> Optional[dict]:
     mu = model_units(header)
     placed = [plan.placement(u.tensors[0]) for u in mu.units]
     tiers = [t.experts[u.expert] if u.expert >= 0 else t.tier for u, t in zip(mu.units, placed)]
-    compute = [t.expert_compute[u.expert] if u.expert >= 0 else plan.compute_at(t, b) for u, t in zip(mu.units, placed)]
+    compute = [t.expert_compute[u.expert] if u.expert >= 0 and t.name not in plan.dual else plan.compute_at(t, b)
+               for u, t in zip(mu.units, placed)]
     kv = kv_read(plan.kv_bytes, b, plan.prediction.parallel)  # b sequences' own cells
     pr = predict(traffic(mu, tiers, compute, plan.kv_tier, kv, plan.rates, plan.n_ubatch, b,
                          plan.traffic.op_offload, plan.traffic.host_pinned), plan.rates)

@@ -61,18 +61,21 @@ def bound(header, plan, rates, b: int = 1, on_gpu: Optional[bool] = None,
         if t.name == "token_embd.weight" and not tied:
             continue  # get_rows of b rows, not a pass over the tensor
         units = [(t.tier, plan.compute_at(t, b) if plan is not None else t.compute, t.nbytes)]
+        whole = 0.0  # bytes that cross the link whatever the step reads: stacks streamed whole (plan.dual)
         if t.experts:
             n = len(t.experts)
             touched = step_probability(min(k, n) / n, b)
-            computes = t.expert_compute or (t.compute,) * n
+            dual = plan is not None and t.name in plan.dual
+            computes = (units[0][1],) * n if dual else (t.expert_compute or (t.compute,) * n)
             units = [(tier, dev, t.nbytes / n * touched) for tier, dev in zip(t.experts, computes)]
+            whole = t.nbytes / n if dual else 0.0
         for tier, dev, nbytes in units:
             paths[dev] += nbytes
             if tier == "disk":
                 paths["disk"] += nbytes
                 expert_disk += nbytes if t.experts else 0.0
             if dev == "gpu" and (tier == "ram" or (tier == "disk" and not rates.unified)):
-                paths["link"] += nbytes
+                paths["link"] += whole or nbytes
     limit_note = ""
     if disk_bytes is not None:
         paths["disk"], expert_disk, limit_note = disk_bytes * b, disk_bytes * b, ", at the measured hit rate"

@@ -8,7 +8,8 @@ with O_DIRECT). Layers take slots round-robin in graph order, so the layers in f
 
 A RAM tensor that some step sizes stream and others compute on the CPU (the plan's `step_paths`) is
 `dual`: it has a pool slot and a home, its pinned copy, where the CPU computes it in place; the
-layer streamer moves it between them as the step size asks (dense/layer_streamer.py).
+layer streamer moves it between them as the step size asks (dense/layer_streamer.py). A MoE layer's stacked
+expert tensors, every expert in RAM, can be dual too: streamed whole, home in pinned RAM in ggml's plain layout.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class StreamLayout:
     @classmethod
     def of(cls, plan: Plan, gpu: bool) -> StreamLayout:
         tensors = {}
-        dual = {name for step in plan.step_paths for name in step[1]}
+        dual = plan.dual
         for t in plan.tensors:
             pool = stream_pool(t, gpu, t.name in dual)
             if pool is not None:
