@@ -245,6 +245,15 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
         --json "$RES/hypura-q3-pp.json" 2>&1 | tail -6 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
     timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 \
         --json "$RES/hypura-batched-q3.json" 2>&1 | tail -7 | sed "s/^/q3 hypura batched: /" | tee -a "$RES/summary.txt"
+    # the plan for 16 sequences (a server's): its steps stream whole expert stacks into GPU slots from some size on,
+    # copies overlapping the compute where op offload's wait for it; one load each for prompts and for 1..32 sequences
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB -np 16 --json "$RES/plan-q3-g4-np16.json" 2>&1 \
+        | grep -E "context|mode|chosen|predict|experts streamed" | sed "s/^/q3 plan -np 16: /" | tee -a "$RES/summary.txt"
+    timeout 150 python3 -m hypura.cli.main bench $MQ3 --plan "$RES/plan-q3-g4-np16.json" -p 512,2048 -n 0 -r 2 \
+        --json "$RES/hypura-q3-pp-np16plan.json" 2>&1 | tail -5 | sed "s/^/q3 hypura, -np 16 plan: /" | tee -a "$RES/summary.txt"
+    timeout 200 python3 -m hypura.cli.main bench $MQ3 --plan "$RES/plan-q3-g4-np16.json" --parallel 1,4,16,32 -p 128 \
+        -n 16 -r 1 --json "$RES/hypura-batched-q3-np16plan.json" 2>&1 | tail -7 \
+        | sed "s/^/q3 hypura batched, -np 16 plan: /" | tee -a "$RES/summary.txt"
     hy inspect $M70 --gpu-mem 8GiB --ram 64GiB --json "$RES/plan-l70-g8.json" 2>&1 | grep -E "context|mode|chosen|predict" \
         | sed "s/^/l70 plan: /" | tee -a "$RES/summary.txt"
     timeout 240 python3 -m hypura.cli.main bench $M70 --gpu-mem 8GiB --ram 64GiB -p 512,2048,8192 -n 0 -r 1 \
