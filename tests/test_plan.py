@@ -16,7 +16,7 @@ from hypura.modelfile import read_header
 from hypura.plan import (Plan, PlanSettings, RateOverrides, budgets_for, greedy, model_units, optimize,
                          parse_size, plan_model, predict, rates_for, traffic)
 from hypura.plan import knobs
-from hypura.plan.solve import turn_seconds
+from hypura.plan.steps import turn_seconds
 from hypura.profile import resolve_profile
 from hypura.synth import writer
 

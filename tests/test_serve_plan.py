@@ -23,7 +23,7 @@ from hypura.modelfile import read_header
 from hypura.plan import knobs
 from hypura.plan.auto import Fit, summary
 from hypura.plan.decision import Ask, decide, Routing
-from hypura.plan.solve import kv_read
+from hypura.plan.steps import kv_read
 from hypura.synth import writer
 
 from test_candidates import host

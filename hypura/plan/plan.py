@@ -22,7 +22,8 @@ from pathlib import Path
 from hypura.errors import HypuraError
 from hypura.jsonfile import parse_json, read_json_file, write_atomic
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic
-from hypura.plan.solve import PlanSettings, Solution, step_rates
+from hypura.plan.solve import PlanSettings, Solution
+from hypura.plan.steps import step_rates
 from hypura.units import ModelUnits
 from hypura.tiers.names import TIERS  # noqa: F401  (re-exported)
 

@@ -109,7 +109,7 @@ def run_batch_bench(llm, plan, s: BatchBenchSettings, rates=None, progress=lambd
 def predicted(header, plan, b: int) -> Optional[dict]:
     """The cost model's aggregate decode and prefill for the plan's placement at b sequences."""
     from hypura.plan import model_units, predict, traffic
-    from hypura.plan.solve import kv_read
+    from hypura.plan.steps import kv_read
 
     if plan is None or plan.expert_slots:
         return None  # llama.cpp's placement, or an expert cache (a one-sequence prediction)
