@@ -220,9 +220,9 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
     # 128-token prompts of 1 / 4 / 16 / 32 sequences, beside vanilla; the plans Hypura chose (micro-batch, pinned
     # CPU weights) from `inspect`
     models_done
-    # vanilla: mmap (its default) for one-prompt and decode rows; -lm none (pinned host weights, its best for prompts:
-    # 3-5x mmap's in the runs of 2026-12-06) also at micro-batch 2048, and for the batched rows and l70's prompts
-    for cfg in mmap lmnone; do
+    # vanilla -lm none (pinned host weights, its best for prompts: 3-5x mmap's, 2026-12-06) at micro-batches 512 to
+    # 4096, for the batched rows and l70's prompts too (FULL=1: mmap's one-prompt and decode rows, and the one-sequence plan's batched rows)
+    for cfg in $([ "${FULL:-0}" = 1 ] && echo mmap) lmnone; do
         lm=""; ub=512; [ $cfg = mmap ] || { lm="-lm none"; ub=512,2048,4096; }
         timeout 150 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -ub $ub -p 512,2048 -n 32 -r 2 -o json \
             > "$RES/vanilla-q3-pp-$cfg.json" 2> /dev/null
@@ -243,8 +243,9 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
         | sed "s/^/q3 plan: /" | tee -a "$RES/summary.txt"
     timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 512,2048 -n 32 -r 2 \
         --json "$RES/hypura-q3-pp.json" 2>&1 | tail -6 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
-    timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB --parallel 1,4,16,32 -p 128 -n 16 -r 1 \
-        --json "$RES/hypura-batched-q3.json" 2>&1 | tail -7 | sed "s/^/q3 hypura batched: /" | tee -a "$RES/summary.txt"
+    [ "${FULL:-0}" = 1 ] && timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB \
+        --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q3.json" 2>&1 | tail -7 \
+        | sed "s/^/q3 hypura batched: /" | tee -a "$RES/summary.txt"
     # the plan for 16 sequences (a server's): its steps stream whole expert stacks into GPU slots from some size on,
     # copies overlapping the compute where op offload's wait for it; one load each for prompts and for 1..32 sequences
     hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB -np 16 --json "$RES/plan-q3-g4-np16.json" 2>&1 \
