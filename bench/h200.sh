@@ -65,7 +65,8 @@ in_cgroup() { local cg=$1; shift; bash -c "echo \$\$ > $cg/cgroup.procs; exec $*
 phase() {
 [ -f /tmp/hypura-lib ] && export HYPURA_LIB_DIR=$(libdir) LD_LIBRARY_PATH=$(libdir)  # a prebuilt one's RPATH is gone
 case "$1" in
-setup)  # wheels, models (in the background), the library (prebuilt or built), the GPU tests
+setup)  # wheels, models (in the background), the library (prebuilt or built), the GPU tests; LEAN=1: l70 and q3 only
+    # (no q14, no speculation drafts: nothing writes beside the phases that need neither)
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$RES/gpu.txt"
     { lscpu | grep -iE "model name|^cpu\(s\)"; df -h /tmp /dev/shm; free -g; uname -r; } > "$RES/machine.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -73,8 +74,9 @@ setup)  # wheels, models (in the background), the library (prebuilt or built), t
     if [ "${MODELS:-1}" = 1 ] && [ ! -f /tmp/synth.rc ]; then
         setsid nohup bash -c "python3 -m hypura.cli.main synth llama3.3-70b $M70 --tokenizer-from $TOK --block-out-scale 0.000001 > /tmp/synth70.log 2>&1 &
             python3 -m hypura.cli.main synth qwen3-30b-a3b $MQ3 --tokenizer-from $TOK --block-out-scale 0.000001 > /tmp/synthq3.log 2>&1 &
-            python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; wait
-            echo done > /tmp/synth.rc; bash bench/h200.sh drafts > /tmp/synth-drafts.log 2>&1" > /dev/null 2>&1 &
+            [ \"${LEAN:-0}\" = 1 ] || python3 -m hypura.cli.main synth qwen2.5-14b $M14 --tokenizer-from $TOK > /tmp/synth14.log 2>&1; wait
+            echo done > /tmp/synth.rc; [ \"${LEAN:-0}\" = 1 ] || bash bench/h200.sh drafts > /tmp/synth-drafts.log 2>&1" \
+            > /dev/null 2>&1 &
     fi
     start=$SECONDS
     if ls .prebuilt/lib-$KEY.tar.xz.part* > /dev/null 2>&1; then
