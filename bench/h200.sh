@@ -220,47 +220,47 @@ perstep)  # one load, every step at its path: the engine's plan for 32 sequences
     ;;
 prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one prompt of 512 / 2048 (/ 8192) tokens and
     # 128-token prompts of 1 / 4 / 16 / 32 sequences, beside vanilla; the plans Hypura chose (micro-batch, pinned
-    # CPU weights) from `inspect`
+    # CPU weights) from `inspect`. Pairs first (Hypura, then vanilla's best for the same rows), extras after.
     models_done
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB --json "$RES/plan-q3-g4.json" 2>&1 | grep -E "context|mode|chosen|predict" \
+        | sed "s/^/q3 plan: /" | tee -a "$RES/summary.txt"
+    timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 512,2048 -n 32 -r 2 \
+        --json "$RES/hypura-q3-pp.json" 2>&1 | tail -6 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
+    # the plan for 16 sequences (a server's): its steps stream whole expert stacks into GPU slots from some size on,
+    # copies overlapping the compute where op offload's wait for it
+    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB -np 16 --json "$RES/plan-q3-g4-np16.json" 2>&1 \
+        | grep -E "context|mode|chosen|predict|experts streamed" | sed "s/^/q3 plan -np 16: /" | tee -a "$RES/summary.txt"
+    timeout 150 python3 -m hypura.cli.main bench $MQ3 --plan "$RES/plan-q3-g4-np16.json" -p 512,2048 -n 0 -r 2 \
+        --json "$RES/hypura-q3-pp-np16plan.json" 2>&1 | tail -5 | sed "s/^/q3 hypura, -np 16 plan: /" | tee -a "$RES/summary.txt"
     # vanilla -lm none (pinned host weights, its best for prompts: 3-5x mmap's, 2026-12-06) at micro-batches 512 to
-    # 4096, for the batched rows and l70's prompts too (FULL=1: mmap's one-prompt and decode rows, and the one-sequence plan's batched rows)
+    # 4096 (FULL=1: mmap's one-prompt and decode rows too)
     for cfg in $([ "${FULL:-0}" = 1 ] && echo mmap) lmnone; do
         lm=""; ub=512; [ $cfg = mmap ] || { lm="-lm none"; ub=512,2048,4096; }
         timeout 150 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ncmoe 41 $lm -ub $ub -p 512,2048 -n 32 -r 2 -o json \
             > "$RES/vanilla-q3-pp-$cfg.json" 2> /dev/null
         note "q3 vanilla -ncmoe 41 $lm -ub $ub pp512 pp2048 tg32 (each -ub): $(tps "$RES/vanilla-q3-pp-$cfg.json")"
     done
+    hy inspect $M70 --gpu-mem 8GiB --ram 64GiB --json "$RES/plan-l70-g8.json" 2>&1 | grep -E "context|mode|chosen|predict" \
+        | sed "s/^/l70 plan: /" | tee -a "$RES/summary.txt"
+    timeout 240 python3 -m hypura.cli.main bench $M70 --gpu-mem 8GiB --ram 64GiB -p 512,2048,8192 -n 0 -r 1 \
+        --json "$RES/hypura-l70-pp.json" 2>&1 | tail -6 | sed "s/^/l70 hypura: /" | tee -a "$RES/summary.txt"
+    timeout 200 "$(libdir)/llama-bench" -m $M70 -ngl 14 -lm none -ub 512,2048 -p 512,2048,8192 -n 0 -r 1 -o json \
+        > "$RES/vanilla-l70-pp-lmnone.json" 2> /dev/null
+    note "l70 vanilla -ngl 14 -lm none -ub 512,2048 pp512 pp2048 pp8192 (each -ub): $(tps "$RES/vanilla-l70-pp-lmnone.json")"
     # the GPU's own compute for the same prompts, every weight resident (q3 fits the whole GPU): what a micro-batch
     # costs beside its copies (op offload's copies and compute run one after the other)
     release_gpu; timeout 100 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ub 2048 -p 512,2048 -n 0 -r 2 -o json \
         > "$RES/vanilla-q3-pp-resident.json" 2> /dev/null
     note "q3 vanilla resident -ngl 99 -ub 2048 pp512 pp2048: $(tps "$RES/vanilla-q3-pp-resident.json")"
-    timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 -lm none \
-        2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-lmnone.txt"
-    sed "s/^/q3 vanilla batched lmnone: /" "$RES/vanilla-batched-q3-lmnone.txt" | tee -a "$RES/summary.txt"
-    timeout 200 "$(libdir)/llama-bench" -m $M70 -ngl 14 -lm none -ub 512,2048 -p 512,2048,8192 -n 0 -r 1 -o json \
-        > "$RES/vanilla-l70-pp-lmnone.json" 2> /dev/null
-    note "l70 vanilla -ngl 14 -lm none -ub 512,2048 pp512 pp2048 pp8192 (each -ub): $(tps "$RES/vanilla-l70-pp-lmnone.json")"
-    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB --json "$RES/plan-q3-g4.json" 2>&1 | grep -E "context|mode|chosen|predict" \
-        | sed "s/^/q3 plan: /" | tee -a "$RES/summary.txt"
-    timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB -p 512,2048 -n 32 -r 2 \
-        --json "$RES/hypura-q3-pp.json" 2>&1 | tail -6 | sed "s/^/q3 hypura: /" | tee -a "$RES/summary.txt"
-    [ "${FULL:-0}" = 1 ] && timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB \
-        --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q3.json" 2>&1 | tail -7 \
-        | sed "s/^/q3 hypura batched: /" | tee -a "$RES/summary.txt"
-    # the plan for 16 sequences (a server's): its steps stream whole expert stacks into GPU slots from some size on,
-    # copies overlapping the compute where op offload's wait for it; one load each for prompts and for 1..32 sequences
-    hy inspect $MQ3 --gpu-mem 4GiB --ram 64GiB -np 16 --json "$RES/plan-q3-g4-np16.json" 2>&1 \
-        | grep -E "context|mode|chosen|predict|experts streamed" | sed "s/^/q3 plan -np 16: /" | tee -a "$RES/summary.txt"
-    timeout 150 python3 -m hypura.cli.main bench $MQ3 --plan "$RES/plan-q3-g4-np16.json" -p 512,2048 -n 0 -r 2 \
-        --json "$RES/hypura-q3-pp-np16plan.json" 2>&1 | tail -5 | sed "s/^/q3 hypura, -np 16 plan: /" | tee -a "$RES/summary.txt"
     timeout 200 python3 -m hypura.cli.main bench $MQ3 --plan "$RES/plan-q3-g4-np16.json" --parallel 1,4,16,32 -p 128 \
         -n 16 -r 1 --json "$RES/hypura-batched-q3-np16plan.json" 2>&1 | tail -7 \
         | sed "s/^/q3 hypura batched, -np 16 plan: /" | tee -a "$RES/summary.txt"
-    hy inspect $M70 --gpu-mem 8GiB --ram 64GiB --json "$RES/plan-l70-g8.json" 2>&1 | grep -E "context|mode|chosen|predict" \
-        | sed "s/^/l70 plan: /" | tee -a "$RES/summary.txt"
-    timeout 240 python3 -m hypura.cli.main bench $M70 --gpu-mem 8GiB --ram 64GiB -p 512,2048,8192 -n 0 -r 1 \
-        --json "$RES/hypura-l70-pp.json" 2>&1 | tail -6 | sed "s/^/l70 hypura: /" | tee -a "$RES/summary.txt"
+    timeout 150 "$(libdir)/llama-batched-bench" -m $MQ3 -c 8192 -npp 128 -ntg 16 -npl 1,4,16,32 -ngl 99 -ncmoe 41 -lm none \
+        2>&1 | grep -E '^\|' > "$RES/vanilla-batched-q3-lmnone.txt"
+    sed "s/^/q3 vanilla batched lmnone: /" "$RES/vanilla-batched-q3-lmnone.txt" | tee -a "$RES/summary.txt"
+    [ "${FULL:-0}" = 1 ] && timeout 200 python3 -m hypura.cli.main bench $MQ3 --gpu-mem 4GiB --ram 64GiB \
+        --parallel 1,4,16,32 -p 128 -n 16 -r 1 --json "$RES/hypura-batched-q3.json" 2>&1 | tail -7 \
+        | sed "s/^/q3 hypura batched: /" | tee -a "$RES/summary.txt"
     ;;
 vanilla-best)  # vanilla's best at each size: mmap (its default), and -lm none with GGML_OP_OFFLOAD_MIN_BATCH=4 (pinned
     # host weights, op offload from 4 tokens; at 1 token it is -lm none, at 32 the default min batch's)
