@@ -257,6 +257,12 @@ class StepLoad:
             self.cpu, self.cpu_flops = self.cpu + a, self.cpu_flops + f
             self.rows += a if u.host_only else 0.0
 
+    def move_stacks(self, read: float, flops: float, whole: float) -> None:
+        """A layer's RAM expert stacks from the CPU's compute to a GPU slot: what add(u, RAM, CPU, -1) then
+        add(u, RAM, GPU) does for each of its experts, from their sums (_Problem.stacks_move)."""
+        self.host, self.host_flops, self.host_copy = self.host - read, self.host_flops - flops, self.host_copy - read
+        self.gpu, self.gpu_flops, self.link = self.gpu + read, self.gpu_flops + flops, self.link + whole
+
     def add_kv(self, kv_tier: str, kv_bytes: float) -> None:
         if kv_tier == GPU:
             self.gpu += knobs.KV_READ_FILL * kv_bytes

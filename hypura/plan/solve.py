@@ -42,7 +42,8 @@ from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.candidates import choose
-from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict, traffic
+from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
+                              step_probability, traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
 from hypura.sizes import fmt_mib
 from hypura.units import ModelUnits
@@ -122,6 +123,7 @@ class _Problem:
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
         # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
         # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
+        self._stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # stacks_move's sums
         self.expert_groups: dict[int, list[int]] = defaultdict(list)
         for i, u in enumerate(mu.units):
             if u.expert >= 0 and not u.host_only:
@@ -242,9 +244,11 @@ class _Problem:
         # slows the CPU's batched matmuls, the last CPU-computed one lets op offload back on)
         best_n = 0
         for n, group in enumerate(movable, 1):
-            for i in group:
-                step.add(units[i], tiers[i], CPU, -1)
-                step.add(units[i], tiers[i], GPU)
+            if len(group) > 1:  # a layer's stacks: their sums, once a step size (hundreds of experts a layer)
+                step.move_stacks(*self.stacks_move(units[group[0]].stage, step.parallel))
+            else:
+                step.add(units[group[0]], tiers[group[0]], CPU, -1)
+                step.add(units[group[0]], tiers[group[0]], GPU)
             t = step.seconds()
             if t < best:
                 best, best_n = t, n
@@ -252,6 +256,17 @@ class _Problem:
             for i in group:
                 compute[i] = GPU
         return compute
+
+    def stacks_move(self, stage: int, parallel: int) -> tuple[float, float, float]:
+        """What streaming layer `stage`'s RAM expert stacks moves at a step of `parallel` tokens (StepLoad.move_stacks:
+        the experts' bytes the step reads, their FLOPs, the stacks' whole bytes), summed once per step size."""
+        key = (stage, parallel)
+        if key not in self._stacks_moves:
+            group = [self.mu.units[i] for i in self.expert_groups[stage]]
+            self._stacks_moves[key] = (sum(step_probability(u.p, parallel) * u.nbytes for u in group),
+                                       sum(2.0 * parallel * u.elements * u.p for u in group),
+                                       float(sum(u.nbytes for u in group)))
+        return self._stacks_moves[key]
 
     def ram_stacks(self, tiers) -> dict[int, list[int]]:
         """Layer -> its expert units, for the layers whose experts are all in RAM: the stacked tensors a step may
