@@ -254,7 +254,7 @@ def build_plan(model: str, mu: ModelUnits, sol: Solution, settings: PlanSettings
         staging_slot_bytes=sol.staging_bytes,
         prefetch_depth=settings.prefetch_depth, expert_cache={t: experts.get(t, 0) for t in TIERS},
         memory=memory, unified=budgets.unified, traffic=sol.traffic, prediction=sol.prediction, rates=rates,
-        step_paths=tuple((k, tuple(sorted(name for i in moved for name in units[i].tensors)), rate)
+        step_paths=tuple((k, tuple(sorted({name for i in moved for name in units[i].tensors})), rate)
                          for (k, moved), rate in zip(sol.steps, step_rates(mu, sol, rates, settings))),
         why=sol.why, one_decode_tok_s=sol.one.decode_tok_s if sol.one is not None else 0.0,
     )
