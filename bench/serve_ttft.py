@@ -6,7 +6,8 @@ Starts the server command (it must listen on 127.0.0.1:PORT), waits until /v1/mo
 warm-up completion, then `--repeats` prompts of `--tokens` token ids each through /v1/completions (streamed,
 one token), timing from the request to the first streamed chunk. Both servers take a prompt as token ids, so
 each side gets exactly the same tokens: ids of a long text (MODEL's vocabulary, read here), cut to the length, with a different first token for every repeat so no prompt cache serves another's prefix. Prints the
-median (min-max) and writes the JSON; the server's log goes to stderr of this script's caller only on failure.
+median (min-max) and writes the JSON, the server's log beside it (FILE.log: its plan, micro-batch, load); on failure
+the log's end goes to stderr.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> int:
                 server.wait(30)
             except subprocess.TimeoutExpired:
                 server.kill()
+        log.seek(0)
+        server_log = log.read().decode(errors="replace")
     result["command"] = " ".join(command)
     ttft = result["ttft_s"]
     print(f"ttft {args.tokens} tokens: {statistics.median(ttft):.3f} s ({min(ttft):.3f}-{max(ttft):.3f}), "
@@ -63,6 +66,8 @@ def main() -> int:
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(result, f, indent=1)
+        with open(args.json_path + ".log", "w") as f:
+            f.write(server_log)
     return 0
 
 
