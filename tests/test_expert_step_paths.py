@@ -16,7 +16,8 @@ from hypura.plan import PlanSettings, budgets_for, plan_model, rates_for
 from hypura.plan.cost import GPU, RAM, Traffic, predict
 from hypura.plan.plan import Plan
 from hypura.plan.report import describe_steps
-from hypura.plan.solve import Solution, _optimize_candidates, _Problem
+from hypura.plan.search import _optimize_candidates
+from hypura.plan.solve import Solution, _Problem
 from hypura.profile import machine_profile
 from hypura.profile.store import resolve_profile
 from hypura.runtime.dense.stream_layout import HOST_POOL, StreamLayout

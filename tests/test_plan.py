@@ -237,7 +237,8 @@ def test_disk_experts_are_timed_at_the_random_read_rate(model):
 
 def test_hybrid_beats_partial_offload(model):
     """Both paths at once: CPU on RAM layers while the link streams others (DESIGN.md: ~3.5 tok/s bound)."""
-    from hypura.plan.solve import _Problem, _optimize_candidates
+    from hypura.plan.search import _optimize_candidates
+    from hypura.plan.solve import _Problem
 
     h = model("llama3.3-70b")
     mu = model_units(h)

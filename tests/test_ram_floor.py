@@ -9,7 +9,8 @@ from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import PlanSettings, budgets_for, model_units, plan_model, rates_for
 from hypura.plan import knobs
-from hypura.plan.solve import _Problem, ram_floor
+from hypura.plan.search import ram_floor
+from hypura.plan.solve import _Problem
 from hypura.profile import machine_profile
 from hypura.sizes import fmt_mib, parse_size
 from hypura.synth import writer

@@ -11,7 +11,7 @@ import click
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import SOLVERS, Budgets, PlanSettings, RateOverrides, model_units
-from hypura.plan.solve import ram_floor
+from hypura.plan.search import ram_floor
 from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
 from hypura.plan.budget import fmt_size
@@ -43,7 +43,7 @@ def _routing(path: str | None, header) -> Routing:
 
 
 def _ram_floor(plan, header, planner: Planner, routing: Routing, parallel: int) -> int | None:
-    """The smallest --ram that plans the model with the plan's GPU budget, context and rates (solve.ram_floor)."""
+    """The smallest --ram that plans the model with the plan's GPU budget, context and rates (search.ram_floor)."""
     if not planner.disk:
         return None
     settings = PlanSettings(n_ctx=plan.n_ctx, n_ubatch=plan.n_ubatch, prefetch_depth=plan.prefetch_depth,

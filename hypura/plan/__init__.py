@@ -16,7 +16,8 @@ from hypura.plan.budget import Budgets, RateOverrides, budgets_for, fmt_size, pa
 from hypura.plan.cost import Prediction, Rates, Traffic, predict, traffic
 from hypura.plan.experts import with_expert_cache
 from hypura.plan.plan import Plan, TensorPlacement, build_plan
-from hypura.plan.solve import PlanSettings, greedy, optimize
+from hypura.plan.search import greedy, optimize
+from hypura.plan.solve import PlanSettings
 from hypura.plan.steps import turn_seconds
 from hypura.profile.model import MachineProfile
 from hypura.units import ModelUnits, model_units

@@ -26,9 +26,7 @@ as one move (its stacked tensors stream whole: the link carries all of them, cos
 that table, the slots hold any layer a step streams (where they cannot, no stacks stream), and a plan
 made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
-Greedy baseline: what a llama.cpp user does with -ngl: whole layers on the GPU from the last one
-down while they fit, the rest in RAM in graph order, then disk; the CPU computes everything not on
-the GPU; no streaming slots.
+The candidates each config gives, the one kept and the RAM floor are plan/search.py's.
 """
 
 from __future__ import annotations
@@ -41,11 +39,9 @@ from dataclasses import dataclass, field
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
-from hypura.plan.candidates import choose
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               step_probability, traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
-from hypura.sizes import fmt_mib
 from hypura.units import ModelUnits
 
 
@@ -434,90 +430,3 @@ def _spread_order(stages: list[int]) -> dict[int, float]:
             x, k, f = x + f * (k & 1), k >> 1, f / 2
         return x
     return {s: reverse_bits(k) for k, s in enumerate(stages)}
-
-
-def _pick(candidates: list, problem: _Problem, candidates_of: Callable[[_Problem], list]) -> Solution:
-    """The solution kept (candidates.choose); none: the shortfall nearest to fitting, with the smallest RAM budget
-    that plans the model (_floor) where RAM is what fell short."""
-    solutions = [c for c in candidates if isinstance(c, Solution)]
-    if solutions:
-        return choose(solutions)
-    short = min(candidates, key=lambda c: c.need - c.have)
-    mu, b = problem.mu, problem.b
-    floor = _floor(problem, candidates_of) if short.tier == RAM and b.disk else None
-    need = (f"at least {fmt_mib(floor)} (the smallest --ram that plans this model here)" if floor is not None
-            else fmt_size(short.need))
-    raise HypuraError(
-        f"no placement fits: {short.tier} needs {need} but has {fmt_size(short.have)} "
-        f"({short.detail}); model weights {fmt_size(mu.weight_bytes)} + KV cache {fmt_size(problem.kv)} "
-        f"(ctx {problem.s.n_ctx}) + compute buffers {fmt_size(problem.buf)}; budgets: gpu {fmt_size(b.gpu)}, "
-        f"ram {fmt_size(b.ram)}, disk streaming {'on' if b.disk else 'off'}")
-
-
-# the RAM floor is searched to within this share of itself (or FLOOR_STEP, if larger): a budget is given in MiB
-FLOOR_PRECISION = 1 / 128
-FLOOR_STEP = 1 << 20
-
-
-def _floor(problem: _Problem, candidates_of: Callable[[_Problem], list]) -> int | None:
-    """The smallest RAM budget (to FLOOR_PRECISION) at which candidates_of finds a solution, with the GPU budget,
-    rates and settings of `problem`. None: nothing fits at any RAM (the GPU's own share falls short). Plans only
-    grow with RAM (a placement that fits fits in more), so bisection, from 0 (the same answer for every caller)."""
-    def fits(ram: int) -> bool:
-        p = _Problem(problem.mu, dataclasses.replace(problem.b, ram=ram), problem.r, problem.s)
-        return any(isinstance(c, Solution) for c in candidates_of(p))
-
-    d = problem.mu.dims
-    # everything in RAM fits, with every buffer and reservation there is
-    hi = (problem.mu.weight_bytes + problem.kv + problem.buf + problem.cpu_buf + knobs.GPU_PROCESS_RAM
-          + knobs.PROCESS_RAM + (problem.n_slots + 1) * max(u.nbytes for u in problem.mu.units) * max(1, d.n_expert_used or 1))
-    if not fits(hi):
-        return None
-    lo = 0
-    while hi - lo > max(FLOOR_STEP, hi * FLOOR_PRECISION):
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return hi
-
-
-def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings(),
-              solver: str = "optimizer") -> int | None:
-    """The smallest --ram at which the solver plans the model, the rest of `budgets` as given (_floor)."""
-    return _floor(_Problem(mu, budgets, rates, settings), _OF[solver])
-
-
-def _greedy_candidates(p: _Problem, pins: tuple = (False,)) -> list:
-    # llama.cpp's kind keeps the KV cache with its GPU layers (as candidates.beside_gpu_kv keeps every candidate's
-    # where it fits): whole CPU layers beside a KV cache in RAM compute every layer's attention on the CPU
-    return [p.solve(p.fill_like_ngl, g, kv, False, "greedy", True, pin) for g, kv, _ in p.configs((False,))
-            if not (g and kv == RAM) for pin in pins]
-
-
-def _optimize_candidates(p: _Problem) -> list:
-    rates, settings = p.r, p.s
-    streams = (False, True) if rates.can_stream_to_gpu else (False,)
-    # from OP_OFFLOAD_MIN_BATCH sequences on, op offload copies CPU weights every step: a plan may turn it
-    # off (the CPU computes them, prompts too), which the objective weighs against slower prefill
-    offloads = (True, False) if rates.has_gpu and settings.parallel >= knobs.OP_OFFLOAD_MIN_BATCH else (True,)
-    # without streaming, CPU weights as llama.cpp holds them (repacked where it repacks: the CPU's faster layout)
-    # or pinned (plain: a prompt's copies at the link's rate), as the turn weighs them
-    pins = (False, True) if rates.can_stream_to_gpu and not rates.unified else (False,)
-    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off, pin)
-                  for g, kv, st in p.configs(streams) for off in offloads for pin in (pins if not st else (True,))]
-    # llama.cpp's fill (whole layers, as -ngl) pinned too: a prompt's copies at the link's rate beside its decode
-    return candidates + _greedy_candidates(p, pins)
-
-
-_OF = {"optimizer": _optimize_candidates, "greedy": _greedy_candidates}
-
-
-def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
-    p = _Problem(mu, budgets, rates, settings)
-    return _pick(_greedy_candidates(p), p, _greedy_candidates)
-
-
-def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
-    """The best of the enumerated configs; the greedy baseline is one more candidate, so the result is
-    never worse than it on the cost model."""
-    p = _Problem(mu, budgets, rates, settings)
-    return _pick(_optimize_candidates(p), p, _optimize_candidates)
