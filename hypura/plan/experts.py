@@ -32,7 +32,7 @@ def with_expert_cache(plan: Plan, mu: ModelUnits, expert_probs: Mapping[int, Seq
         return plan
     if plan.prediction.parallel > 1:
         return plan  # the cache serves one-token batches (ExpertCacheSettings.max_tokens): a batch computes from RAM
-    if any(t.experts for t in plan.tensors if t.name in plan.dual):
+    if plan.streams_stacks:
         return plan  # stacks streamed whole at large steps have their home in the layer streamer's pinned RAM
     experts = [u for u in mu.units if u.expert >= 0]
     tiers = _expert_tiers(plan, mu)

@@ -113,6 +113,12 @@ class Plan:
             object.__setattr__(self, "_dual", names)
         return names
 
+    @property
+    def streams_stacks(self) -> bool:
+        """Some step streams a layer's stacked expert tensors whole (their home is the layer streamer's pinned RAM,
+        which an expert cache cannot share)."""
+        return any(self.placement(name).experts for name in self.dual)
+
     def compute_at(self, t: TensorPlacement, tokens: int) -> str:
         """Where a step of `tokens` tokens computes t: a RAM tensor by the step's own path, where the plan
         has per-step paths (a stacked expert tensor where some step streams it); else t.compute."""

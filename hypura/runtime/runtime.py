@@ -92,7 +92,7 @@ class Runtime:
         plan = self.plan
         self.layout = layout = plan_layout(plan)
         paged = paged_tensors(plan)
-        if self.expert_cache is not None and any(plan.placement(n).experts for n in plan.dual):
+        if self.expert_cache is not None and plan.streams_stacks:
             raise HypuraError("this plan streams whole expert stacks at large steps, which an expert cache cannot "
                               "share: give no expert cache, or plan again with it")
         if paged and self.expert_cache is not None:
