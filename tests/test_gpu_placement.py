@@ -305,15 +305,19 @@ def test_per_step_expert_stacks_on_the_gpu(moe_model):
 
 
 def test_a_plan_that_pins_cpu_weights(moe_model):
-    """A plan whose CPU weights are held pinned (Traffic.host_pinned: the experts here) loads them into the GPU's
-    pinned host buffers, unrepacked, and computes what llama.cpp computes with the same placement and -lm none
-    (pinned host weights): a prompt's experts offloaded at the link's rate, a token's on the CPU, bitwise."""
+    """A plan whose CPU weights are held pinned (Traffic.host_pinned: the experts here) keeps them at home in the
+    mapped file, unrepacked, their pages registered with the GPU, and computes what llama.cpp computes with the same
+    placement and -lm none (pinned host weights): a prompt's experts offloaded at the link's rate, a token's on the
+    CPU, bitwise."""
     plan, tokens, want = _pinned_plan_and_vanilla(moe_model)
     llm = hypura.Llama(str(moe_model), plan=plan, **GPU_KWARGS)
     try:
         names = [t.name for t in llm.header.tensors]
+        experts = sum(t.nbytes for t in llm.header.tensors if "_exps" in t.name)
         for name, buft in _buffers(llm.model, names).items():
-            assert buft == ("CUDA_Host" if "_exps" in name else buft), name
+            assert buft == ("CPU" if "_exps" in name else buft), name
+        pinned = llm._runtime.mapped.stats
+        assert pinned.nbytes >= experts and pinned.refused == 0
         assert np.array_equal(_logits(llm, tokens), want[0])
         assert np.array_equal(_decode_logits(llm, tokens[:6]), want[1])
     finally:

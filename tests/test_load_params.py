@@ -85,7 +85,8 @@ def test_a_plan_made_without_op_offload_turns_it_off_unless_the_caller_set_it():
     off = plan(t("blk.0.attn_q.weight", GPU, GPU), op_offload=False, host_pinned=True)
     p = load_params(off, 4096, Ask(), GPU_HOST)
     assert p.op_offload is False and "op_offload" not in p.needed
-    assert p.use_extra_bufts is False and p.no_host is None  # pinned CPU weights, in ggml's plain layout
+    # pinned CPU weights, in ggml's plain layout, homed in the mapped file: never in cudaHostAlloc'd buffers
+    assert p.use_extra_bufts is False and p.no_host is True
     given = Ask(param_overrides={"context_params": {"op_offload": True}})
     assert load_params(off, 4096, given, GPU_HOST).op_offload is None  # the caller's stands
 

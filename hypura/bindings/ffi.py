@@ -145,6 +145,8 @@ ffi.cdef(
 
     const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
     ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size);
+    ggml_backend_buffer_t ggml_backend_dev_buffer_from_host_ptr(ggml_backend_dev_t device, void * ptr, size_t size,
+                                                                size_t max_tensor_size);
     void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer);
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer);
     bool ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer);

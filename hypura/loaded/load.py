@@ -104,6 +104,8 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
         loaded.decision, loaded.draft_found = decision, found
         loaded.placement = {name: p for name, (_, p) in hooks.placed.items()}
         runtime.attach(as_model_pointer(loaded.model.model))
+        if runtime.mapped is not None and at.say is not None:
+            at.say(runtime.mapped.stats.line)
         _load_lora(loaded)
     except BaseException:
         runtime.close()  # the model, context and streams go with the failed load

@@ -159,9 +159,11 @@ def _plan_needs(plan: Plan, paged: bool, cache: bool, host: Host, need) -> None:
         # plain memory, as the profile measured the CPU's rate (an expert cache's experts stay pinned)
         need("CPU weights in plain memory", no_host=True)
     if pinned:
-        # the hooks pin the plan's CPU weights (runtime/plan_policy.py; the host buffer type must be llama.cpp's to
-        # choose), in ggml's plain layout: the cost model reads every CPU weight at that one rate
-        need("CPU weights held pinned", use_extra_bufts=False)
+        # the hooks home the plan's pinned CPU weights in the mapped file (runtime/plan_policy.py), in ggml's plain
+        # layout (the cost model reads every CPU weight at that one rate); their deferred buffers are never touched,
+        # and must not be the GPU's pinned host buffers, which cudaHostAlloc pins whole (2.7 GB/s); an expert cache's
+        # experts are those buffers
+        need("CPU weights held pinned", use_extra_bufts=False, **({} if plan.expert_slots or cache else {"no_host": True}))
     if through_host:
         # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the 70B
         # on the CPU VM decoded 26.0 s a token with it, 16.0 without (bench/RESULTS.md, default-70b-cpu)

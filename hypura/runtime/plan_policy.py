@@ -1,10 +1,10 @@
 """A Plan as a placement policy for the loader hooks.
 
-gpu -> GPU-resident; ram computed by the CPU -> host memory, as `-ot X=CPU` places it (pinned where the
-plan says so: `host_pinned`); streamed
-tensors (ram computed on the GPU, and disk) -> their pool slot (dense/stream_layout.py), filled by the
-layer streamer, never mapped from the file; stacked experts with experts on disk -> host memory,
-filled by the expert pager (moe/expert_paging.py).
+gpu -> GPU-resident; ram computed by the CPU -> host memory, as `-ot X=CPU` places it, or, where the plan holds
+them pinned (`host_pinned`: op offload copies them), at home in the mapped file, pinned in place
+(mapped_weights.py); streamed tensors (ram computed on the GPU, and disk) -> their pool slot
+(dense/stream_layout.py), filled by the layer streamer, a RAM-tier one from its home in the mapped file;
+stacked experts with experts on disk -> host memory, filled by the expert pager (moe/expert_paging.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,21 @@ def plan_layout(plan: Plan) -> StreamLayout:
     return StreamLayout.of(plan, gpu)
 
 
-def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset(),
-                defer_pinned: bool = False) -> PlacementPolicy:
-    """paged: stacked expert tensors with disk experts (moe/expert_paging.py), host memory filled by Python;
-    defer_pinned: pinned CPU weights filled by Python too (runtime/load_fills.py, several threads)."""
-    pinned = plan.traffic.host_pinned and not paged
+def pinned_cpu_weights(plan: Plan, paged: set[str]) -> bool:
+    """The plan's CPU weights are held pinned: op offload copies a batch's share at the link's rate (plan/cost.py,
+    host_pinned); beside experts paged from disk nothing is (op offload is off there)."""
+    return plan.traffic.host_pinned and not paged
+
+
+def homes_mapped(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset()) -> bool:
+    """Some weights the GPU copies from RAM (pinned CPU weights, RAM-tier streamed tensors) live in the mapped
+    file: the load maps it (mapped_weights.py)."""
+    return pinned_cpu_weights(plan, paged) or layout.pinned_bytes() > 0
+
+
+def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset()) -> PlacementPolicy:
+    """paged: stacked expert tensors with disk experts (moe/expert_paging.py), host memory filled by Python."""
+    pinned = pinned_cpu_weights(plan, paged)
 
     def policy(info: TensorInfo) -> Placement:
         streamed = layout.tensors.get(info.name)
@@ -38,9 +48,8 @@ def plan_policy(plan: Plan, layout: StreamLayout, paged: set[str] = frozenset(),
             return Placement(tier=Tier.HOST, defer=True)
         if plan.placement(info.name).tier == GPU:
             return Placement(tier=Tier.GPU)
-        # a plan that streams to the GPU holds its CPU weights pinned: op offload copies a batch's share at the
-        # link's rate (plan/cost.py, host_pinned); beside experts paged from disk nothing is (pinned memory is
-        # resident whole, and op offload is off there)
-        return Placement(tier=Tier.PINNED, defer=defer_pinned) if pinned else Placement(tier=Tier.HOST)
+        # pinned CPU weights: deferred into plain host memory that is never touched (the decision asks no_host),
+        # then moved to their home in the mapped file
+        return Placement(tier=Tier.HOST, defer=True) if pinned else Placement(tier=Tier.HOST)
 
     return policy

@@ -33,11 +33,11 @@ from hypura.runtime.mechanism import Mechanism
 from hypura.runtime.moe.coactivation import CoactivationPredictor, CoactivationRecorder, model_key
 from hypura.runtime.moe.expert_paging import ExpertPager, paged_tensors
 from hypura.runtime.moe.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer
-from hypura.runtime.load_fills import CACHED_THREADS, LoadFills
 from hypura.runtime.load_reads import LoadReads, load_reads
+from hypura.runtime.mapped_weights import PIN_THREADS, MappedWeights
 from hypura.runtime.params import LlamaParams
 from hypura.runtime.placement import FileFiller, LoaderHooks, Placement, PlacementPolicy, Tier
-from hypura.runtime.plan_policy import plan_layout, plan_policy
+from hypura.runtime.plan_policy import homes_mapped, plan_layout, plan_policy
 from hypura.plan.pools import GPU_POOL, HOST_POOL
 from hypura.runtime.router import Router
 from hypura.runtime.stats import RunStats, gpu_free
@@ -67,7 +67,7 @@ class Runtime:
         self.reads: Optional[LoadReads] = load_reads([model_path], self.params.given.get("model_params", {}).get(
             "load_mode")) if plan is not None else None
         self.files = FileFiller([str(model_path)], cached=self.reads is not None and self.reads.buffered)
-        self.load_fills = self._load_fills(model_path, plan)
+        self.mapped: Optional[MappedWeights] = None
         self.gpu_free_at_start = gpu_free()  # before anything of this model is on the GPU
         self.layout, self.pager = StreamLayout.empty(), None
         self.streamer: Optional[LayerStreamer] = None
@@ -104,25 +104,23 @@ class Runtime:
             budget = plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
             self.pager = ExpertPager(plan, paged, [str(model_path)], n_used, budget, self.files.cached)
             self._users.callback(self.pager.close)  # before the model goes: no read may land in freed memory
-        # the page cache is not a hidden tier: nothing of the file is mapped, and a cold file is not cached
-        # (load_reads.py). Mapped, every page from the first CPU weight to the last stayed in RSS, GPU and streamed
-        # tensors' too (H100, the 70B at 8.5 GiB free: RSS peak 70.6 GiB against a 59.9 GiB budget, CPU_Mapped
-        # 42 GiB), and a CPU plan's repacked weights were in RSS twice (2.26 GiB for a 2 GiB plan of the
-        # llama3.1-8b shape, 8 layers)
+        # llama.cpp maps nothing (load_reads.py). Mapped by llama.cpp, every page from the first CPU weight to the
+        # last stayed in RSS, GPU and streamed tensors' too (H100, the 70B at 8.5 GiB free: RSS peak 70.6 GiB against
+        # a 59.9 GiB budget, CPU_Mapped 42 GiB), and a CPU plan's repacked weights were in RSS twice; Hypura's own
+        # mapping (mapped_weights.py) touches only the pages of the weights homed there
         self.params.need("model_params", "a plan within a RAM budget", load_mode=self.reads.load_mode)
-        return plan_policy(plan, layout, paged, defer_pinned=self.load_fills is not None)
+        if homes_mapped(plan, layout, paged):
+            self.mapped = self._mapped_weights(model_path, plan)
+        return plan_policy(plan, layout, paged)
 
-    def _load_fills(self, model_path: str, plan: Optional[Plan]) -> Optional[LoadFills]:
-        """Pinned host memory a plan fills at load (its CPU weights, its streamed layers' RAM copies) is read on
-        several threads (load_fills.py): through the cache, copies that scale with threads; around it, the disk's
-        readers. None: nothing of the kind (llama.cpp's own load reads the rest)."""
-        if plan is None or not (plan.traffic.host_pinned or plan.step_paths):
-            return None
+    def _mapped_weights(self, model_path: str, plan: Plan) -> MappedWeights:
+        """The plan's weights the GPU copies from RAM live in the mapped file, pinned in place (mapped_weights.py):
+        a cold file's pages read in on the disk's readers first, a cached one's registered on several threads."""
         cached = self.files.cached
-        threads = min(CACHED_THREADS, os.cpu_count() or 1) if cached else max(1, plan.rates.disk_readers)
-        fills = LoadFills([str(model_path)], cached, threads)
-        self._stack.callback(fills.close)
-        return fills
+        threads = min(PIN_THREADS, os.cpu_count() or 1) if cached else max(1, plan.rates.disk_readers)
+        mapped = MappedWeights([str(model_path)], prefetch=not cached, threads=threads)
+        self._stack.callback(mapped.close)  # after the model and its contexts, which compute from the mapping
+        return mapped
 
     def _experts_in_host(self, policy: PlacementPolicy) -> PlacementPolicy:
         """The stacked experts go to plain host memory (pinned with a GPU), the loads' source (without a GPU in
@@ -148,7 +146,7 @@ class Runtime:
         self.streamer = streamer = LayerStreamer(self.layout, self.files, plan.prefetch_depth if plan else 0,
                                                  self.router, plan.rates.disk_readers if plan else 1,
                                                  plan.streamed_at if plan is not None and plan.step_paths else None,
-                                                 self.load_fills)
+                                                 self.mapped)
         self._stack.callback(streamer.close)  # after the context: it calls into the stream until freed
         fn, user_data = streamer.eval_callback()
         self.params.need("context_params", "the compute hooks", cb_eval=llama_cpp.ggml_backend_sched_eval_callback(fn),
@@ -163,11 +161,11 @@ class Runtime:
         self.fill = fill
 
     def _fill_host(self, info, tensor) -> None:
-        """A deferred host tensor outside the stream and the pager: a pinned CPU weight, read on the load's
-        threads where there are some (its buffer is host memory: llama.cpp placed it there)."""
-        if self.load_fills is None:
+        """A deferred host tensor outside the stream and the pager: a CPU weight the GPU copies, at home in the
+        mapped file (pinned after the load)."""
+        if self.mapped is None:
             return self.files(info, tensor)
-        self.load_fills.read_into(info, lib().ggml_get_data(tensor))
+        self.mapped.rehome(tensor, info)
 
     # --- the load -------------------------------------------------------------------------------
     def own(self, close: Callable[[], None]) -> None:
@@ -186,14 +184,12 @@ class Runtime:
                 lib().hypura_cpu_compute_pageable(copies_to_gpu)
                 try:
                     yield hooks
-                    if self.load_fills is not None:
-                        self.load_fills.wait()  # before anything computes from the weights it reads
+                    if self.mapped is not None:
+                        self.mapped.pin()  # before anything computes: the GPU copies from these pages
                 except Exception:
                     hooks.raise_pending()
                     raise
                 finally:
-                    if self.load_fills is not None:
-                        self.load_fills.close()
                     self.files.close()
                     if self.reads is not None:
                         self.reads.settle()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import sys
@@ -22,6 +23,7 @@ _PROT_READ, _MAP_SHARED = mmap.PROT_READ, mmap.MAP_SHARED
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
+@functools.lru_cache(maxsize=1)  # find_library runs ldconfig
 def _libc():
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -29,6 +31,23 @@ def _libc():
     libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
     libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     return libc
+
+
+def map_read_only(path: str | os.PathLike) -> tuple[int, int]:
+    """(address, size) of a read-only shared mapping of the whole file (nothing is read until touched); (0, size)
+    where it cannot be mapped (an empty file, or no mmap here)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        addr = _libc().mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size else None
+    finally:
+        os.close(fd)  # the mapping keeps the file
+    return (0, size) if addr in (None, _MAP_FAILED) else (addr, size)
+
+
+def unmap(addr: int, size: int) -> None:
+    if addr:
+        _libc().munmap(ctypes.c_void_p(addr), size)
 
 
 def windows(size: int, page: int = mmap.PAGESIZE) -> list[tuple[int, int]]:
@@ -46,32 +65,25 @@ def cached_share(path: str | os.PathLike, start: int = 0, end: int | None = None
     if sys.platform not in ("linux", "darwin"):
         return 0.0
     libc, page = _libc(), mmap.PAGESIZE
-    fd = os.open(path, os.O_RDONLY)
+    addr, size = map_read_only(path)
+    if not addr:
+        return 0.0
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return 0.0
-        addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            return 0.0
-        try:
-            cached = total = 0
-            lo = start // page * page
-            hi = size if end is None else min(end, size)
-            for off, length in windows(max(0, hi - lo), page):
-                off += lo
-                length = min(length, hi - off)
-                n = -(-length // page)
-                vec = (ctypes.c_ubyte * n)()
-                if libc.mincore(ctypes.c_void_p(addr + off), length, vec) != 0:
-                    return 0.0
-                cached += sum(b & 1 for b in bytes(vec))
-                total += n
-            return cached / total if total else 0.0
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), size)
+        cached = total = 0
+        lo = start // page * page
+        hi = size if end is None else min(end, size)
+        for off, length in windows(max(0, hi - lo), page):
+            off += lo
+            length = min(length, hi - off)
+            n = -(-length // page)
+            vec = (ctypes.c_ubyte * n)()
+            if libc.mincore(ctypes.c_void_p(addr + off), length, vec) != 0:
+                return 0.0
+            cached += sum(b & 1 for b in bytes(vec))
+            total += n
+        return cached / total if total else 0.0
     finally:
-        os.close(fd)
+        unmap(addr, size)
 
 
 def uncached_runs(path: str | os.PathLike) -> list[tuple[int, int]]:
@@ -81,21 +93,16 @@ def uncached_runs(path: str | os.PathLike) -> list[tuple[int, int]]:
 
     if sys.platform not in ("linux", "darwin"):
         return []
-    libc, page = _libc(), mmap.PAGESIZE
-    fd = os.open(path, os.O_RDONLY)
+    page = mmap.PAGESIZE
+    addr, size = map_read_only(path)
+    if not addr:
+        return []
     try:
-        size = os.fstat(fd).st_size
-        addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size else None
-        if addr in (None, _MAP_FAILED):
+        vec = np.zeros(-(-size // page), dtype=np.uint8)
+        if _libc().mincore(ctypes.c_void_p(addr), size, vec.ctypes.data_as(ctypes.c_void_p)) != 0:
             return []
-        try:
-            vec = np.zeros(-(-size // page), dtype=np.uint8)
-            if libc.mincore(ctypes.c_void_p(addr), size, vec.ctypes.data_as(ctypes.c_void_p)) != 0:
-                return []
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), size)
     finally:
-        os.close(fd)
+        unmap(addr, size)
     cold = np.concatenate(([0], (vec & 1) == 0, [0])).astype(np.int8)
     edges = np.flatnonzero(np.diff(cold))  # starts and ends of the runs, alternately
     return [(int(a) * page, int(b - a) * page) for a, b in zip(edges[::2], edges[1::2])]

@@ -39,17 +39,17 @@ from hypura.runtime.router import Router, selected_ids
 from hypura.runtime.dense.stream_layout import GPU_POOL, HOST_POOL, StreamLayout
 from hypura.runtime.transfers import Piece, Transfers
 
-_ALIGN = 256  # pinned copies start aligned, as ggml aligns tensors in its buffers
-
 
 class LayerStreamer(Mechanism):
     def __init__(self, layout: StreamLayout, files: FileFiller, depth: int, router: Optional[Router] = None,
-                 readers: int = 1, streamed_at: Optional[Callable[[int], frozenset]] = None, load_fills=None):
+                 readers: int = 1, streamed_at: Optional[Callable[[int], frozenset]] = None, homes=None):
         """streamed_at(tokens): the dual tensors a step of that many tokens streams (the plan's step_paths);
-        load_fills: what reads a RAM-tier tensor's pinned copy at load (runtime/load_fills.py; default: files)."""
+        homes: where RAM-tier tensors' bytes live, the mapped file (../mapped_weights.py), which a layout with
+        RAM sources needs."""
         super().__init__()
-        self.layout, self.files, self.depth, self.router = layout, files, depth, router
-        self.load_fills = load_fills if load_fills is not None else files
+        self.layout, self.files, self.depth, self.router, self.homes = layout, files, depth, router, homes
+        if homes is None and layout.pinned_bytes():
+            raise HypuraError("streamed RAM-tier tensors need their home in the mapped model file")
         self.streamed_at = streamed_at
         self.dual = {name for name, s in layout.tensors.items() if s.dual}
         self.streamed: Optional[frozenset] = None  # dual tensors in slots now; None: all (as loaded)
@@ -60,10 +60,6 @@ class LayerStreamer(Mechanism):
         gpu_disk = any(s.pool == GPU_POOL and s.source == DISK for s in layout.tensors.values())
         self.transfers = Transfers(files.paths, {p: n for p, n in layout.slots.items() if layout.layers(p)}, gpu_disk,
                                    readers=readers)
-        pinned = layout.pinned_bytes() + _ALIGN * len(layout.tensors)
-        self._pinned_buf, self._pinned = (self.transfers.host_buffer(pinned, "RAM tier") if layout.pinned_bytes()
-                                          else (None, None))
-        self._pinned_used = 0
         self.pieces: dict[tuple[str, int], list[Piece]] = defaultdict(list)  # (pool, layer) -> tensors
         self.in_slots: dict[tuple[str, int], list[Piece]] = defaultdict(list)  # of those, the ones streamed now
         self.order = {pool: layout.layers(pool) for pool in layout.slots}  # layers streamed now, graph order
@@ -83,17 +79,17 @@ class LayerStreamer(Mechanism):
 
     # --- load time -------------------------------------------------------------------------
     def fill(self, info: TensorInfo, tensor) -> None:
-        """The loader's fill hook for a pooled tensor: register it; copy a RAM-tier one to pinned RAM."""
+        """The loader's fill hook for a pooled tensor: register it; a RAM-tier one's source is its home in the
+        mapped file (pinned there after the load)."""
         s = self.layout.tensors[info.name]
         piece = Piece(info.name, tensor, s.source, info.file_idx, info.file_offset, info.nbytes)
         if s.source == RAM:
-            piece.pinned = self._pinned + self._pinned_used
-            self._pinned_used += -(-info.nbytes // _ALIGN) * _ALIGN
-            self.load_fills.read_into(info, piece.pinned)
+            piece.pinned = self.homes.home(info)
         unit = self._unit(s.pool, s.layer)
         if lib().hypura_stream_add(self.c_stream, tensor, unit) != 0:
             raise HypuraError(f"cannot stream tensor '{info.name}' (more than 64 in one layer?)")
-        if s.dual and lib().hypura_stream_set_home(self.c_stream, tensor, self._pinned_buf, piece.pinned) != 0:
+        if s.dual and lib().hypura_stream_set_home(self.c_stream, tensor, self.homes.buffer(info.file_idx),
+                                                   piece.pinned) != 0:
             raise HypuraError(f"cannot give tensor '{info.name}' a home in host memory")
         self.pieces[(s.pool, s.layer)].append(piece)
         self.in_slots[(s.pool, s.layer)].append(piece)

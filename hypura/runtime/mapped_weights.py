@@ -1,0 +1,212 @@
+"""A plan's RAM weights at home in the page cache: the model file mapped read-only, and the weights the GPU copies
+(op offload's CPU weights, the layer streamer's RAM sources) pinned where they lie.
+
+Pinned memory allocated with cudaHostAlloc came at 2.7 GB/s on the H200 host (bench/pin_probe.py): l70's 36.7 GiB
+of streamed layers took 13.7 s of its load before a byte was read. Registering the cached file's own pages pinned
+8 GiB in 0.33 s (25.9 GB/s), with no copy and no second copy in RAM, and the GPU read them at the same 55 GB/s.
+Only the weights' pages are touched, so the process holds what the plan counts, nothing more of the file.
+
+Protocol
+  `MappedWeights(paths, prefetch, threads)` serves one model, built before its load. During the load, on the
+  loader's thread, `home(info)` answers a weight's address in the mapping (a cffi `uint8_t *`) and notes its
+  range to pin; `rehome(tensor, info)` moves a deferred tensor's data there for good (the stream's home
+  mechanism, include/hypura.h "Per-step paths", with no slot). After llama.cpp's load returns and before
+  anything computes, the loader's thread calls `pin()`: the noted ranges, merged and cut in pieces, are read
+  into the cache on `threads` workers where `prefetch` (a cold file: pages read in parallel, not faulted one by
+  one) and registered with the GPU; it returns when all are, and warns once if the GPU refused some (they stay
+  pageable: slower copies, the same results). `close()` after the model and its contexts are freed:
+  unregisters, frees the buffers, unmaps.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from hypura.bindings.ffi import ffi, lib
+from hypura.errors import HypuraError
+from hypura.profile.devices import cpu_device, first_gpu
+from hypura.tiers.residency import map_read_only, unmap
+
+# a registration and a prefetch read of this size keep eight threads busy on a few layers; small beside
+# cudaHostRegister's per-call cost (tens of microseconds)
+PIECE_BYTES = 64 << 20
+# ranges this close merge into one: the norms between a layer's matrices are a few KiB
+MERGE_GAP = 1 << 20
+READ_BYTES = 16 << 20  # one prefetch read: the scratch each worker reads into
+# registrations of cached pages at once: the kernel pins each page, work that spreads over cores
+PIN_THREADS = 8
+
+
+@dataclass(frozen=True)
+class PinStats:
+    nbytes: int
+    seconds: float
+    refused: int  # bytes the GPU did not register (left pageable)
+
+    @property
+    def line(self) -> str:
+        rate = f", {self.nbytes / self.seconds / 1e9:.1f} GB/s" if self.seconds > 0 else ""
+        refused = f"; {self.refused / 2**30:.1f} GiB refused, left pageable" if self.refused else ""
+        return f"hypura: load: {self.nbytes / 2**30:.1f} GiB of weights pinned in the page cache in {self.seconds:.2f} s{rate}{refused}"
+
+
+class MappedWeights:
+    def __init__(self, paths: list[str], prefetch: bool, threads: int):
+        self.paths, self.prefetch, self.threads = paths, prefetch, max(1, threads)
+        self._maps: list[tuple[int, int]] = []  # (address, size) per file
+        for path in paths:
+            self._maps.append(map_read_only(path))
+            if not self._maps[-1][0]:
+                self.close()
+                raise HypuraError(f"cannot map {path} into memory")
+        self._buffers: list = [None] * len(paths)  # a CPU buffer over each mapping, made when first asked
+        self._ranges: list[tuple[int, int, int]] = []  # (file, offset, nbytes) to pin
+        self._registered: list[int] = []  # piece addresses, to unregister
+        self._stream = None  # the C stream that re-homes deferred tensors
+        self._callbacks = None
+        self.stats: PinStats | None = None
+
+    # --- during the load ------------------------------------------------------------------------
+    def home(self, info):
+        """The weight's bytes in the mapping (info: runtime.placement.TensorInfo), noted to be pinned."""
+        addr, size = self._maps[info.file_idx]
+        if info.file_offset + info.nbytes > size:
+            raise HypuraError(f"tensor '{info.name}' lies past the end of its file: the model file is truncated")
+        self._ranges.append((info.file_idx, info.file_offset, info.nbytes))
+        return ffi.cast("uint8_t *", addr + info.file_offset)
+
+    def buffer(self, file_idx: int):
+        """A plain CPU buffer over file `file_idx`'s mapping (what a weight at home there belongs to)."""
+        if self._buffers[file_idx] is None:
+            addr, size = self._maps[file_idx]
+            buf = lib().ggml_backend_dev_buffer_from_host_ptr(cpu_device(), ffi.cast("void *", addr), size, size)
+            if buf == ffi.NULL:
+                raise HypuraError("llama.cpp's CPU backend cannot compute from a mapped model file")
+            self._buffers[file_idx] = buf
+        return self._buffers[file_idx]
+
+    def rehome(self, tensor, info) -> None:
+        """A deferred tensor's data moves to its bytes in the mapping, where the CPU computes it and op offload
+        copies it from."""
+        L = lib()
+        if self._stream is None:
+            noop = ffi.callback("hypura_unit_fn", lambda unit, user_data: 0)
+            self._callbacks = noop  # alive while C holds it (never called: the stream is no context's cb_eval)
+            self._stream = L.hypura_stream_new(ffi.new("struct hypura_stream_hooks *", {"before": noop, "after": noop}))
+        unit = len(self._ranges)  # a unit of its own: at most 64 weights a unit
+        data = self.home(info)
+        if (L.hypura_stream_add(self._stream, tensor, unit) != 0
+                or L.hypura_stream_set_home(self._stream, tensor, self.buffer(info.file_idx), data) != 0
+                or L.hypura_stream_place(self._stream, tensor, -1) != 0):
+            raise HypuraError(f"cannot give tensor '{info.name}' its home in the mapped model file")
+
+    # --- after the load -------------------------------------------------------------------------
+    def pieces(self) -> list[tuple[int, int, int]]:
+        """(file, offset, length) of page-aligned, disjoint pieces covering the noted ranges, merged per file."""
+        page, out = mmap.PAGESIZE, []
+        for f, (_, size) in enumerate(self._maps):
+            runs: list[list[int]] = []
+            for start, n in sorted((o, n) for i, o, n in self._ranges if i == f):
+                lo, hi = start // page * page, min(size, -(-(start + n) // page) * page)
+                if runs and lo <= runs[-1][1] + MERGE_GAP:
+                    runs[-1][1] = max(runs[-1][1], hi)
+                else:
+                    runs.append([lo, hi])
+            for lo, hi in runs:
+                out += [(f, at, min(PIECE_BYTES, hi - at)) for at in range(lo, hi, PIECE_BYTES)]
+        return out
+
+    def pin(self) -> PinStats:
+        """Every noted range read in (where prefetching) and registered with the GPU; see the protocol."""
+        pieces = self.pieces()
+        register = _register_fn()
+        reads = _Prefetch(self.paths) if self.prefetch else None
+        t0 = time.perf_counter()
+
+        def one(piece: tuple[int, int, int]) -> bool:
+            f, at, n = piece
+            if reads is not None:
+                reads.read(f, at, n)
+            return register is None or bool(register(ffi.cast("void *", self._maps[f][0] + at), n))
+
+        try:
+            with ThreadPoolExecutor(min(self.threads, max(1, len(pieces))), thread_name_prefix="hypura-pin") as pool:
+                done = list(pool.map(one, pieces))
+        finally:
+            if reads is not None:
+                reads.close()
+        if register is not None:
+            self._registered = [self._maps[f][0] + at for (f, at, _), ok in zip(pieces, done) if ok]
+        refused = sum(n for (_, _, n), ok in zip(pieces, done) if not ok)
+        self.stats = PinStats(sum(n for _, _, n in pieces), time.perf_counter() - t0, refused)
+        if refused:
+            warnings.warn(f"hypura: the GPU did not pin {refused / 2**30:.1f} GiB of the mapped weights: the GPU "
+                          f"copies them at pageable speed", stacklevel=2)
+        return self.stats
+
+    def close(self) -> None:
+        """After the model and its contexts are freed; safe to call twice."""
+        unregister = _unregister_fn() if self._registered else None
+        for addr in self._registered:
+            unregister(ffi.cast("void *", addr))
+        self._registered = []
+        if self._stream is not None:
+            lib().hypura_stream_free(self._stream)
+            self._stream = None
+        for buf in self._buffers:
+            if buf is not None:
+                lib().ggml_backend_buffer_free(buf)  # a buffer over memory it does not own: frees nothing else
+        self._buffers = [None] * len(self._buffers)
+        for addr, size in self._maps:
+            unmap(addr, size)
+        self._maps = []
+
+
+class _Prefetch:
+    """Reads file ranges through the page cache into a scratch buffer of each thread's own, in large requests
+    (the GIL is released while the kernel reads): the pages land in the cache, where the mapping finds them."""
+
+    def __init__(self, paths: list[str]):
+        self._fds = [os.open(p, os.O_RDONLY) for p in paths]
+        self._local = threading.local()
+
+    def read(self, f: int, at: int, n: int) -> None:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = memoryview(bytearray(READ_BYTES))
+        end = at + n
+        while at < end:
+            got = os.preadv(self._fds[f], [scratch[:min(READ_BYTES, end - at)]], at)
+            if got <= 0:
+                raise HypuraError(f"the model file {f} ended at byte {at} while pinning its weights")
+            at += got
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+
+
+def _proc(name: bytes, signature: str):
+    gpu = first_gpu()
+    if gpu is None:
+        return None
+    L = lib()
+    fn = L.ggml_backend_reg_get_proc_address(L.ggml_backend_dev_backend_reg(gpu), name)
+    return None if fn == ffi.NULL else ffi.cast(signature, fn)
+
+
+def _register_fn():
+    """ggml-cuda's registration of host memory (cudaHostRegister, read-only), None without a GPU. ggml asks for
+    the variable before each call: it registers nothing for llama.cpp's own loads, which never call it."""
+    os.environ["GGML_CUDA_REGISTER_HOST"] = "1"
+    return _proc(b"ggml_backend_register_host_buffer", "bool (*)(void *, size_t)")
+
+
+def _unregister_fn():
+    return _proc(b"ggml_backend_unregister_host_buffer", "void (*)(void *)")
