@@ -4,9 +4,15 @@ Decode, per step: each of `parallel` sequences (llama.cpp's n_seq_max, the engin
 token. Every path moves its bytes concurrently (copies and disk reads are issued layers ahead by the
 prefetcher), but GPU and CPU compute run one after the other, because layer L+1 needs layer L's output:
 
-    step = max(gpu time + cpu time + op-offload copies + paged experts' reads + fixed costs,
-               link_bytes/link_rate, disk_bytes/disk_rate, (cpu_bytes + link_bytes)/(RAM the two share));
+    step = max(gpu time + cpu time + op-offload copies + clash + paged experts' reads + fixed costs,
+               streamed copies + op-offload copies + clash, disk_bytes/disk_rate,
+               (cpu_bytes + link_bytes)/(RAM the two share));
     aggregate decode tok/s = parallel / step
+
+Op offload's copies (below) run on the compute stream, each before its matmul, so they add to the compute; the
+streamed ones fill slots on a copy stream, overlapped with it; both cross the one link. A step that mixes the two
+loses `clash` (knobs.COPY_CLASH of the shorter) on both terms: measured, such a step took longer than either, so
+where the link binds the best step streams all of a layer kind or none.
 
 Experts read from disk where the routers send decode (paged) are the exception to the overlap: each is
 read after its layer's router and before its matmul, so the compute waits for it.
@@ -189,14 +195,18 @@ def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, o
                    rows: float = 0.0) -> dict:
     """Seconds of one decode step on each path, fixed costs left out (predict adds them); pinned: host weights
     are held pinned (Traffic.host_pinned); rows: of cpu, the input embeddings' rows (get_rows, host_only)."""
-    copy = r.host_copy_rate(pinned)
+    offload_s, streamed_s = _div(offload, r.host_copy_rate(pinned)), _div(link, r.link_beside(cpu - rows))
+    # the two kinds of copies share the link and hinder each other: what a step that mixes them loses, on the
+    # compute stream and on the link alike (so a step streams all of a kind where the link binds)
+    clash = knobs.COPY_CLASH * min(offload_s, streamed_s)
     return {GPU: batch_compute_s(gpu, gpu_flops, r.gpu_read, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT, parallel),
             CPU: batch_compute_s(cpu, cpu_flops, r.cpu_rate(pinned),
                                  r.cpu_flops * (knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING if link > 0 else 1.0), parallel),
-            "offload": _div(offload, copy),
-            # op offload's copies hold the link while they run, beside the streamed ones; embedding rows the CPU
-            # gathers (`rows`) are no decode beside them
-            "link": _div(link, r.link_beside(cpu - rows)) + _div(offload, copy),
+            # op offload copies a weight on the compute stream right before its matmul: serial with the compute
+            "offload": offload_s + clash,
+            # the link carries both kinds: streamed slots fill on a copy stream beside the compute, op offload's
+            # copies hold it while they run; embedding rows the CPU gathers (`rows`) are no decode beside them
+            "link": streamed_s + offload_s + clash,
             "disk": r.disk_seconds(disk, expert_disk),
             # experts read where the routers send decode are read after the router and before their matmuls: the
             # compute waits for them (bench/RESULTS.md moe-paging-cpu: the sum predicts, the larger of the two did not)
