@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hypura
-from hypura.plan import PlanSettings, budgets_for, plan_model, rates_for
+from hypura.plan import PlanSettings, budgets_for, knobs, plan_model, rates_for
 from hypura.plan.cost import GPU, RAM, Traffic, predict
 from hypura.plan.plan import Plan
 from hypura.plan.report import describe_steps
@@ -58,6 +58,30 @@ def test_op_offloads_prompt_copies_add_to_the_compute_streamed_ones_overlap_it()
     assert offloaded.prefill_limit == streamed.prefill_limit == "link"
 
 
+def test_op_offloads_step_copies_are_serial_with_the_compute_streamed_ones_overlap_and_the_link_carries_both():
+    """A step of many tokens: op offload's copies on the compute stream add to it; streamed copies overlap it;
+    both cross the one link; a step that mixes them loses knobs.COPY_CLASH of the shorter on both terms."""
+    r = rates_for(H200)
+    gpu_s, copy_s = 0.15, 0.2
+    flops = r.gpu_flops * gpu_s * 64 / 63  # a step of 64 tokens: 63 of them at the matmul rate (batch_compute_s)
+
+    def step(offload_share: float):
+        t = Traffic(parallel=64, decode_gpu_flops=flops, offload_bytes=r.link * copy_s * offload_share,
+                    link_bytes=r.link * copy_s * (1 - offload_share), host_pinned=True)
+        return predict(t, r)
+
+    offloaded, streamed, mixed = step(1.0), step(0.0), step(0.5)
+    assert offloaded.seconds["offload"] == pytest.approx(copy_s)
+    assert 64 / offloaded.decode_tok_s == pytest.approx(gpu_s + copy_s)  # one after the other
+    assert 64 / streamed.decode_tok_s == pytest.approx(max(gpu_s, copy_s))  # overlapped: the link binds
+    assert streamed.decode_limit == "link"
+    clash = knobs.COPY_CLASH * copy_s / 2
+    assert mixed.seconds["offload"] == pytest.approx(copy_s / 2 + clash)
+    assert mixed.seconds["link"] == pytest.approx(copy_s + clash)  # the link carries both kinds of copies
+    assert 64 / mixed.decode_tok_s == pytest.approx(gpu_s + copy_s / 2 + clash)
+    assert 64 / mixed.decode_tok_s > 64 / streamed.decode_tok_s
+
+
 def streaming_candidate(mu, gpu_mem: str, n_ubatch: int = 2048):
     """The best candidate that streams (the chosen plan may be llama.cpp's kind: decode weighs most in a chat
     turn), or None where none fits."""
@@ -76,7 +100,9 @@ def test_a_prompts_micro_batch_streams_whole_expert_stacks_one_token_does_not(q3
     steps = dict(sol.steps)
     assert not stacked_layers(q3, steps[1])  # one token: the CPU computes the routed experts where they are
     streamed = stacked_layers(q3, steps[2048])
-    assert streamed
+    # where the slots fit, every layer whose experts are all in RAM: op offload's copies of the others would
+    # share the link with the streamed ones (knobs.COPY_CLASH), and the streamed ones overlap the compute
+    assert streamed == set(p.ram_stacks(sol.tiers))
     # a layer's stacks move as one: every expert of it, and only layers whose experts are all in RAM
     for layer in streamed:
         group = p.expert_groups[layer]

@@ -134,6 +134,9 @@ def test_llama_cpp_compute_rate(monkeypatch, tmp_path):
     assert c.decode_bw > 0 and c.prefill_flops > 0 and "llama.cpp on" in c.method
     # SmolLM2's Q4_1/Q8_0 are never repacked: both layouts are one kernel, and paired steps say so under any load
     assert 0 < c.decode_bw_plain <= c.decode_bw and c.decode_bw_plain > 0.5 * c.decode_bw
+    # a batched step and the prompt, each beside the cost model's sum for it
+    assert [k for k, _ in c.batch_gain] == [compute.knobs.LLAMA_BATCH_TOKENS, compute.knobs.LLAMA_PROMPT_TOKENS]
+    assert all(g > 0 for _, g in c.batch_gain)
     assert list(tmp_path.iterdir()) == []  # the copies of its blocks are gone
 
 

@@ -73,7 +73,7 @@ def rates_for(profile: MachineProfile, o: RateOverrides = RateOverrides()) -> Ra
     if gpu is None:
         return Rates(cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
                      cpu_flops=profile.cpu.prefill_flops, disk_readers=readers, expert_disk_read=experts,
-                     cpu_read_plain=plain)
+                     cpu_read_plain=plain, cpu_batch_gain=profile.cpu.batch_gain)
     # a discrete GPU is fed over the link from pinned memory; unified memory: a RAM copy
     link = profile.host.ram_copy_bw if gpu.unified else (gpu.h2d_pinned_bw or gpu.h2d_pageable_bw)
     return Rates(
@@ -81,4 +81,5 @@ def rates_for(profile: MachineProfile, o: RateOverrides = RateOverrides()) -> Ra
         cpu_flops=profile.cpu.prefill_flops, gpu_read=pick(o.gpu_bw, gpu.decode_bw),
         link=pick(o.link_bw, link), gpu_flops=gpu.prefill_flops, unified=gpu.unified, disk_readers=readers,
         expert_disk_read=experts, pageable_link=None if gpu.unified else gpu.h2d_pageable_bw, cpu_read_plain=plain,
+        cpu_batch_gain=profile.cpu.batch_gain,
     )

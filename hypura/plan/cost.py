@@ -4,16 +4,23 @@ Decode, per step: each of `parallel` sequences (llama.cpp's n_seq_max, the engin
 token. Every path moves its bytes concurrently (copies and disk reads are issued layers ahead by the
 prefetcher), but GPU and CPU compute run one after the other, because layer L+1 needs layer L's output:
 
-    step = max(gpu time + cpu time + op-offload copies + paged experts' reads + fixed costs,
-               link_bytes/link_rate, disk_bytes/disk_rate, (cpu_bytes + link_bytes)/(RAM the two share));
+    step = max(gpu time + cpu time + op-offload copies + clash + paged experts' reads + fixed costs,
+               streamed copies + op-offload copies + clash, disk_bytes/disk_rate,
+               (cpu_bytes + link_bytes)/(RAM the two share));
     aggregate decode tok/s = parallel / step
+
+Op offload's copies (below) run on the compute stream, each before its matmul, so they add to the compute; the
+streamed ones fill slots on a copy stream, overlapped with it; both cross the one link. A step that mixes the two
+loses `clash` (knobs.COPY_CLASH of the shorter) on both terms: measured, such a step took longer than either, so
+where the link binds the best step streams all of a layer kind or none.
 
 Experts read from disk where the routers send decode (paged) are the exception to the overlap: each is
 read after its layer's router and before its matmul, so the compute waits for it.
 
 A device's time is its weight bytes at its read rate (measured by one-token decode, that token's
-compute included) plus the FLOPs of the step's other tokens at its matmul rate: CPU matmuls turn
-FLOP-bound within a few tokens, while a streamed or disk-read layer's bytes are paid once a step
+compute included) plus the FLOPs of the step's other tokens at its matmul rate (the CPU's sum divided by
+the gain the profile measured for such a step on the model's blocks, Rates.cpu_gain: the tokens share reads more
+than the sum says): CPU matmuls turn FLOP-bound within a few tokens, while a streamed or disk-read layer's bytes are paid once a step
 whatever the batch, so a batch moves the best split toward GPU compute. A batch also widens what a
 step reads of an MoE layer: each expert with probability 1 - (1 - p)^parallel, under uniform routing
 n_expert * (1 - (1 - k/n_expert)^parallel) distinct experts of a layer; a layer's RAM experts streamed into a
@@ -47,6 +54,7 @@ path's bytes at its rate (`bytes_seconds`), experts by `step_probability`, no co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +87,13 @@ class Rates:
     # the CPU's decode rate from weights in ggml's plain layout (pinned, or beside hook-filled buffers): where
     # llama.cpp repacks (x86 AVX2/AVX-512, ARM) the measured cpu_read is the repacked layout's. None: cpu_read
     cpu_read_plain: float | None = None
+    # ((tokens, gain), ...): the profile's batched steps on the model's blocks ran this much faster than
+    # batch_compute_s says (CpuCompute.batch_gain); (): none measured
+    cpu_batch_gain: tuple = ()
+
+    def __post_init__(self):
+        # from a plan's JSON: lists
+        object.__setattr__(self, "cpu_batch_gain", tuple((int(k), float(g)) for k, g in self.cpu_batch_gain))
 
     def disk_seconds(self, nbytes: float, expert_bytes: float = 0.0) -> float:
         """Seconds to read nbytes from disk, of which expert_bytes are experts read where routers send
@@ -96,6 +111,20 @@ class Rates:
     def cpu_rate(self, pinned: bool) -> float:
         """The CPU's decode rate from host weights held pinned (plain layout) or as llama.cpp holds them."""
         return (self.cpu_read_plain or self.cpu_read) if pinned else self.cpu_read
+
+    def cpu_gain(self, tokens: int) -> float:
+        """How much faster than batch_compute_s the CPU runs a step of `tokens` tokens: 1 at one token (its rate is
+        the measured one), the profile's measured steps, log-linear between them. Beyond the last (a prompt's), what
+        the sum counts twice (the step's bytes, read once all experts are) stays while its FLOPs grow with the
+        tokens: the gain falls back toward 1 as last/tokens."""
+        points = [(1, 1.0), *sorted(self.cpu_batch_gain)]
+        if tokens <= 1:
+            return 1.0
+        for (k0, g0), (k1, g1) in zip(points, points[1:]):
+            if tokens <= k1:
+                return g0 * (g1 / g0) ** (math.log(tokens / k0) / math.log(k1 / k0))
+        k, g = points[-1]
+        return 1.0 + (g - 1.0) * k / tokens
 
     def host_copy_rate(self, pinned: bool) -> float:
         """Op offload's copies of host weights to the GPU: from pinned memory at the link's rate."""
@@ -189,14 +218,19 @@ def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, o
                    rows: float = 0.0) -> dict:
     """Seconds of one decode step on each path, fixed costs left out (predict adds them); pinned: host weights
     are held pinned (Traffic.host_pinned); rows: of cpu, the input embeddings' rows (get_rows, host_only)."""
-    copy = r.host_copy_rate(pinned)
+    offload_s, streamed_s = _div(offload, r.host_copy_rate(pinned)), _div(link, r.link_beside(cpu - rows))
+    # the two kinds of copies share the link and hinder each other: what a step that mixes them loses, on the
+    # compute stream and on the link alike (so a step streams all of a kind where the link binds)
+    clash = knobs.COPY_CLASH * min(offload_s, streamed_s)
     return {GPU: batch_compute_s(gpu, gpu_flops, r.gpu_read, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT, parallel),
             CPU: batch_compute_s(cpu, cpu_flops, r.cpu_rate(pinned),
-                                 r.cpu_flops * (knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING if link > 0 else 1.0), parallel),
-            "offload": _div(offload, copy),
-            # op offload's copies hold the link while they run, beside the streamed ones; embedding rows the CPU
-            # gathers (`rows`) are no decode beside them
-            "link": _div(link, r.link_beside(cpu - rows)) + _div(offload, copy),
+                                 r.cpu_flops * (knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING if link > 0 else 1.0), parallel)
+            / r.cpu_gain(parallel),
+            # op offload copies a weight on the compute stream right before its matmul: serial with the compute
+            "offload": offload_s + clash,
+            # the link carries both kinds: streamed slots fill on a copy stream beside the compute, op offload's
+            # copies hold it while they run; embedding rows the CPU gathers (`rows`) are no decode beside them
+            "link": streamed_s + offload_s + clash,
             "disk": r.disk_seconds(disk, expert_disk),
             # experts read where the routers send decode are read after the router and before their matmuls: the
             # compute waits for them (bench/RESULTS.md moe-paging-cpu: the sum predicts, the larger of the two did not)

@@ -114,6 +114,11 @@ ROLE_RANK = {"norm": 0, "other": 0, "router": 1, "attn": 2, "output": 3, "shared
 # weight there first, once the op's batch reaches this many tokens (ggml-cuda.cu,
 # ggml_backend_cuda_device_offload_op; GGML_OP_OFFLOAD_MIN_BATCH overrides it)
 OP_OFFLOAD_MIN_BATCH = 32
+# op offload's copies (compute stream) beside streamed ones (copy stream) in one step: this share of the shorter
+# of the two is lost. H200, 2026-12-06, q3 at 4 GiB, 2048 tokens, 22 expert layers by op offload (6.9 GB, 0.125 s
+# at 55.5 GB/s) and 23 streamed (9.1 GB): 0.379 s, where the link's 16.0 GB take 0.288 s and the compute stream
+# (0.169 s resident, then those copies) 0.294 s; 0.09 s more, 0.7 of 0.125 (bench/RESULTS.md prefill-h200)
+COPY_CLASH = 0.7
 # while layers stream to the GPU, the CPU's matmuls of a decode step's further tokens ran at this share of
 # the profile's prefill FLOP rate: H200, 2026-12-04, 70B shape at 8 GiB of GPU, 16 sequences, a step of 1.5 s
 # with 11.2 GB of FFN weights on the CPU beside 24.6 GB streamed (0.47 TFLOP/s against 1.22; the copies'

@@ -12,7 +12,9 @@ rate, the head, the fixed part), as a run of the whole model on the CPU would me
 output head is a large share of its token, and may run at another rate than its blocks. The `top` blocks are
 timed once more from ggml's plain layout (no repacking), as a plan that streams to a GPU holds its CPU weights
 (pinned): the median ratio of paired steps scales the decode rate to `decode_bw_plain`. Bytes and weights are counted as the planner counts them (hypura.units: an expert at k/E).
-The prefill rate is 2 FLOP per weight of the extra blocks over a prompt's extra time. Without llama.cpp or
+The prefill rate is 2 FLOP per weight of the extra blocks over a prompt's extra time. A step of several tokens
+(knobs.LLAMA_BATCH_TOKENS) is timed too, and with the prompt gives `batch_gain`: how much faster such steps ran than
+the cost model's sum of the one-token rate and the prefill rate says. Without llama.cpp or
 a model, the RAM copy rate stands in (a proxy, and the method says so).
 """
 
@@ -42,12 +44,14 @@ def block_counts(header: ModelHeader) -> tuple[int, int]:
     return 1, 1 + max(1, min(n - 1, knobs.SLICE_BYTES // max(block, 1)))
 
 
-def token_load(header: ModelHeader, blocks: int) -> tuple[float, float]:
-    """(bytes, weights) a decode token reads of the first `blocks` blocks, as the planner counts them."""
+def token_load(header: ModelHeader, blocks: int, tokens: int = 1) -> tuple[float, float]:
+    """(bytes, weights) a decode step of `tokens` tokens reads of the first `blocks` blocks, as the planner counts
+    them (an expert when any token selects it; weights a token multiplies)."""
+    from hypura.plan.cost import step_probability
     from hypura.units import model_units
 
     units = [u for u in model_units(header).units if 0 <= u.layer < blocks]
-    return sum(u.p * u.nbytes for u in units), sum(u.p * u.elements for u in units)
+    return sum(step_probability(u.p, tokens) * u.nbytes for u in units), sum(u.p * u.elements for u in units)
 
 
 @contextlib.contextmanager
@@ -132,10 +136,26 @@ def time_steps(paths: list[str], threads: int, n_vocab: int,
             if unpacked is not None:  # paired with the step just before it: a load on the machine weighs on both
                 ratios.append(steps[-1][0][-1] / unpacked([tokens[2 * i % len(tokens)]]))
         share = min(1.0, statistics.median(ratios)) if ratios else None
-        return [(statistics.median(bare), statistics.median(head), p) for (bare, head), p in zip(steps, prompt)], share
+        batch = _batch_steps(runs, tokens)
+        return [(statistics.median(bare), statistics.median(head), p, b)
+                for (bare, head), p, b in zip(steps, prompt, batch)], share
     finally:
         for run in runs + ([unpacked] if unpacked is not None else []):
             run.close()
+
+
+def _batch_steps(runs: list, tokens: list[int]) -> list[float]:
+    """Median seconds of a knobs.LLAMA_BATCH_TOKENS-token decode step (no logits) of each run, taking turns;
+    each step's tokens are new ones, so that its experts are not the last step's."""
+    k, times = knobs.LLAMA_BATCH_TOKENS, [[] for _ in runs]
+    t0 = time.perf_counter()
+    for i in range(knobs.LLAMA_BATCH_STEPS):
+        if i >= 1 and time.perf_counter() - t0 > knobs.LLAMA_BATCH_S:
+            break
+        step = [tokens[(3 * (k * i + j) + 1) % len(tokens)] for j in range(k)]
+        for run, t in zip(runs, times):
+            t.append(run(step))
+    return [statistics.median(t) for t in times]
 
 
 def measure_model(model: Path, threads: int, folder: Path,
@@ -165,10 +185,11 @@ def measure_model(model: Path, threads: int, folder: Path,
 
 
 def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, times: dict) -> CpuCompute:
-    """CpuCompute from the timings (module docstring): times[n] = (decode s, decode s with the head, prompt s)."""
+    """CpuCompute from the timings (module docstring): times[n] = (decode s, decode s with the head, prompt s,
+    batched step s)."""
     (top_b, top_w), (base_b, base_w) = token_load(header, top), token_load(header, base)
     # the head timed beside `top` blocks: beside fewer, more of its bytes stay in the CPU's caches between tokens
-    (top_s, head_s, top_p), (base_s, _, base_p) = times[top], times[base]
+    (top_s, head_s, top_p, _), (base_s, _, base_p, _) = times[top], times[base]
     prompt = knobs.LLAMA_PROMPT_TOKENS
     if top > base and top_s > base_s:
         block_bw = (top_b - base_b) / (top_s - base_s)
@@ -185,10 +206,32 @@ def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, ti
         flops = 2.0 * (top_w - base_w) * prompt / (top_p - base_p)
     else:
         flops = 2.0 * top_w * prompt / top_p
-    return CpuCompute(decode_bw=decode_bw, prefill_flops=flops, threads=threads, method=(
+    gains = _batch_gains(header, base, top, times, block_bw, flops)
+    return CpuCompute(decode_bw=decode_bw, prefill_flops=flops, threads=threads, batch_gain=gains, method=(
         f"llama.cpp on {top} of {name}'s blocks ({top_b / top / 1e6:.0f} MB a token a block), {threads} thread(s): "
         f"{how} ({block_bw / 1e9:.1f} GB/s), the output head {head_s * 1e3:.2f} ms; a token of all {header.n_layer} "
-        f"blocks and the head at those times; a {prompt}-token prompt {top_p * 1e3:.0f} ms with {top} block(s), {base_p * 1e3:.0f} ms with {base}"))
+        f"blocks and the head at those times; a {prompt}-token prompt {top_p * 1e3:.0f} ms with {top} block(s), {base_p * 1e3:.0f} ms with {base}"
+        + "".join(f"; a {k}-token step in {1 / g:.2f} of the time the cost model sums" for k, g in gains)))
+
+
+def _batch_gains(header: ModelHeader, base: int, top: int, times: dict, block_bw: float,
+                 flops: float) -> tuple[tuple[int, float], ...]:
+    """((tokens, gain), ...) for the batched step and the prompt: the cost model's time for the extra blocks of
+    such a step (plan/cost.py batch_compute_s: the bytes it reads at the one-token rate, its further tokens at the
+    prefill rate) over the time they took. A step's tokens share the reads (several select an expert, a weight
+    row serves all of them) more than that sum says."""
+    from hypura.plan.cost import batch_compute_s
+
+    out = []
+    for tokens, at in ((knobs.LLAMA_BATCH_TOKENS, 3), (knobs.LLAMA_PROMPT_TOKENS, 2)):
+        (top_b, top_w), (base_b, base_w) = token_load(header, top, tokens), token_load(header, base, tokens)
+        if top == base:  # one block: the step's whole time, its fixed part with it
+            base_b = base_w = 0.0
+        took = times[top][at] - (times[base][at] if top > base else 0.0)
+        model = batch_compute_s(top_b - base_b, 2.0 * tokens * (top_w - base_w), block_bw, flops, tokens)
+        if took > 0 and model > 0:  # noise larger than the blocks' time says nothing
+            out.append((tokens, model / took))
+    return tuple(out)
 
 
 def _head_name(header: ModelHeader) -> str:

@@ -44,7 +44,15 @@ SLICE_BYTES = 1 << 30
 LLAMA_PROMPT_TOKENS = 32
 LLAMA_DECODE_TOKENS = 32
 LLAMA_DECODE_S = 4.0  # measured per model: a busy 2-core VM took 28 s for the 4-layer llama3.1-8b shape at 8.0
-LLAMA_CTX = 256
+# a decode step of several tokens (sequences decoded together, a small draft's verification): the CPU reads the
+# distinct experts (or the dense weights once) faster than one token's rate says (H100 host, q3: about 75 GB/s at 4
+# sequences against 52 a token; bench/RESULTS.md prefill-h200), so such steps are timed too, after the tokens: 8
+# tokens, between the 4 and 16 sequences of that table; a few steps, at most LLAMA_BATCH_S: SmolLM2-135M's
+# profile on a 2-core VM took 0.16 s more (of 2.0 s), and a step of q3's 3 blocks reads about 0.35 GB
+LLAMA_BATCH_TOKENS = 8
+LLAMA_BATCH_STEPS = 4
+LLAMA_BATCH_S = 2.0
+LLAMA_CTX = 256  # 3 x 32 prompt tokens (a warm-up, two timed), 2 x 32 decode tokens, 4 x 8 batched: 192 positions
 
 # --- rates derived from the measurements (the planner's fits) --------------------------------
 # GPU decode reads weights at this fraction of a device copy's memory traffic: fit of the

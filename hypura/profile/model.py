@@ -56,6 +56,13 @@ class CpuCompute:
     # decode from weights in ggml's plain layout (pinned host memory, no repacking): where llama.cpp repacks
     # (x86 AVX2/AVX-512, ARM) a plan that holds CPU weights pinned reads them at this rate; None: decode_bw
     decode_bw_plain: float | None = None
+    # ((tokens, gain), ...): a decode step of that many tokens ran `gain` times faster than the cost model's sum
+    # (plan/cost.py batch_compute_s at decode_bw and prefill_flops) says, on the model's blocks; (): not measured
+    batch_gain: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self):
+        # from JSON: lists
+        object.__setattr__(self, "batch_gain", tuple((int(k), float(g)) for k, g in self.batch_gain))
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,10 @@ def cpu_cache_path(key: str, mix: str) -> Path:
 def load_model_cpu(key: str, mix: str) -> CpuCompute | None:
     """The CPU's rates measured on this machine (profile key) for this model mix, None when not measured."""
     try:
-        return CpuCompute(**read_json_file(cpu_cache_path(key, mix), "CPU profile"))
-    except (HypuraError, TypeError):
+        d = read_json_file(cpu_cache_path(key, mix), "CPU profile")
+        # a file from before batched steps were timed: measured again (a few seconds, once)
+        return CpuCompute(**d) if "batch_gain" in d else None
+    except (HypuraError, TypeError, ValueError):
         return None  # none yet, or a torn or older file: measure again
 
 
