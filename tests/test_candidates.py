@@ -20,7 +20,7 @@ from hypura.plan.microbatch import turn_with_long_prompt
 from hypura.profile import resolve_profile
 from hypura.profile.free import FreeMemory
 from hypura.runtime.placement import TensorInfo, Tier
-from hypura.runtime.plan_policy import plan_policy
+from hypura.runtime.plan_policy import homes_mapped, plan_policy
 from hypura.runtime.dense.stream_layout import StreamLayout
 from hypura.synth import writer
 
@@ -93,13 +93,15 @@ def test_moe_experts_pinned_for_prompts_where_the_cpu_reads_them_as_fast(shapes)
     assert pinned.traffic.host_pinned and not kept.traffic.host_pinned
     assert pinned.prediction.prefill_tok_s > 3 * kept.prediction.prefill_tok_s
     assert pinned.n_ubatch > knobs.N_UBATCH
-    # the policy the loader hooks ask: RAM weights the CPU computes go to pinned memory, GPU ones to the GPU
+    # the policy the loader hooks ask: RAM weights the CPU computes are deferred, to be homed in the mapped file
+    # and pinned there (runtime/mapped_weights.py), GPU ones go to the GPU
+    assert homes_mapped(pinned, StreamLayout.empty()) and not homes_mapped(kept, StreamLayout.empty())
     policy = plan_policy(pinned, StreamLayout.empty())
     for t in pinned.tensors[:60]:
         info = TensorInfo(name=t.name, ggml_type=0, shape=(), file_offset=0, nbytes=t.nbytes, file_idx=0,
                           layer=t.layer, default_tier=Tier.DEFAULT, default_buft="")
-        want = Tier.GPU if t.tier == "gpu" else Tier.PINNED
-        assert policy(info).tier == want, t.name
+        want = (Tier.GPU, False) if t.tier == "gpu" else (Tier.HOST, True)
+        assert (policy(info).tier, policy(info).defer) == want, t.name
 
 
 def test_the_micro_batch_grows_only_where_it_pays(shapes):
