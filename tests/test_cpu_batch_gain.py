@@ -90,3 +90,23 @@ def test_cpu_rates_with_their_gains_round_trip_and_an_older_file_is_measured_aga
     older = {k: v for k, v in json.loads(path.read_text()).items() if k != "batch_gain"}
     path.write_text(json.dumps(older))
     assert store.load_model_cpu("key", "mix") is None
+
+
+def test_the_gpus_prompt_rate_is_the_extra_blocks_flops_over_the_time_they_add(monkeypatch):
+    from hypura.profile.gpu_compute import prompt_flops
+
+    monkeypatch.setattr(knobs, "GPU_PROMPT_TOKENS", 1000)
+    # 2 blocks more: 3e8 weights a token more, 6 ms more for 1000 tokens -> 2 * 3e8 * 1000 / 0.006
+    assert prompt_flops({1: 1e8, 3: 4e8}, {1: 0.004, 3: 0.010}) == pytest.approx(1e14)
+    assert prompt_flops({1: 1e8, 3: 4e8}, {1: 0.010, 3: 0.009}) is None  # noise larger than the blocks: no rate
+    assert prompt_flops({2: 2e8}, {2: 0.004}) == pytest.approx(1e14)  # one slice: its own time
+
+
+def test_the_models_gpu_prompt_rate_replaces_the_machines_default():
+    from hypura.plan.budget import rates_for
+    from hypura.profile.store import resolve_profile
+
+    prof = resolve_profile("h200-design")
+    assert rates_for(prof).gpu_flops == prof.gpu.prefill_flops
+    timed = dataclasses.replace(prof, cpu=dataclasses.replace(prof.cpu, gpu_prefill_flops=8e13))
+    assert rates_for(timed).gpu_flops == 8e13

@@ -322,3 +322,13 @@ def test_a_plan_that_pins_cpu_weights(moe_model):
         assert np.array_equal(_decode_logits(llm, tokens[:6]), want[1])
     finally:
         llm.close()
+
+
+def test_the_gpu_times_a_prompt_micro_batch_on_a_models_blocks(moe_model):
+    """The profile's GPU prompt rate (profile/gpu_compute.py): a whole micro-batch evaluated on the GPU, timed."""
+    from hypura.modelfile import read_header
+    from hypura.profile.gpu_compute import time_prompts
+    from hypura.units import ModelDims
+
+    seconds = time_prompts([str(moe_model)], ModelDims.from_header(read_header(moe_model)).n_vocab)
+    assert len(seconds) == 1 and 0 < seconds[0] < 10

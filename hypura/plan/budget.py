@@ -79,7 +79,9 @@ def rates_for(profile: MachineProfile, o: RateOverrides = RateOverrides()) -> Ra
     return Rates(
         cpu_read=pick(o.cpu_bw, profile.cpu.decode_bw), disk_read=pick(o.disk_bw, profile.disk.read_bw),
         cpu_flops=profile.cpu.prefill_flops, gpu_read=pick(o.gpu_bw, gpu.decode_bw),
-        link=pick(o.link_bw, link), gpu_flops=gpu.prefill_flops, unified=gpu.unified, disk_readers=readers,
+        # the model's own prompt rate where the profile timed it on its blocks (profile/gpu_compute.py)
+        link=pick(o.link_bw, link), gpu_flops=profile.cpu.gpu_prefill_flops or gpu.prefill_flops, unified=gpu.unified,
+        disk_readers=readers,
         expert_disk_read=experts, pageable_link=None if gpu.unified else gpu.h2d_pageable_bw, cpu_read_plain=plain,
         cpu_batch_gain=profile.cpu.batch_gain,
     )

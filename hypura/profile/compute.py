@@ -175,13 +175,29 @@ def measure_model(model: Path, threads: int, folder: Path,
         # apart: the blocks loaded never count in the caller's RSS peak
         timed, share = apart.call(time_steps, [str(paths[n]) for n in counts], threads,
                                   ModelDims.from_header(header).n_vocab, True)  # and the plain layout
+        gpu_flops = _gpu_prompts(header, paths, counts, progress)
     times = dict(zip(counts, timed))
     cpu = _rates(header, model.name, threads, base, top, times)
     # the same `top` blocks read from the plain layout: the steps' paired ratio scales the rate
     plain_bw = cpu.decode_bw * share
     progress(f"decode reads {cpu.decode_bw / 1e9:.1f} GB/s of weights ({plain_bw / 1e9:.1f} unrepacked), "
              f"prefill {cpu.prefill_flops / 1e9:.0f} GFLOP/s")
-    return dataclasses.replace(cpu, decode_bw_plain=plain_bw)
+    return dataclasses.replace(cpu, decode_bw_plain=plain_bw, gpu_prefill_flops=gpu_flops)
+
+
+def _gpu_prompts(header: ModelHeader, paths: dict, counts: list[int], progress: Callable[[str], None]) -> float | None:
+    """The GPU's prompt rate on the same slices (gpu_compute.py), None without a GPU."""
+    from hypura.profile import gpu_compute
+    from hypura.profile.devices import has_gpu
+    from hypura.units import ModelDims
+
+    if not has_gpu():
+        return None
+    progress(f"the GPU evaluates {knobs.GPU_PROMPT_TOKENS}-token prompts on the same blocks")
+    flops = gpu_compute.measure({c: paths[c] for c in counts}, {c: token_load(header, c)[1] for c in counts},
+                                ModelDims.from_header(header).n_vocab)
+    progress(f"GPU prompts {flops / 1e12:.0f} TFLOP/s" if flops else "GPU prompts not timed: the default rate stands")
+    return flops
 
 
 def _rates(header: ModelHeader, name: str, threads: int, base: int, top: int, times: dict) -> CpuCompute:

@@ -52,6 +52,10 @@ LLAMA_DECODE_S = 4.0  # measured per model: a busy 2-core VM took 28 s for the 4
 LLAMA_BATCH_TOKENS = 8
 LLAMA_BATCH_STEPS = 4
 LLAMA_BATCH_S = 2.0
+# the GPU's prompt rate on the model's blocks (gpu_compute.py): a micro-batch of a long prompt (plan/microbatch.py's
+# prompts average half of 4096), best of a few after a warm-up
+GPU_PROMPT_TOKENS = 2048
+GPU_PROMPT_REPEATS = 3
 LLAMA_CTX = 256  # 3 x 32 prompt tokens (a warm-up, two timed), 2 x 32 decode tokens, 4 x 8 batched: 192 positions
 
 # --- rates derived from the measurements (the planner's fits) --------------------------------

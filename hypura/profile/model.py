@@ -59,6 +59,9 @@ class CpuCompute:
     # ((tokens, gain), ...): a decode step of that many tokens ran `gain` times faster than the cost model's sum
     # (plan/cost.py batch_compute_s at decode_bw and prefill_flops) says, on the model's blocks; (): not measured
     batch_gain: tuple[tuple[int, float], ...] = ()
+    # FLOP/s of a prompt micro-batch on the GPU, every weight there, on the model's blocks (gpu_compute.py); None:
+    # no GPU, or not measured (the GPU's default, GpuInfo.prefill_flops, stands)
+    gpu_prefill_flops: float | None = None
 
     def __post_init__(self):
         # from JSON: lists

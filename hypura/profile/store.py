@@ -98,8 +98,8 @@ def load_model_cpu(key: str, mix: str) -> CpuCompute | None:
     """The CPU's rates measured on this machine (profile key) for this model mix, None when not measured."""
     try:
         d = read_json_file(cpu_cache_path(key, mix), "CPU profile")
-        # a file from before batched steps were timed: measured again (a few seconds, once)
-        return CpuCompute(**d) if "batch_gain" in d else None
+        # a file from before batched steps and the GPU's prompts were timed: measured again (a few seconds, once)
+        return CpuCompute(**d) if "batch_gain" in d and "gpu_prefill_flops" in d else None
     except (HypuraError, TypeError, ValueError):
         return None  # none yet, or a torn or older file: measure again
 
