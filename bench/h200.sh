@@ -232,6 +232,13 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
         | grep -E "context|mode|chosen|predict|experts streamed" | sed "s/^/q3 plan -np 16: /" | tee -a "$RES/summary.txt"
     timeout 150 python3 -m hypura.cli.main bench $MQ3 --plan "$RES/plan-q3-g4-np16.json" -p 512,2048 -n 0 -r 2 \
         --json "$RES/hypura-q3-pp-np16plan.json" 2>&1 | tail -5 | sed "s/^/q3 hypura, -np 16 plan: /" | tee -a "$RES/summary.txt"
+    # the same plan from the design profile (no batch gain, the default GPU rate): every all-RAM layer's stacks
+    # streamed at a prompt's step, whatever the measured rates chose above
+    hy inspect $MQ3 --profile h200-design --gpu-mem 4GiB --ram 64GiB -np 16 --json "$RES/plan-q3-g4-np16-design.json" 2>&1 \
+        | grep -E "chosen|predict|experts streamed" | sed "s/^/q3 design plan -np 16: /" | tee -a "$RES/summary.txt"
+    timeout 100 python3 -m hypura.cli.main bench $MQ3 --plan "$RES/plan-q3-g4-np16-design.json" -p 512,2048 -n 0 -r 2 \
+        --json "$RES/hypura-q3-pp-np16design.json" 2>&1 | tail -5 | sed "s/^/q3 hypura, design -np 16 plan: /" \
+        | tee -a "$RES/summary.txt"
     # vanilla -lm none (pinned host weights, its best for prompts: 3-5x mmap's, 2026-12-06) at micro-batches 512 to
     # 4096 (FULL=1: mmap's one-prompt and decode rows too)
     for cfg in $([ "${FULL:-0}" = 1 ] && echo mmap) lmnone; do

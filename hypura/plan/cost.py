@@ -180,6 +180,25 @@ class Prediction:
     seconds: dict = field(default_factory=dict)  # per decode step, per path (+ "overhead")
     bytes_per_token: dict = field(default_factory=dict)  # per decode step (one token when parallel is 1)
     parallel: int = 1
+    # a full prompt micro-batch's seconds: "compute" (its matmuls: their share of a shorter micro-batch), "fixed"
+    # (op offload's copies, beside the compute), "link" and "disk" (the streamed bytes, a step's whole); {}: unknown
+    prefill_parts: dict = field(default_factory=dict)
+    n_ubatch: int = 0
+
+    def prompt_seconds(self, tokens: int) -> float:
+        """Seconds of a prompt of `tokens`: full micro-batches, then a shorter one that moves the same weights (a
+        prompt's tokens select nearly every expert) and computes its share of the matmuls."""
+        if not self.prefill_parts or not self.n_ubatch:
+            return tokens / self.prefill_tok_s if self.prefill_tok_s > 0 else float("inf")
+        full, rest = divmod(tokens, self.n_ubatch)
+        p = self.prefill_parts
+
+        def batch(share: float) -> float:
+            return max(p["compute"] * share + p["fixed"], p["link"], p["disk"])
+
+        # held to the predicted rate at a full micro-batch (a step table's prediction adds its attention after)
+        scale = self.n_ubatch / self.prefill_tok_s / batch(1.0) if batch(1.0) > 0 and self.prefill_tok_s > 0 else 1.0
+        return scale * (full * batch(1.0) + (batch(rest / self.n_ubatch) if rest else 0.0))
 
     def gbps(self) -> dict:
         """Each path's rate at the predicted tok/s, GB/s: the headline a streaming engine prints."""
@@ -344,8 +363,8 @@ def predict(t: Traffic, r: Rates) -> Prediction:
     # op offload copies a CPU weight on the compute stream right before its matmul: its copies add to the compute;
     # streamed slots fill on the copy stream while the GPU computes the layers before: they overlap it
     offload_s = _div(t.prefill_offload_bytes, r.host_copy_rate(t.host_pinned))
-    pre = {"compute": pre_compute + offload_s, "link": _div(t.prefill_link_bytes - t.prefill_offload_bytes, r.link),
-           "disk": _div(t.prefill_disk_bytes, r.disk_read)}
+    link_s, disk_s = _div(t.prefill_link_bytes - t.prefill_offload_bytes, r.link), _div(t.prefill_disk_bytes, r.disk_read)
+    pre = {"compute": pre_compute + offload_s, "link": link_s, "disk": disk_s}
     pre_limit = max(pre, key=pre.get)
     if pre_limit == "compute" and offload_s > pre_compute:
         pre_limit = "link"  # op offload's copies, more of the bound than the matmuls
@@ -361,6 +380,7 @@ def predict(t: Traffic, r: Rates) -> Prediction:
         decode_limit=limit,
         prefill_tok_s=t.n_ubatch / batch_s if batch_s > 0 else float("inf"),
         prefill_limit=pre_limit, seconds=seconds, bytes_per_token=nbytes, parallel=t.parallel,
+        prefill_parts={"compute": pre_compute, "fixed": offload_s, "link": link_s, "disk": disk_s}, n_ubatch=t.n_ubatch,
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 from collections import Counter
 from pathlib import Path
@@ -158,9 +157,7 @@ def describe_prediction(plan: Plan) -> list[str]:
 def describe_prompts(plan: Plan) -> str:
     """A prompt's time by its length: micro-batches of the plan's size, each at the predicted prefill rate."""
     pr = plan.prediction
-    batch_s = plan.n_ubatch / pr.prefill_tok_s if pr.prefill_tok_s > 0 else float("inf")
-    times = ", ".join(f"{n}: {math.ceil(n / plan.n_ubatch) * batch_s:.2f} s" for n in (512, 2048, 8192)
-                      if n <= plan.n_ctx)
+    times = ", ".join(f"{n}: {pr.prompt_seconds(n):.2f} s" for n in (512, 2048, 8192) if n <= plan.n_ctx)
     grown = ", grown from llama.cpp's 512: fewer weight copies a token" if plan.n_ubatch > knobs.N_UBATCH else ""
     return (f"         prompts in micro-batches of {plan.n_ubatch} ({pr.prefill_limit}-bound{grown}): "
             f"{times or 'none fits the context'}")

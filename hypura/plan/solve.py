@@ -380,8 +380,11 @@ class _Problem:
             # op offload's copies cross the link too, one after the other with the compute
             limit = ({"offload": "link"}.get(batch.decode_limit, batch.decode_limit)
                      if batch.decode_limit in ("link", "disk", "offload") and attn_s < step_s else "compute")
+            sec = batch.seconds
+            parts = {"compute": sec["gpu"] + sec["cpu"] + sec["overhead"] + attn_s, "fixed": sec.get("offload", 0.0),
+                     "link": sec["link"], "disk": sec["disk"]}
             prediction = dataclasses.replace(prediction, prefill_tok_s=self.s.n_ubatch / (step_s + attn_s),
-                                             prefill_limit=limit)
+                                             prefill_limit=limit, prefill_parts=parts)
         one = None
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
             one = at(1)
