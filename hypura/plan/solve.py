@@ -36,12 +36,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               step_probability, traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
+from hypura.plan.unit_sums import UnitSums, codes
 from hypura.units import ModelUnits
 
 
@@ -96,6 +99,17 @@ class Solution:
 
 
 @dataclass(frozen=True)
+class _Walk:
+    """The split's walk over a placement (_Problem._walk): each unit's compute at its start, the moves in order
+    (a unit, or a layer's RAM expert stacks), and the tiers and start as CODE arrays (unit_sums.UnitSums.load)."""
+
+    compute: tuple[str, ...]
+    moves: list[list[int]]
+    tiers: np.ndarray
+    devices: np.ndarray
+
+
+@dataclass(frozen=True)
 class _Shortfall:
     tier: str
     need: int
@@ -120,6 +134,7 @@ class _Problem:
         # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
         # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
         self._stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # stacks_move's sums
+        self.sums = UnitSums(mu)  # the split's step loads over every unit at once
         self.expert_groups: dict[int, list[int]] = defaultdict(list)
         for i, u in enumerate(mu.units):
             if u.expert >= 0 and not u.host_only:
@@ -212,13 +227,17 @@ class _Problem:
         """Move non-resident units to GPU compute (streamed into slots) while the time of a step of `parallel`
         tokens (the plan's) falls. base: the plan's split, whose disk units keep their path; then only RAM
         units move (a step's own path: step_paths), with the expert stacks of all-RAM layers where `stacks`."""
+        walk = self._walk(tiers, base, stacks)
+        compute = list(walk.compute)
+        for group in walk.moves[:self._best_prefix(walk, tiers, kv_tier, op_offload, parallel, pinned)]:
+            for i in group:
+                compute[i] = GPU
+        return compute
+
+    def _walk(self, tiers: list[str], base: list[str] | None, stacks: bool) -> _Walk:
+        """The split's start (`compute`) and the moves it walks, the same for every step size."""
         units = self.mu.units
-        compute = [GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers)]
-        step = StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned)
-        for u, t, c in zip(units, tiers, compute):
-            step.add(u, t, c)
-        step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
-        best = step.seconds()
+        compute = tuple(GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers))
         # the plan's own path streams no experts: a step's path may (below); paged ones an expert cache loads one
         # by one instead (plan/experts.py)
         movable = [] if base else [[i] for i, u in enumerate(units)
@@ -234,12 +253,22 @@ class _Problem:
             groups = self.ram_stacks(tiers)
             spread = _spread_order(sorted(groups))
             movable += [groups[s] for s in sorted(groups, key=spread.get)]
+        return _Walk(compute, movable, codes(tiers), codes(compute))
+
+    def _best_prefix(self, walk: _Walk, tiers: list[str], kv_tier: str, op_offload: bool, parallel: int | None,
+                     pinned: bool) -> int:
+        """How many of the walk's moves the step of `parallel` tokens (the plan's) takes: its fastest prefix."""
+        units = self.mu.units
+        step = self.sums.load(StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned), walk.tiers,
+                              walk.devices)
+        step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
+        best = step.seconds()
         # disk units first: on unified memory they need no link copy, and the last CPU-computed one
         # gone lets op offload back on for a large batch (StepLoad)
         # the whole walk, then its best prefix: the time is not convex along it (the first streamed unit
         # slows the CPU's batched matmuls, the last CPU-computed one lets op offload back on)
         best_n = 0
-        for n, group in enumerate(movable, 1):
+        for n, group in enumerate(walk.moves, 1):
             if len(group) > 1:  # a layer's stacks: their sums, once a step size (hundreds of experts a layer)
                 step.move_stacks(*self.stacks_move(units[group[0]].stage, step.parallel))
             else:
@@ -248,10 +277,7 @@ class _Problem:
             t = step.seconds()
             if t < best:
                 best, best_n = t, n
-        for group in movable[:best_n]:
-            for i in group:
-                compute[i] = GPU
-        return compute
+        return best_n
 
     def stacks_move(self, stage: int, parallel: int) -> tuple[float, float, float]:
         """What streaming layer `stage`'s RAM expert stacks moves at a step of `parallel` tokens (StepLoad.move_stacks:
@@ -396,10 +422,11 @@ class _Problem:
         if not (any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers))
                 or (stacks and self.ram_stacks(tiers))):
             return ()
+        walk = self._walk(tiers, base, stacks)  # its moves are RAM units alone, computed by the CPU at its start
         out = []
         for k in step_sizes(self.s.n_ubatch, self.s.parallel):
-            c = self.split(tiers, kv_tier, op_offload, k, base, pinned, stacks)
-            out.append((k, tuple(i for i, t in enumerate(tiers) if t == RAM and c[i] == GPU)))
+            n = self._best_prefix(walk, tiers, kv_tier, op_offload, k, pinned)
+            out.append((k, tuple(sorted(i for group in walk.moves[:n] for i in group))))
         return tuple(out)
 
     def _shortfall(self, on_gpu: bool, use_gpu: bool, kv_tier: str, gpu_need: int, ram_need: int,
