@@ -44,7 +44,7 @@ from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               step_probability, traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
-from hypura.plan.unit_sums import UnitSums, codes
+from hypura.plan.unit_sums import CODE, UnitSums, codes
 from hypura.units import ModelUnits
 
 
@@ -161,17 +161,12 @@ class _Problem:
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units and RAM experts (stacks streamed
         whole) plus the k largest selected disk experts (a token needs at most k experts of a layer)."""
-        dense: dict[int, int] = defaultdict(int)
-        experts: dict[int, list[int]] = defaultdict(list)
-        for u, t, c in zip(self.mu.units, tiers, compute):
-            if u.host_only or not select(t, c):
-                continue
-            if u.expert >= 0 and t != RAM:
-                experts[u.stage].append(u.nbytes)
-            else:
-                dense[u.stage] += u.nbytes
-        k = self.mu.dims.n_expert_used or 1
-        return {s: dense[s] + sum(sorted(experts[s], reverse=True)[:k]) for s in dense.keys() | experts.keys()}
+        t, c = codes(tiers), codes(compute)
+        chosen = np.zeros((len(CODE), len(CODE)), dtype=bool)  # select, of each (tier, device) pair
+        for tier, i in CODE.items():
+            for dev, j in CODE.items():
+                chosen[i, j] = select(tier, dev)
+        return self.sums.stage_need(chosen[t, c], t, self.mu.dims.n_expert_used or 1)
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
         """The GPU first, by density (a layer's experts as one group, by their mean p); then RAM, unit

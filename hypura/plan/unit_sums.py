@@ -31,6 +31,8 @@ class UnitSums:
         self.nbytes = np.array([float(u.nbytes) for u in mu.units])
         self.expert = np.array([u.expert >= 0 for u in mu.units], dtype=bool)
         self.host_only = np.array([u.host_only for u in mu.units], dtype=bool)
+        self.stage = np.array([u.stage + 1 for u in mu.units], dtype=np.int64)  # from 0: the input's stage is -1
+        self.n_stages = int(self.stage.max()) + 1 if len(self.stage) else 0
         self._terms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def terms(self, parallel: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,3 +64,20 @@ class UnitSums:
         step.host_copy = step.host  # the same terms of the same units
         step.disk_cpu = int(np.count_nonzero(disk & ~gpu & ~self.host_only))
         return step
+
+    def stage_need(self, selected: np.ndarray, tiers: np.ndarray, k: int) -> dict[int, int]:
+        """Bytes each layer with a `selected` unit must have in a slot (_Problem.stage_need): its selected dense
+        units and RAM experts (stacks streamed whole) plus its k largest selected experts elsewhere."""
+        selected = selected & ~self.host_only
+        apart = selected & self.expert & (tiers != CODE[RAM])
+        whole = selected & ~apart
+        n = self.n_stages
+        # integer bytes summed as float64: exact in any order below 2**53 bytes
+        need = np.bincount(self.stage[whole], weights=self.nbytes[whole], minlength=n)
+        if apart.any():
+            stage, nbytes = self.stage[apart], self.nbytes[apart]
+            order = np.lexsort((-nbytes, stage))  # by layer, the largest first
+            stage, nbytes = stage[order], nbytes[order]
+            rank = np.arange(len(stage)) - np.searchsorted(stage, stage)  # within its layer
+            need = need + np.bincount(stage[rank < k], weights=nbytes[rank < k], minlength=n)
+        return {int(s) - 1: int(need[s]) for s in np.unique(self.stage[selected])}
