@@ -31,6 +31,7 @@ The candidates each config gives, the one kept and the RAM floor are plan/search
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
@@ -148,6 +149,13 @@ class _Problem:
         self.host_order = sorted(
             range(len(mu.units)),
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+
+    def with_ram(self, ram: int) -> _Problem:
+        """This problem at another RAM budget (the RAM floor's bisection), sharing what depends only on the model,
+        rates and settings: the orders, the per-unit arrays and the stacks' sums."""
+        p = copy.copy(self)
+        p.b = dataclasses.replace(self.b, ram=ram)
+        return p
 
     def slots_need(self, tiers, compute, select: Callable[[str, str], bool], n_slots: int = 0) -> list[int]:
         """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
