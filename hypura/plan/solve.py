@@ -45,7 +45,7 @@ from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               step_probability, traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
-from hypura.plan.unit_sums import CODE, UnitSums, codes
+from hypura.plan.unit_sums import CODE, Moves, UnitSums, codes, first_fastest, walk_seconds
 from hypura.units import ModelUnits
 
 
@@ -102,12 +102,16 @@ class Solution:
 @dataclass(frozen=True)
 class _Walk:
     """The split's walk over a placement (_Problem._walk): each unit's compute at its start, the moves in order
-    (a unit, or a layer's RAM expert stacks), and the tiers and start as CODE arrays (unit_sums.UnitSums.load)."""
+    (a unit, or a layer's RAM expert stacks), the tiers and start as CODE arrays (unit_sums.UnitSums.load), and
+    what each move is (_Problem._moves)."""
 
     compute: tuple[str, ...]
     moves: list[list[int]]
     tiers: np.ndarray
     devices: np.ndarray
+    units: np.ndarray  # each move's unit; -1: a layer's stacks
+    stages: np.ndarray  # the stacks' layer; -1: a unit
+    disk: np.ndarray  # a unit from the disk tier
 
 
 @dataclass(frozen=True)
@@ -256,31 +260,34 @@ class _Problem:
             groups = self.ram_stacks(tiers)
             spread = _spread_order(sorted(groups))
             movable += [groups[s] for s in sorted(groups, key=spread.get)]
-        return _Walk(compute, movable, codes(tiers), codes(compute))
+        one = [len(group) == 1 for group in movable]
+        return _Walk(compute, movable, codes(tiers), codes(compute),
+                     np.array([g[0] if o else -1 for g, o in zip(movable, one)], dtype=np.int64),
+                     np.array([-1 if o else units[g[0]].stage for g, o in zip(movable, one)], dtype=np.int64),
+                     np.array([o and tiers[g[0]] == DISK for g, o in zip(movable, one)], dtype=bool))
 
     def _best_prefix(self, walk: _Walk, tiers: list[str], kv_tier: str, op_offload: bool, parallel: int | None,
                      pinned: bool) -> int:
         """How many of the walk's moves the step of `parallel` tokens (the plan's) takes: its fastest prefix."""
-        units = self.mu.units
         step = self.sums.load(StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned), walk.tiers,
                               walk.devices)
         step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
-        best = step.seconds()
         # disk units first: on unified memory they need no link copy, and the last CPU-computed one
         # gone lets op offload back on for a large batch (StepLoad)
         # the whole walk, then its best prefix: the time is not convex along it (the first streamed unit
         # slows the CPU's batched matmuls, the last CPU-computed one lets op offload back on)
-        best_n = 0
-        for n, group in enumerate(walk.moves, 1):
-            if len(group) > 1:  # a layer's stacks: their sums, once a step size (hundreds of experts a layer)
-                step.move_stacks(*self.stacks_move(units[group[0]].stage, step.parallel))
-            else:
-                step.add(units[group[0]], tiers[group[0]], CPU, -1)
-                step.add(units[group[0]], tiers[group[0]], GPU)
-            t = step.seconds()
-            if t < best:
-                best, best_n = t, n
-        return best_n
+        return first_fastest(walk_seconds(step, self._moves(walk, step.parallel)))
+
+    def _moves(self, walk: _Walk, parallel: int) -> Moves:
+        """The walk's moves at a step of `parallel` tokens: a unit's terms as StepLoad.add's, a layer's stacks
+        their sums (stacks_move, once a step size: hundreds of experts a layer)."""
+        read, flops = self.sums.terms(parallel)
+        one = walk.units >= 0
+        at = np.where(one, walk.units, 0)
+        moved, moved_flops, link = read[at], flops[at], read[at]
+        for j in np.flatnonzero(~one):
+            moved[j], moved_flops[j], link[j] = self.stacks_move(int(walk.stages[j]), parallel)
+        return Moves(moved, moved_flops, link, walk.disk)
 
     def stacks_move(self, stage: int, parallel: int) -> tuple[float, float, float]:
         """What streaming layer `stage`'s RAM expert stacks moves at a step of `parallel` tokens (StepLoad.move_stacks:

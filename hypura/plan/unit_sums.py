@@ -9,8 +9,11 @@ StepLoad.add computes them (step_probability per unit, not a vectorised power)."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from hypura.plan import knobs
 from hypura.plan.cost import CPU, DISK, GPU, RAM, StepLoad, step_probability
 from hypura.units import ModelUnits
 
@@ -81,3 +84,78 @@ class UnitSums:
             rank = np.arange(len(stage)) - np.searchsorted(stage, stage)  # within its layer
             need = need + np.bincount(stage[rank < k], weights=nbytes[rank < k], minlength=n)
         return {int(s) - 1: int(need[s]) for s in np.unique(self.stage[selected])}
+
+
+@dataclass(frozen=True)
+class Moves:
+    """A walk's moves to GPU compute at one step size, in order: each a dense unit (`disk`: from the disk tier,
+    else RAM) or a layer's RAM expert stacks, with the bytes the step reads of it, its FLOPs and what the link
+    carries (a unit: what it reads; stacks: their whole bytes)."""
+
+    read: np.ndarray
+    flops: np.ndarray
+    link: np.ndarray
+    disk: np.ndarray
+
+
+def walk_seconds(step: StepLoad, moves: Moves) -> np.ndarray:
+    """The step's time (StepLoad.seconds) before any move and after each prefix of `moves`: what the split's walk
+    compares, every prefix at once. The fields after each move are cumulative sums of the moves' terms, added in
+    the order StepLoad.add and move_stacks add them (a disk unit's bytes leave the disk path and come back); the
+    time is StepLoad.seconds and cost.decode_seconds on arrays, and tests/test_unit_sums.py holds the two equal to
+    the bit: a change to one is a change to the other."""
+    r, parallel, m = step.rates, step.parallel, len(moves.read)
+
+    def after(start: float, terms: np.ndarray) -> np.ndarray:
+        return np.cumsum(np.concatenate(([start], terms)))
+
+    zero = np.zeros(m)
+    gpu, gpu_flops = after(step.gpu, moves.read), after(step.gpu_flops, moves.flops)
+    host = after(step.host, np.where(moves.disk, zero, -moves.read))
+    host_flops = after(step.host_flops, np.where(moves.disk, zero, -moves.flops))
+    host_copy = after(step.host_copy, np.where(moves.disk, zero, -moves.read))
+    cpu = after(step.cpu, np.where(moves.disk, -moves.read, zero))
+    cpu_flops = after(step.cpu_flops, np.where(moves.disk, -moves.flops, zero))
+    # a disk unit's bytes: off the disk path (its CPU compute gone), then on again (read for the GPU)
+    out_in = np.stack([np.where(moves.disk, -moves.read, zero), np.where(moves.disk, moves.read, zero)], axis=1)
+    disk = after(step.disk, out_in.reshape(-1))[::2]
+    disk_cpu = step.disk_cpu - np.concatenate(([0], np.cumsum(moves.disk)))
+    link = after(step.link, np.where(moves.disk & r.unified, zero, moves.link))
+
+    offload_on = (step.op_offload_on and r.has_gpu and not r.unified and parallel >= knobs.OP_OFFLOAD_MIN_BATCH
+                  and disk_cpu == 0)
+    p_gpu, p_gpu_flops = np.where(offload_on, gpu + host, gpu), np.where(offload_on, gpu_flops + host_flops, gpu_flops)
+    p_cpu, p_cpu_flops = np.where(offload_on, cpu, cpu + host), np.where(offload_on, cpu_flops, cpu_flops + host_flops)
+    offload = np.where(offload_on, host_copy, 0.0)
+
+    cpu_rate = r.cpu_rate(step.pinned)
+    copy = r.host_copy_rate(step.pinned)
+    gpu_s = _div(p_gpu, r.gpu_read) + _div(p_gpu_flops * (parallel - 1) / parallel, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT)
+    cpu_flop_rate = np.where(link > 0, r.cpu_flops * knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING, r.cpu_flops * 1.0)
+    cpu_s = _div(p_cpu, cpu_rate) + _div(p_cpu_flops * (parallel - 1) / parallel, cpu_flop_rate)
+    offload_s = _div(offload, copy)
+    beside = (p_cpu - step.rows > 0) if (r.link and not r.unified) else np.zeros(m + 1, dtype=bool)
+    link_rate = np.where(beside, (r.link or 0.0) * knobs.LINK_BESIDE_CPU, r.link or 0.0)
+    link_s = _div(link, link_rate) + offload_s
+    paged_s = _div(np.full(m + 1, step.expert_disk), r.expert_disk_read or r.disk_read)
+    disk_s = _div(disk - step.expert_disk, r.disk_read) + paged_s  # Rates.disk_seconds
+    shared = (p_cpu > 0) & (link > 0) & (not r.unified)
+    ram_s = np.where(shared, _div(p_cpu + link, cpu_rate * knobs.RAM_SHARED_HEADROOM), 0.0)
+    return np.maximum(np.maximum(np.maximum(gpu_s + cpu_s + offload_s + paged_s, link_s), disk_s), ram_s)
+
+
+def _div(num: np.ndarray, rate) -> np.ndarray:
+    """cost._div on arrays: 0 for nothing to move, inf without a rate."""
+    if rate is None or (np.isscalar(rate) and not rate):
+        return np.where(num > 0, np.inf, 0.0)
+    rate = np.asarray(rate, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(num > 0, np.where(rate != 0, num / np.where(rate != 0, rate, 1.0), np.inf), 0.0)
+
+
+def first_fastest(seconds: np.ndarray) -> int:
+    """The walk's prefix the split takes: the first at the least time, as a loop keeping a strictly faster one
+    finds it (a NaN never beats the time before it)."""
+    if np.isnan(seconds[0]):
+        return 0
+    return int(np.argmin(np.where(np.isnan(seconds), np.inf, seconds)))
