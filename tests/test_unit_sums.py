@@ -12,10 +12,11 @@ import pytest
 
 from hypura.modelfile import read_header
 from hypura.plan import PlanSettings, budgets_for, model_units, rates_for
-from hypura.plan.cost import CPU, DISK, GPU, RAM, StepLoad
+from hypura.plan.cost import CPU, DISK, GPU, RAM, StepLoad, step_probability
 from hypura.plan.search import _optimize_candidates
 from hypura.plan.solve import _Problem
-from hypura.plan.unit_sums import CODE, UnitSums, codes
+from hypura.plan.steps import kv_read
+from hypura.plan.unit_sums import UnitSums, codes, walk_seconds
 from hypura.profile.store import resolve_profile
 from hypura.synth import writer
 
@@ -69,7 +70,7 @@ def test_a_steps_load_is_the_unit_by_unit_sum_to_the_bit(mu, profile):
         for _ in range(4):
             tiers = [rng.choice((GPU, RAM, RAM, DISK)) for _ in mu.units]
             compute = [GPU if t == GPU else rng.choice((CPU, GPU)) for t in tiers]
-            fast = sums.load(StepLoad(rates, parallel), codes(tiers), codes(compute))
+            fast = sums.load(StepLoad(rates, parallel), sums.placed(codes(tiers), codes(compute), rates.unified))
             assert dataclasses.asdict(fast) == dataclasses.asdict(_unit_by_unit(mu, rates, parallel, tiers, compute))
 
 
@@ -98,20 +99,59 @@ def test_the_search_plans_what_it_planned_adding_unit_by_unit(models, monkeypatc
     fast = _optimize_candidates(problem())
     assert any(getattr(c, "steps", ()) for c in fast)  # the per-step split ran
 
-    def load_by_unit(self, step, tiers, compute):
-        summed = _unit_by_unit(mu, step.rates, step.parallel, [_NAME[t] for t in tiers], [_NAME[c] for c in compute])
-        for f in _SUMS:  # `step` keeps its own op offload and pinning
-            setattr(step, f, getattr(summed, f))
-        return step
-
     with monkeypatch.context() as m:
-        m.setattr(UnitSums, "load", load_by_unit)
+        m.setattr(_Problem, "_best_prefix", _best_prefix_by_unit)
         m.setattr(_Problem, "stage_need", lambda self, tiers, compute, select: _stage_need_by_unit(
             mu, tiers, compute, select))
         slow = _optimize_candidates(problem())
     assert fast == slow
 
 
-_NAME = {code: name for name, code in CODE.items()}
-_SUMS = ("gpu", "gpu_flops", "cpu", "cpu_flops", "host", "host_flops", "host_copy", "link", "disk", "expert_disk",
-         "disk_cpu", "rows")
+def _walk_by_unit(p: _Problem, walk, tiers, kv_tier, op_offload, parallel, pinned) -> list[float]:
+    """The step's time before any move and after each of the walk's, unit by unit (the loop the split was)."""
+    units = p.mu.units
+    step = StepLoad(p.r, parallel, op_offload, pinned)
+    for u, t, c in zip(units, tiers, walk.compute):
+        step.add(u, t, c)
+    step.add_kv(kv_tier, kv_read(p.kv, parallel, p.s.parallel))
+    times = [step.seconds()]
+    for group in walk.moves:
+        if len(group) > 1:
+            g = [units[i] for i in group]
+            step.move_stacks(sum(step_probability(u.p, parallel) * u.nbytes for u in g),
+                             sum(2.0 * parallel * u.elements * u.p for u in g), float(sum(u.nbytes for u in g)))
+        else:
+            step.add(units[group[0]], tiers[group[0]], CPU, -1)
+            step.add(units[group[0]], tiers[group[0]], GPU)
+        times.append(step.seconds())
+    return times
+
+
+def _best_prefix_by_unit(self, walk, tiers, kv_tier, op_offload, parallel, pinned) -> int:
+    times = _walk_by_unit(self, walk, tiers, kv_tier, op_offload, parallel or self.s.parallel, pinned)
+    best, best_n = times[0], 0
+    for n, t in enumerate(times[1:], 1):
+        if t < best:
+            best, best_n = t, n
+    return best_n
+
+
+@pytest.mark.parametrize("profile", [H200, M1], ids=["discrete", "unified"])
+def test_the_walks_times_are_the_unit_by_unit_ones_to_the_bit(mu, profile):
+    """At every prefix of the split's walk (disk and RAM units, a layer's stacks), with and without op offload and
+    pinning, at steps below and above op offload's batch."""
+    p, rng = _Problem(mu, budgets_for(profile, "8GiB", "64GiB"), rates_for(profile), PlanSettings()), random.Random(3)
+    for _ in range(3):
+        tiers = [rng.choice((GPU, RAM, RAM, DISK)) for _ in mu.units]
+        for e in rng.sample(sorted(p.expert_groups), min(2, len(p.expert_groups))):  # layers all in RAM: stacks move
+            for i in p.expert_groups[e]:
+                tiers[i] = RAM
+        base = [GPU if t == GPU else rng.choice((CPU, GPU)) for t in tiers]
+        for walk in (p._walk(tiers, None, True), p._walk(tiers, base, True)):
+            for parallel, op_offload, pinned, kv_tier in [(1, True, False, GPU), (16, True, True, RAM),
+                                                          (32, True, False, GPU), (512, False, True, GPU),
+                                                          (512, True, True, RAM)]:
+                step = p.sums.load(StepLoad(p.r, parallel, op_offload, pinned), walk.placed)
+                step.add_kv(kv_tier, kv_read(p.kv, parallel, p.s.parallel))
+                fast = walk_seconds(step, p._moves(walk, parallel)).tolist()
+                assert fast == _walk_by_unit(p, walk, tiers, kv_tier, op_offload, parallel, pinned)

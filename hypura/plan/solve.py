@@ -43,9 +43,9 @@ from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
-                              step_probability, traffic)
+                              traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
-from hypura.plan.unit_sums import CODE, Moves, UnitSums, codes, first_fastest, walk_seconds
+from hypura.plan.unit_sums import CODE, Moves, Placed, UnitSums, codes, first_fastest, walk_seconds
 from hypura.units import ModelUnits
 
 
@@ -102,13 +102,12 @@ class Solution:
 @dataclass(frozen=True)
 class _Walk:
     """The split's walk over a placement (_Problem._walk): each unit's compute at its start, the moves in order
-    (a unit, or a layer's RAM expert stacks), the tiers and start as CODE arrays (unit_sums.UnitSums.load), and
+    (a unit, or a layer's RAM expert stacks), the units each of a step's sums takes at its start (UnitSums.load), and
     what each move is (_Problem._moves)."""
 
     compute: tuple[str, ...]
     moves: list[list[int]]
-    tiers: np.ndarray
-    devices: np.ndarray
+    placed: Placed
     units: np.ndarray  # each move's unit; -1: a layer's stacks
     stages: np.ndarray  # the stacks' layer; -1: a unit
     disk: np.ndarray  # a unit from the disk tier
@@ -261,7 +260,7 @@ class _Problem:
             spread = _spread_order(sorted(groups))
             movable += [groups[s] for s in sorted(groups, key=spread.get)]
         one = [len(group) == 1 for group in movable]
-        return _Walk(compute, movable, codes(tiers), codes(compute),
+        return _Walk(compute, movable, self.sums.placed(codes(tiers), codes(compute), self.r.unified),
                      np.array([g[0] if o else -1 for g, o in zip(movable, one)], dtype=np.int64),
                      np.array([-1 if o else units[g[0]].stage for g, o in zip(movable, one)], dtype=np.int64),
                      np.array([o and tiers[g[0]] == DISK for g, o in zip(movable, one)], dtype=bool))
@@ -269,8 +268,7 @@ class _Problem:
     def _best_prefix(self, walk: _Walk, tiers: list[str], kv_tier: str, op_offload: bool, parallel: int | None,
                      pinned: bool) -> int:
         """How many of the walk's moves the step of `parallel` tokens (the plan's) takes: its fastest prefix."""
-        step = self.sums.load(StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned), walk.tiers,
-                              walk.devices)
+        step = self.sums.load(StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned), walk.placed)
         step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
         # disk units first: on unified memory they need no link copy, and the last CPU-computed one
         # gone lets op offload back on for a large batch (StepLoad)
@@ -294,10 +292,10 @@ class _Problem:
         the experts' bytes the step reads, their FLOPs, the stacks' whole bytes), summed once per step size."""
         key = (stage, parallel)
         if key not in self._stacks_moves:
-            group = [self.mu.units[i] for i in self.expert_groups[stage]]
-            self._stacks_moves[key] = (sum(step_probability(u.p, parallel) * u.nbytes for u in group),
-                                       sum(2.0 * parallel * u.elements * u.p for u in group),
-                                       float(sum(u.nbytes for u in group)))
+            group = self.expert_groups[stage]
+            read, flops = self.sums.terms(parallel)  # each expert's, as StepLoad.add takes them
+            self._stacks_moves[key] = (sum(read[group].tolist()), sum(flops[group].tolist()),
+                                       float(sum(self.mu.units[i].nbytes for i in group)))
         return self._stacks_moves[key]
 
     def ram_stacks(self, tiers) -> dict[int, list[int]]:

@@ -3,8 +3,9 @@ per-unit arrays made once per model and step size, so the search's split (plan/s
 experts one by one for each of its configs, step sizes and RAM budgets.
 
 The sums are the unit-by-unit ones to the last bit, so the split compares the same times and breaks ties the same
-way: np.cumsum adds left to right in graph order, as the loop does, and a unit another path takes adds 0.0 there,
-which changes no sum (np.sum would add pairwise, a different rounding). Each unit's own terms are computed as
+way: np.cumsum adds left to right in graph order, as the loop does (np.sum would add pairwise, a different
+rounding), over the units a path takes, and where one array holds several paths' terms the others add 0.0, which
+changes no sum. Each unit's own terms are computed as
 StepLoad.add computes them (step_probability per unit, not a vectorised power)."""
 
 from __future__ import annotations
@@ -26,12 +27,30 @@ def codes(names) -> np.ndarray:
     return np.fromiter(map(CODE.__getitem__, names), np.int8, len(names))
 
 
+@dataclass(frozen=True)
+class Placed:
+    """The units (indices, graph order) each StepLoad sum takes for one placement (UnitSums.placed)."""
+
+    read: dict[str, np.ndarray]  # StepLoad field -> the units whose bytes read it sums
+    flops: dict[str, np.ndarray]  # StepLoad field -> the units whose FLOPs it sums
+    link: np.ndarray  # the units the link carries
+    whole: np.ndarray  # of those, the RAM experts: their whole bytes
+    disk_cpu: int
+
+
+def _in_order(terms: np.ndarray) -> float:
+    """terms summed one after the other, as a loop of += does (np.sum would add pairwise, another rounding)."""
+    return float(np.cumsum(terms)[-1]) if len(terms) else 0.0
+
+
 class UnitSums:
     """Per-unit arrays of a model, and a step's StepLoad over a placement from them (`load`)."""
 
     def __init__(self, mu: ModelUnits):
         self.units = mu.units
         self.nbytes = np.array([float(u.nbytes) for u in mu.units])
+        self.p = np.array([u.p for u in mu.units], dtype=float)
+        self.elements = np.array([float(u.elements) for u in mu.units])
         self.expert = np.array([u.expert >= 0 for u in mu.units], dtype=bool)
         self.host_only = np.array([u.host_only for u in mu.units], dtype=bool)
         self.stage = np.array([u.stage + 1 for u in mu.units], dtype=np.int64)  # from 0: the input's stage is -1
@@ -41,31 +60,39 @@ class UnitSums:
     def terms(self, parallel: int) -> tuple[np.ndarray, np.ndarray]:
         """Each unit's bytes and FLOPs at a step of `parallel` tokens, as StepLoad.add computes them (sign 1)."""
         if parallel not in self._terms:
-            read = np.array([step_probability(u.p, parallel) * u.nbytes for u in self.units])
-            flops = np.array([0.0 if u.host_only else 2.0 * parallel * u.elements * u.p for u in self.units])
+            # the power once per distinct p (a model's experts share a few), then the products StepLoad.add takes
+            ps, which = np.unique(self.p, return_inverse=True)
+            chance = np.array([step_probability(float(p), parallel) for p in ps])[which.reshape(-1)]
+            read = chance * self.nbytes
+            flops = np.where(self.host_only, 0.0, 2.0 * parallel * self.elements * self.p)
             self._terms[parallel] = (read, flops)
         return self._terms[parallel]
 
-    def load(self, step: StepLoad, tiers: np.ndarray, compute: np.ndarray) -> StepLoad:
-        """`step` (empty) with every unit added as StepLoad.add(u, tiers[i], compute[i]) in graph order would."""
-        read, flops = self.terms(step.parallel)
+    def placed(self, tiers: np.ndarray, compute: np.ndarray, unified: bool) -> Placed:
+        """Which units each of a step's sums takes, units in `tiers` computed on `compute` (CODE arrays), as
+        StepLoad.add sends them: the same at every step size."""
         disk, ram = tiers == CODE[DISK], tiers == CODE[RAM]
         gpu = compute == CODE[GPU]
         host = ~gpu & ram & ~self.host_only
         cpu = ~gpu & ~host
-        link = gpu & (ram | (disk & (not step.rates.unified)))
+        link = gpu & (ram | (disk & (not unified)))
+        at = {"gpu": gpu, "cpu": cpu, "host": host, "disk": disk, "expert_disk": disk & self.expert,
+              "rows": cpu & self.host_only}
+        return Placed({f: np.flatnonzero(m) for f, m in at.items()},
+                      {f + "_flops": np.flatnonzero(at[f]) for f in ("gpu", "cpu", "host")}, np.flatnonzero(link),
+                      (ram & self.expert)[link], int(np.count_nonzero(disk & ~gpu & ~self.host_only)))
+
+    def load(self, step: StepLoad, placed: Placed) -> StepLoad:
+        """`step` (empty) with every unit added as StepLoad.add would add them one by one in graph order."""
+        read, flops = self.terms(step.parallel)
+        for f, units in placed.read.items():
+            setattr(step, f, _in_order(read[units]))
+        for f, units in placed.flops.items():
+            setattr(step, f, _in_order(flops[units]))
         # a RAM expert streams with its layer's whole stacks (cost.streamed_bytes)
-        link_bytes = np.where(ram & self.expert, self.nbytes, read)
-        masks = np.stack([gpu, cpu, host, disk, disk & self.expert, cpu & self.host_only, gpu, cpu, host, link])
-        values = np.stack([read] * 6 + [flops] * 3 + [link_bytes])
-        if len(read):
-            sums = np.cumsum(np.where(masks, values, 0.0), axis=1)[:, -1].tolist()
-        else:
-            sums = [0.0] * len(masks)
-        (step.gpu, step.cpu, step.host, step.disk, step.expert_disk, step.rows, step.gpu_flops, step.cpu_flops,
-         step.host_flops, step.link) = sums
+        step.link = _in_order(np.where(placed.whole, self.nbytes[placed.link], read[placed.link]))
         step.host_copy = step.host  # the same terms of the same units
-        step.disk_cpu = int(np.count_nonzero(disk & ~gpu & ~self.host_only))
+        step.disk_cpu = placed.disk_cpu
         return step
 
     def stage_need(self, selected: np.ndarray, tiers: np.ndarray, k: int) -> dict[int, int]:
