@@ -105,13 +105,24 @@ def _optimize_each(p: _Problem) -> Iterator[Solution | _Shortfall]:
 _OF = {"optimizer": _optimize_each, "greedy": _greedy_each}
 
 
+_last: list[_Problem] = []  # the latest problem solved
+
+
+def _problem(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings) -> _Problem:
+    """The problem of these inputs, one for the solvers asked of them one after the other (plan_model asks the
+    optimizer, then the greedy baseline of an MoE): the configs both try are solved once (_Problem.solve)."""
+    if not (_last and _last[0].mu is mu and (_last[0].b, _last[0].r, _last[0].s) == (budgets, rates, settings)):
+        _last[:] = [_Problem(mu, budgets, rates, settings)]
+    return _last[0]
+
+
 def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
-    p = _Problem(mu, budgets, rates, settings)
+    p = _problem(mu, budgets, rates, settings)
     return _pick(_greedy_candidates(p), p, _greedy_each)
 
 
 def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
     """The best of the enumerated configs; the greedy baseline is one more candidate, so the result is
     never worse than it on the cost model."""
-    p = _Problem(mu, budgets, rates, settings)
+    p = _problem(mu, budgets, rates, settings)
     return _pick(_optimize_candidates(p), p, _optimize_each)

@@ -121,23 +121,15 @@ class _Shortfall:
     detail: str
 
 
-class _Problem:
-    def __init__(self, mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings):
-        self.mu, self.b, self.r, self.s = mu, budgets, rates, settings
-        d = mu.dims
-        self.kv = d.kv_bytes_per_layer(settings.n_ctx, settings.kv_bytes_per_element) * d.n_layer
-        self.buf = d.compute_buffer_bytes(settings.n_ubatch, n_outputs=settings.n_outputs)
-        # the CPU's compute buffer, when no GPU computes: the estimate without the floor (a GPU
-        # backend's), at llama.cpp's micro-batch, which is at most the context (llama-context.cpp:
-        # n_batch = min(n_ctx, n_batch)). llama.cpp logged 49.1 and 98.3 MiB (SmolLM2-135M, n_ctx 256 and
-        # 4096) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where this gives 55.5, 111.0 and 185.2 MiB
-        self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0, n_outputs=settings.n_outputs)
-        self.n_slots = settings.prefetch_depth + 1
-        self.gpu_usable = rates.has_gpu and budgets.gpu > 0
-        self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
+class _Model:
+    """What the search needs of the model alone, made once for all its problems (`of`): the contexts, micro-batches
+    and budgets a decision tries, the optimizer and the greedy baseline, the RAM floor's bisection."""
+
+    def __init__(self, mu: ModelUnits):
+        self.mu = mu
         # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
         # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
-        self._stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # stacks_move's sums
+        self.stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # _Problem.stacks_move's sums
         self.sums = UnitSums(mu)  # the split's step loads over every unit at once
         self.expert_groups: dict[int, list[int]] = defaultdict(list)
         for i, u in enumerate(mu.units):
@@ -153,11 +145,40 @@ class _Problem:
             range(len(mu.units)),
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
 
+    _last: list[_Model] = []  # the model of the latest problem
+
+    @classmethod
+    def of(cls, mu: ModelUnits) -> _Model:
+        """The model's, made again only for another model (a ModelUnits is never changed)."""
+        if not (cls._last and cls._last[0].mu is mu):
+            cls._last[:] = [cls(mu)]
+        return cls._last[0]
+
+
+class _Problem:
+    def __init__(self, mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings):
+        self.mu, self.b, self.r, self.s = mu, budgets, rates, settings
+        d = mu.dims
+        self.kv = d.kv_bytes_per_layer(settings.n_ctx, settings.kv_bytes_per_element) * d.n_layer
+        self.buf = d.compute_buffer_bytes(settings.n_ubatch, n_outputs=settings.n_outputs)
+        # the CPU's compute buffer, when no GPU computes: the estimate without the floor (a GPU
+        # backend's), at llama.cpp's micro-batch, which is at most the context (llama-context.cpp:
+        # n_batch = min(n_ctx, n_batch)). llama.cpp logged 49.1 and 98.3 MiB (SmolLM2-135M, n_ctx 256 and
+        # 4096) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where this gives 55.5, 111.0 and 185.2 MiB
+        self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0, n_outputs=settings.n_outputs)
+        self.n_slots = settings.prefetch_depth + 1
+        self.gpu_usable = rates.has_gpu and budgets.gpu > 0
+        self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
+        model = _Model.of(mu)
+        self.expert_groups, self.density_order, self.host_order = model.expert_groups, model.density_order, model.host_order
+        self.sums, self._stacks_moves = model.sums, model.stacks_moves
+        self._solved: dict[tuple, Solution | _Shortfall] = {}  # solve's, by config
+
     def with_ram(self, ram: int) -> _Problem:
         """This problem at another RAM budget (the RAM floor's bisection), sharing what depends only on the model,
         rates and settings: the orders, the per-unit arrays and the stacks' sums."""
         p = copy.copy(self)
-        p.b = dataclasses.replace(self.b, ram=ram)
+        p.b, p._solved = dataclasses.replace(self.b, ram=ram), {}
         return p
 
     def slots_need(self, tiers, compute, select: Callable[[str, str], bool], n_slots: int = 0) -> list[int]:
@@ -305,6 +326,21 @@ class _Problem:
 
     def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
               op_offload: bool = True, pinned: bool = False) -> Solution | _Shortfall:
+        """One config (_solve_config), solved once: the CPU-only config is asked with and without pinned weights,
+        which it lacks, and the greedy baseline (search.greedy) after the optimizer's candidates that hold it."""
+        key = (fill.__name__, use_gpu, kv_tier, stream, solver, op_offload, self._pinned(use_gpu, stream, pinned))
+        if key not in self._solved:
+            self._solved[key] = self._solve_config(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned)
+        return self._solved[key]
+
+    def _pinned(self, use_gpu: bool, stream: bool, pinned: bool) -> bool:
+        """CPU weights held pinned (plain layout): a plan that streams to a discrete GPU always (per-step paths copy
+        them to slots), one that does not where asked (llama.cpp's -lm none); op offload then copies a batch's
+        share at the link's rate (cost.py)."""
+        return use_gpu and not self.r.unified and (stream or pinned)
+
+    def _solve_config(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
+                      op_offload: bool = True, pinned: bool = False) -> Solution | _Shortfall:
         """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
         host compute buffer) grown until what the placement needs fits in what was reserved.
 
@@ -337,10 +373,7 @@ class _Problem:
         """staged: (slots, bytes a slot) of RAM staging reserved up front, not grown: a placement whose disk
         layers need more falls short. stacks: steps may stream whole expert stacks (step_paths)."""
         b, units = self.b, self.mu.units
-        # CPU weights held pinned (plain layout): a plan that streams to a discrete GPU always (per-step paths copy
-        # them to slots), one that does not where asked (llama.cpp's -lm none); op offload then copies a batch's
-        # share at the link's rate (cost.py)
-        pinned = use_gpu and not self.r.unified and (stream or pinned)
+        pinned = self._pinned(use_gpu, stream, pinned)
         config = ((f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
                   + (", CPU weights pinned" if pinned and not stream else "") + ("" if op_offload else ", op offload off"))
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
