@@ -144,6 +144,23 @@ class _Model:
         self.host_order = sorted(
             range(len(mu.units)),
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+        # the fills' walks: fill_by_density's GPU candidates (a unit, or a layer's experts where the first of them
+        # comes) and RAM ones, fill_like_ngl's whole layers from the last, each with its bytes
+        self.gpu_moves: list[tuple[list[int], int]] = []
+        placed: set[int] = set()
+        for i in self.density_order:
+            u = mu.units[i]
+            if not (u.host_only or i in placed):
+                group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
+                placed.update(group)
+                self.gpu_moves.append((group, sum(mu.units[j].nbytes for j in group)))
+        self.ram_moves = [(i, mu.units[i].nbytes) for i in self.host_order if not mu.units[i].host_only]
+        by_stage: dict[int, list[int]] = defaultdict(list)
+        for i, u in enumerate(mu.units):
+            if not u.host_only:
+                by_stage[u.stage].append(i)
+        self.layers_down = [(by_stage[s], sum(mu.units[i].nbytes for i in by_stage[s]))
+                            for s in sorted(by_stage, reverse=True)]
 
     _last: list[_Model] = []  # the model of the latest problem
 
@@ -172,6 +189,7 @@ class _Problem:
         model = _Model.of(mu)
         self.expert_groups, self.density_order, self.host_order = model.expert_groups, model.density_order, model.host_order
         self.sums, self._stacks_moves = model.sums, model.stacks_moves
+        self.gpu_moves, self.ram_moves, self.layers_down = model.gpu_moves, model.ram_moves, model.layers_down
         self._solved: dict[tuple, Solution | _Shortfall] = {}  # solve's, by config
 
     def with_ram(self, ram: int) -> _Problem:
@@ -204,24 +222,18 @@ class _Problem:
         """The GPU first, by density (a layer's experts as one group, by their mean p); then RAM, unit
         by unit by its own density, so a layer's often-chosen experts stay in RAM and its rare ones go
         to disk; the rest to disk."""
-        units = self.mu.units
-        tiers: list[str | None] = [None] * len(units)
-        for i in self.density_order:
-            u = units[i]
-            if u.host_only or tiers[i] is not None:
-                continue  # host_only: reserved in RAM up front
-            group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
-            size = sum(units[j].nbytes for j in group)
+        tiers: list[str | None] = [None] * len(self.mu.units)  # host_only: reserved in RAM up front
+        for group, size in self.gpu_moves:
             fits = size <= gpu_cap and (not self.b.unified or size <= ram_cap)
             for j in group:
                 tiers[j] = GPU if fits else RAM
             if fits:
                 gpu_cap -= size
                 ram_cap -= size if self.b.unified else 0
-        for i in self.host_order:
-            if tiers[i] == RAM and not units[i].host_only:
-                if units[i].nbytes <= ram_cap:
-                    ram_cap -= units[i].nbytes
+        for i, nbytes in self.ram_moves:
+            if tiers[i] == RAM:
+                if nbytes <= ram_cap:
+                    ram_cap -= nbytes
                 else:
                     tiers[i] = DISK
         return [RAM if t is None else t for t in tiers]
@@ -229,15 +241,10 @@ class _Problem:
     def fill_like_ngl(self, gpu_cap: int, ram_cap: int) -> list[str]:
         units = self.mu.units
         tiers: list[str | None] = [None] * len(units)
-        by_stage: dict[int, list[int]] = defaultdict(list)
-        for i, u in enumerate(units):
-            if not u.host_only:
-                by_stage[u.stage].append(i)
-        for stage in sorted(by_stage, reverse=True):
-            size = sum(units[i].nbytes for i in by_stage[stage])
+        for group, size in self.layers_down:
             if size > gpu_cap or (self.b.unified and size > ram_cap):
                 break
-            for i in by_stage[stage]:
+            for i in group:
                 tiers[i] = GPU
             gpu_cap -= size
             ram_cap -= size if self.b.unified else 0
