@@ -8,6 +8,7 @@ import dataclasses
 import random
 from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from hypura.modelfile import read_header
@@ -16,7 +17,7 @@ from hypura.plan.cost import CPU, DISK, GPU, RAM, StepLoad, step_probability
 from hypura.plan.search import _optimize_candidates
 from hypura.plan.solve import _Problem
 from hypura.plan.steps import kv_read
-from hypura.plan.unit_sums import UnitSums, codes, walk_seconds
+from hypura.plan.unit_sums import CODE, UnitSums, codes, walk_seconds
 from hypura.profile.store import resolve_profile
 from hypura.synth import writer
 
@@ -102,9 +103,17 @@ def test_the_search_plans_what_it_planned_adding_unit_by_unit(models, monkeypatc
     with monkeypatch.context() as m:
         m.setattr(_Problem, "_best_prefix", _best_prefix_by_unit)
         m.setattr(_Problem, "stage_need", lambda self, tiers, compute, select: _stage_need_by_unit(
-            mu, tiers, compute, select))
+            mu, _names(tiers), _names(compute), select))
         slow = _optimize_candidates(problem())
     assert fast == slow
+
+
+def _names(tiers) -> list[str]:
+    """Tiers or devices as names, from CODE arrays (the search passes both)."""
+    return [_NAME[c] for c in tiers.tolist()] if isinstance(tiers, np.ndarray) else list(tiers)
+
+
+_NAME = {code: name for name, code in CODE.items()}
 
 
 def _walk_by_unit(p: _Problem, walk, tiers, kv_tier, op_offload, parallel, pinned) -> list[float]:

@@ -45,7 +45,7 @@ from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
-from hypura.plan.unit_sums import CODE, Moves, Placed, UnitSums, codes, first_fastest, walk_seconds
+from hypura.plan.unit_sums import CODE, Moves, Placed, UnitSums, as_codes, codes, first_fastest, walk_seconds
 from hypura.units import ModelUnits
 
 
@@ -211,7 +211,7 @@ class _Problem:
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units and RAM experts (stacks streamed
         whole) plus the k largest selected disk experts (a token needs at most k experts of a layer)."""
-        t, c = codes(tiers), codes(compute)
+        t, c = as_codes(tiers), as_codes(compute)
         chosen = np.zeros((len(CODE), len(CODE)), dtype=bool)  # select, of each (tier, device) pair
         for tier, i in CODE.items():
             for dev, j in CODE.items():
@@ -400,22 +400,23 @@ class _Problem:
                 return self._shortfall(gpu_cap < 0, use_gpu, kv_tier, gpu_fixed + pool, b.ram - ram_cap,
                                        pool, staging, host_buf)
             tiers = fill(gpu_cap, ram_cap)
+            at_tier = codes(tiers)
             compute = (self.split(tiers, kv_tier, op_offload, pinned=pinned) if stream
                        else [GPU if t == GPU else CPU for t in tiers])
             # with a GPU to stream to, each step size has its own path for RAM units; slots hold any of them
             steps = self.step_paths(tiers, kv_tier, op_offload, compute, pinned, stacks) if stream else ()
             compute = path_at(compute, tiers, steps, self.s.parallel)
+            on_cpu = codes(compute) == CODE[CPU]
             ever = path_at(compute, tiers, steps, None)
-            slots = self.slots_need(tiers, ever, lambda t, c: t != GPU and c == GPU)
+            slots = self.slots_need(at_tier, ever, lambda t, c: t != GPU and c == GPU)
             slots = [max(slots)] * len(slots) if slots else slots  # every slot as large as the largest layer
-            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK, n_stage)
+            stages = self.slots_need(at_tier, compute, lambda t, c: t == DISK, n_stage)
             stages = [max(stages)] * len(stages) if stages else stages
-            cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
+            cpu_work = bool(np.any(on_cpu & ~self.sums.host_only))
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
             # host-pool slots hold ggml's plain layout (the runtime turns llama.cpp's repacking off beside them),
             # read by disk_readers readers at once, each with its own request buffer (paged experts: the pager's)
-            dense_disk = any(t == DISK and c == CPU and u.expert < 0 and not u.host_only
-                             for u, t, c in zip(units, tiers, compute))
+            dense_disk = bool(np.any((at_tier == CODE[DISK]) & on_cpu & ~self.sums.expert & ~self.sums.host_only))
             readers = (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM if dense_disk else 0
             if sum(slots) <= pool and sum(stages) + readers <= staging and need_host <= host_buf:
                 break
@@ -426,10 +427,10 @@ class _Problem:
                                        max(host_buf, need_host))
         else:
             return self._shortfall(False, use_gpu, kv_tier, 0, b.ram + 1, pool, staging, host_buf)
-        disk_left = sum(u.nbytes for u, t in zip(units, tiers) if t == DISK)
+        weights = {tier: self.sums.bytes_in(at_tier == CODE[tier]) for tier in (GPU, RAM, DISK)}
+        disk_left = weights[DISK]
         if disk_left and not b.disk:
             return _Shortfall("gpu+ram", b.gpu + b.ram + disk_left, b.gpu + b.ram, "disk streaming off")
-        weights = {tier: sum(u.nbytes for u, t in zip(units, tiers) if t == tier) for tier in (GPU, RAM, DISK)}
         memory = {
             GPU: {"weights": weights[GPU], "kv": self.kv if kv_tier == GPU else 0,
                   "compute": self.buf if use_gpu else 0, "pool": sum(slots)},
@@ -467,8 +468,8 @@ class _Problem:
                    pinned: bool = False, stacks: bool = True) -> tuple:
         """((tokens, RAM units streamed at that step size), ...) for each of step_sizes:
         the CPU computes few tokens from RAM faster than the link streams the bytes, a batch the other way."""
-        if not (any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers))
-                or (stacks and self.ram_stacks(tiers))):
+        in_ram = codes(tiers) == CODE[RAM]
+        if not (np.any(in_ram & ~self.sums.host_only & ~self.sums.expert) or (stacks and self.ram_stacks(tiers))):
             return ()
         walk = self._walk(tiers, base, stacks)  # its moves are RAM units alone, computed by the CPU at its start
         out = []

@@ -27,6 +27,11 @@ def codes(names) -> np.ndarray:
     return np.fromiter(map(CODE.__getitem__, names), np.int8, len(names))
 
 
+def as_codes(names_or_codes) -> np.ndarray:
+    """codes(), or an array of them as it is."""
+    return names_or_codes if isinstance(names_or_codes, np.ndarray) else codes(names_or_codes)
+
+
 @dataclass(frozen=True)
 class Placed:
     """The units (indices, graph order) each StepLoad sum takes for one placement (UnitSums.placed)."""
@@ -49,6 +54,7 @@ class UnitSums:
     def __init__(self, mu: ModelUnits):
         self.units = mu.units
         self.nbytes = np.array([float(u.nbytes) for u in mu.units])
+        self.nbytes_int = np.array([u.nbytes for u in mu.units], dtype=np.int64)
         self.p = np.array([u.p for u in mu.units], dtype=float)
         self.elements = np.array([float(u.elements) for u in mu.units])
         self.expert = np.array([u.expert >= 0 for u in mu.units], dtype=bool)
@@ -94,6 +100,10 @@ class UnitSums:
         step.host_copy = step.host  # the same terms of the same units
         step.disk_cpu = placed.disk_cpu
         return step
+
+    def bytes_in(self, selected: np.ndarray) -> int:
+        """The bytes of the selected units."""
+        return int(self.nbytes_int[selected].sum())
 
     def stage_need(self, selected: np.ndarray, tiers: np.ndarray, k: int) -> dict[int, int]:
         """Bytes each layer with a `selected` unit must have in a slot (_Problem.stage_need): its selected dense
