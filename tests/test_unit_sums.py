@@ -86,8 +86,9 @@ def test_a_layers_slot_bytes_are_the_unit_by_unit_count(mu):
 
 
 # budgets where some candidates stream per step: a MoE's expert stacks and a dense model's layers
-@pytest.mark.parametrize("name, gpu_mem, ram", [("qwen3-30b-a3b", "2GiB", "64GiB"), ("qwen3-30b-a3b", "1500MiB", "2GiB"),
-                                               ("llama3.1-8b", "1500MiB", "64GiB"), ("llama3.1-8b", "2GiB", "2GiB")])
+@pytest.mark.parametrize("name, gpu_mem, ram", [
+    ("qwen3-30b-a3b", "2GiB", "64GiB"), ("qwen3-30b-a3b", "1500MiB", "2GiB"),
+    ("llama3.1-8b", "1500MiB", "64GiB"), ("llama3.1-8b", "2GiB", "2GiB")])
 @pytest.mark.parametrize("parallel", [1, 16])
 def test_the_search_plans_what_it_planned_adding_unit_by_unit(models, monkeypatch, name, gpu_mem, ram, parallel):
     """Every candidate (tiers, split, step table, prediction) equals the one the search finds when each step's load

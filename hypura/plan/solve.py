@@ -187,8 +187,8 @@ class _Problem:
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
         model = _Model.of(mu)
-        self.expert_groups, self.density_order, self.host_order = model.expert_groups, model.density_order, model.host_order
-        self.sums, self._stacks_moves = model.sums, model.stacks_moves
+        self.expert_groups, self.density_order = model.expert_groups, model.density_order
+        self.host_order, self.sums, self._stacks_moves = model.host_order, model.sums, model.stacks_moves
         self.gpu_moves, self.ram_moves, self.layers_down = model.gpu_moves, model.ram_moves, model.layers_down
         self._solved: dict[tuple, Solution | _Shortfall] = {}  # solve's, by config
 

@@ -1,12 +1,13 @@
-"""A step's load over every unit of a placement at once: what StepLoad.add (plan/cost.py) sums unit by unit, from
-per-unit arrays made once per model and step size, so the search's split (plan/solve.py) need not add thousands of
-experts one by one for each of its configs, step sizes and RAM budgets.
+"""The search's sums over every unit of a placement at once, from per-unit arrays made once a model: a step's load
+(what StepLoad.add in plan/cost.py sums unit by unit), its time along the split's walk at every prefix
+(`walk_seconds`), a layer's slot bytes, so the search (plan/solve.py) need not visit thousands of experts one by one
+for each of its configs, step sizes and RAM budgets.
 
 The sums are the unit-by-unit ones to the last bit, so the split compares the same times and breaks ties the same
-way: np.cumsum adds left to right in graph order, as the loop does (np.sum would add pairwise, a different
-rounding), over the units a path takes, and where one array holds several paths' terms the others add 0.0, which
-changes no sum. Each unit's own terms are computed as
-StepLoad.add computes them (step_probability per unit, not a vectorised power)."""
+way: np.cumsum adds left to right in graph order, as a loop of += does (np.sum would add pairwise, another
+rounding); where one array holds several paths' terms the others add 0.0, which changes no sum; each unit's terms
+are StepLoad.add's products, the power of its p taken by step_probability itself (once per distinct p).
+tests/test_unit_sums.py holds each equal to the unit-by-unit computation."""
 
 from __future__ import annotations
 
@@ -52,7 +53,6 @@ class UnitSums:
     """Per-unit arrays of a model, and a step's StepLoad over a placement from them (`load`)."""
 
     def __init__(self, mu: ModelUnits):
-        self.units = mu.units
         self.nbytes = np.array([float(u.nbytes) for u in mu.units])
         self.nbytes_int = np.array([u.nbytes for u in mu.units], dtype=np.int64)
         self.p = np.array([u.p for u in mu.units], dtype=float)
@@ -167,7 +167,8 @@ def walk_seconds(step: StepLoad, moves: Moves) -> np.ndarray:
 
     cpu_rate = r.cpu_rate(step.pinned)
     copy = r.host_copy_rate(step.pinned)
-    gpu_s = _div(p_gpu, r.gpu_read) + _div(p_gpu_flops * (parallel - 1) / parallel, r.gpu_flops or knobs.GPU_FLOPS_DEFAULT)
+    gpu_flop_rate = r.gpu_flops or knobs.GPU_FLOPS_DEFAULT
+    gpu_s = _div(p_gpu, r.gpu_read) + _div(p_gpu_flops * (parallel - 1) / parallel, gpu_flop_rate)
     cpu_flop_rate = np.where(link > 0, r.cpu_flops * knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING, r.cpu_flops * 1.0)
     cpu_s = _div(p_cpu, cpu_rate) + _div(p_cpu_flops * (parallel - 1) / parallel, cpu_flop_rate)
     offload_s = _div(offload, copy)
