@@ -102,7 +102,7 @@ def test_the_search_plans_what_it_planned_adding_unit_by_unit(models, monkeypatc
     assert any(getattr(c, "steps", ()) for c in fast)  # the per-step split ran
 
     with monkeypatch.context() as m:
-        m.setattr(_Problem, "_best_prefix", _best_prefix_by_unit)
+        m.setattr(_Problem, "_best_prefixes", _best_prefixes_by_unit)
         m.setattr(_Problem, "stage_need", lambda self, tiers, compute, select: _stage_need_by_unit(
             mu, _names(tiers), _names(compute), select))
         slow = _optimize_candidates(problem())
@@ -137,13 +137,16 @@ def _walk_by_unit(p: _Problem, walk, tiers, kv_tier, op_offload, parallel, pinne
     return times
 
 
-def _best_prefix_by_unit(self, walk, tiers, kv_tier, op_offload, parallel, pinned) -> int:
-    times = _walk_by_unit(self, walk, tiers, kv_tier, op_offload, parallel or self.s.parallel, pinned)
-    best, best_n = times[0], 0
-    for n, t in enumerate(times[1:], 1):
-        if t < best:
-            best, best_n = t, n
-    return best_n
+def _best_prefixes_by_unit(self, walk, kv_tier, op_offload, sizes, pinned) -> list[int]:
+    out = []
+    for k in sizes:
+        times = _walk_by_unit(self, walk, walk.tiers, kv_tier, op_offload, k, pinned)
+        best, best_n = times[0], 0
+        for n, t in enumerate(times[1:], 1):
+            if t < best:
+                best, best_n = t, n
+        out.append(best_n)
+    return out
 
 
 @pytest.mark.parametrize("profile", [H200, M1], ids=["discrete", "unified"])
@@ -158,10 +161,10 @@ def test_the_walks_times_are_the_unit_by_unit_ones_to_the_bit(mu, profile):
                 tiers[i] = RAM
         base = [GPU if t == GPU else rng.choice((CPU, GPU)) for t in tiers]
         for walk in (p._walk(tiers, None, True), p._walk(tiers, base, True)):
-            for parallel, op_offload, pinned, kv_tier in [(1, True, False, GPU), (16, True, True, RAM),
-                                                          (32, True, False, GPU), (512, False, True, GPU),
-                                                          (512, True, True, RAM)]:
-                step = p.sums.load(StepLoad(p.r, parallel, op_offload, pinned), walk.placed)
-                step.add_kv(kv_tier, kv_read(p.kv, parallel, p.s.parallel))
-                fast = walk_seconds(step, p._moves(walk, parallel)).tolist()
-                assert fast == _walk_by_unit(p, walk, tiers, kv_tier, op_offload, parallel, pinned)
+            for op_offload, pinned, kv_tier in [(True, False, GPU), (True, True, RAM), (False, True, GPU)]:
+                sizes = [1, 16, 31, 32, 512]  # below and above op offload's batch, at once
+                steps = [p.sums.load(StepLoad(p.r, k, op_offload, pinned), walk.placed) for k in sizes]
+                for step in steps:
+                    step.add_kv(kv_tier, kv_read(p.kv, step.parallel, p.s.parallel))
+                fast = walk_seconds(steps, [p._moves(walk, k) for k in sizes]).tolist()
+                assert fast == [_walk_by_unit(p, walk, tiers, kv_tier, op_offload, k, pinned) for k in sizes]

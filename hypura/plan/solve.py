@@ -101,10 +101,11 @@ class Solution:
 
 @dataclass(frozen=True)
 class _Walk:
-    """The split's walk over a placement (_Problem._walk): each unit's compute at its start, the moves in order
-    (a unit, or a layer's RAM expert stacks), the units each of a step's sums takes at its start (UnitSums.load), and
-    what each move is (_Problem._moves)."""
+    """The split's walk over a placement (_Problem._walk): its tiers, each unit's compute at its start, the moves
+    in order (a unit, or a layer's RAM expert stacks), the units each of a step's sums takes at its start
+    (UnitSums.load), and what each move is (_Problem._moves)."""
 
+    tiers: list[str]
     compute: tuple[str, ...]
     moves: list[list[int]]
     placed: Placed
@@ -263,7 +264,8 @@ class _Problem:
         units move (a step's own path: step_paths), with the expert stacks of all-RAM layers where `stacks`."""
         walk = self._walk(tiers, base, stacks)
         compute = list(walk.compute)
-        for group in walk.moves[:self._best_prefix(walk, tiers, kv_tier, op_offload, parallel, pinned)]:
+        for group in walk.moves[:self._best_prefixes(walk, kv_tier, op_offload, [parallel or self.s.parallel],
+                                                     pinned)[0]]:
             for i in group:
                 compute[i] = GPU
         return compute
@@ -288,21 +290,21 @@ class _Problem:
             spread = _spread_order(sorted(groups))
             movable += [groups[s] for s in sorted(groups, key=spread.get)]
         one = [len(group) == 1 for group in movable]
-        return _Walk(compute, movable, self.sums.placed(codes(tiers), codes(compute), self.r.unified),
+        return _Walk(tiers, compute, movable, self.sums.placed(codes(tiers), codes(compute), self.r.unified),
                      np.array([g[0] if o else -1 for g, o in zip(movable, one)], dtype=np.int64),
                      np.array([-1 if o else units[g[0]].stage for g, o in zip(movable, one)], dtype=np.int64),
                      np.array([o and tiers[g[0]] == DISK for g, o in zip(movable, one)], dtype=bool))
 
-    def _best_prefix(self, walk: _Walk, tiers: list[str], kv_tier: str, op_offload: bool, parallel: int | None,
-                     pinned: bool) -> int:
-        """How many of the walk's moves the step of `parallel` tokens (the plan's) takes: its fastest prefix."""
-        step = self.sums.load(StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned), walk.placed)
-        step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
+    def _best_prefixes(self, walk: _Walk, kv_tier: str, op_offload: bool, sizes: list[int], pinned: bool) -> list[int]:
+        """How many of the walk's moves a step of each of `sizes` tokens takes: its fastest prefix."""
+        steps = [self.sums.load(StepLoad(self.r, k, op_offload, pinned), walk.placed) for k in sizes]
+        for step in steps:
+            step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
         # disk units first: on unified memory they need no link copy, and the last CPU-computed one
         # gone lets op offload back on for a large batch (StepLoad)
         # the whole walk, then its best prefix: the time is not convex along it (the first streamed unit
         # slows the CPU's batched matmuls, the last CPU-computed one lets op offload back on)
-        return first_fastest(walk_seconds(step, self._moves(walk, step.parallel)))
+        return first_fastest(walk_seconds(steps, [self._moves(walk, k) for k in sizes]))
 
     def _moves(self, walk: _Walk, parallel: int) -> Moves:
         """The walk's moves at a step of `parallel` tokens: a unit's terms as StepLoad.add's, a layer's stacks
@@ -472,11 +474,9 @@ class _Problem:
         if not (np.any(in_ram & ~self.sums.host_only & ~self.sums.expert) or (stacks and self.ram_stacks(tiers))):
             return ()
         walk = self._walk(tiers, base, stacks)  # its moves are RAM units alone, computed by the CPU at its start
-        out = []
-        for k in step_sizes(self.s.n_ubatch, self.s.parallel):
-            n = self._best_prefix(walk, tiers, kv_tier, op_offload, k, pinned)
-            out.append((k, tuple(sorted(i for group in walk.moves[:n] for i in group))))
-        return tuple(out)
+        sizes = step_sizes(self.s.n_ubatch, self.s.parallel)
+        taken = self._best_prefixes(walk, kv_tier, op_offload, sizes, pinned)
+        return tuple((k, tuple(sorted(i for group in walk.moves[:n] for i in group))) for k, n in zip(sizes, taken))
 
     def _shortfall(self, on_gpu: bool, use_gpu: bool, kv_tier: str, gpu_need: int, ram_need: int,
                    pool: int, staging: int, host_buf: int) -> _Shortfall:

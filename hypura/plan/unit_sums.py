@@ -135,48 +135,51 @@ class Moves:
     disk: np.ndarray
 
 
-def walk_seconds(step: StepLoad, moves: Moves) -> np.ndarray:
-    """The step's time (StepLoad.seconds) before any move and after each prefix of `moves`: what the split's walk
-    compares, every prefix at once. The fields after each move are cumulative sums of the moves' terms, added in
-    the order StepLoad.add and move_stacks add them (a disk unit's bytes leave the disk path and come back); the
-    time is StepLoad.seconds and cost.decode_seconds on arrays, and tests/test_unit_sums.py holds the two equal to
-    the bit: a change to one is a change to the other."""
-    r, parallel, m = step.rates, step.parallel, len(moves.read)
+def walk_seconds(steps: list[StepLoad], moves: list[Moves]) -> np.ndarray:
+    """The time of each step (StepLoad.seconds; a row each) before any move and after each prefix of its `moves`:
+    what the split's walk compares, at every prefix and step size at once. The steps differ in their size alone
+    (the same placement, op offload and pinning); their moves, in the terms of each. The fields after each move
+    are cumulative sums of the moves' terms, added in the order StepLoad.add and move_stacks add them (a disk unit's
+    bytes leave the disk path and come back); the time is StepLoad.seconds and cost.decode_seconds on arrays, and
+    tests/test_unit_sums.py holds the two equal to the bit: a change to one is a change to the other."""
+    step, r, disk_moves = steps[0], steps[0].rates, moves[0].disk
 
-    def after(start: float, terms: np.ndarray) -> np.ndarray:
-        return np.cumsum(np.concatenate(([start], terms)))
+    def start(field: str) -> np.ndarray:
+        return np.array([getattr(s, field) for s in steps], dtype=float)[:, None]
 
-    zero = np.zeros(m)
-    gpu, gpu_flops = after(step.gpu, moves.read), after(step.gpu_flops, moves.flops)
-    host = after(step.host, np.where(moves.disk, zero, -moves.read))
-    host_flops = after(step.host_flops, np.where(moves.disk, zero, -moves.flops))
-    host_copy = after(step.host_copy, np.where(moves.disk, zero, -moves.read))
-    cpu = after(step.cpu, np.where(moves.disk, -moves.read, zero))
-    cpu_flops = after(step.cpu_flops, np.where(moves.disk, -moves.flops, zero))
+    def after(field: str, terms: np.ndarray) -> np.ndarray:
+        return np.cumsum(np.concatenate((start(field), terms), axis=1), axis=1)
+
+    read, flops = np.stack([mv.read for mv in moves]), np.stack([mv.flops for mv in moves])
+    parallel = np.array([s.parallel for s in steps])[:, None]
+    gpu, gpu_flops = after("gpu", read), after("gpu_flops", flops)
+    ram_read, ram_flops = np.where(disk_moves, 0.0, -read), np.where(disk_moves, 0.0, -flops)  # leave the host
+    disk_read, disk_flops = np.where(disk_moves, -read, 0.0), np.where(disk_moves, -flops, 0.0)  # leave the CPU
+    host, host_copy, host_flops = after("host", ram_read), after("host_copy", ram_read), after("host_flops", ram_flops)
+    cpu, cpu_flops = after("cpu", disk_read), after("cpu_flops", disk_flops)
     # a disk unit's bytes: off the disk path (its CPU compute gone), then on again (read for the GPU)
-    out_in = np.stack([np.where(moves.disk, -moves.read, zero), np.where(moves.disk, moves.read, zero)], axis=1)
-    disk = after(step.disk, out_in.reshape(-1))[::2]
-    disk_cpu = step.disk_cpu - np.concatenate(([0], np.cumsum(moves.disk)))
-    link = after(step.link, np.where(moves.disk & r.unified, zero, moves.link))
+    out_in = np.stack([disk_read, np.where(disk_moves, read, 0.0)], axis=2)
+    disk = after("disk", out_in.reshape(len(steps), -1))[:, ::2]
+    disk_cpu = step.disk_cpu - np.concatenate(([0], np.cumsum(disk_moves)))
+    link = after("link", np.where(disk_moves & r.unified, 0.0, np.stack([mv.link for mv in moves])))
+    rows, expert_disk = start("rows"), start("expert_disk")
 
-    offload_on = (step.op_offload_on and r.has_gpu and not r.unified and parallel >= knobs.OP_OFFLOAD_MIN_BATCH
-                  and disk_cpu == 0)
+    offload_on = ((step.op_offload_on and r.has_gpu and not r.unified) & (parallel >= knobs.OP_OFFLOAD_MIN_BATCH)
+                  & (disk_cpu == 0))
     p_gpu, p_gpu_flops = np.where(offload_on, gpu + host, gpu), np.where(offload_on, gpu_flops + host_flops, gpu_flops)
     p_cpu, p_cpu_flops = np.where(offload_on, cpu, cpu + host), np.where(offload_on, cpu_flops, cpu_flops + host_flops)
     offload = np.where(offload_on, host_copy, 0.0)
 
     cpu_rate = r.cpu_rate(step.pinned)
-    copy = r.host_copy_rate(step.pinned)
     gpu_flop_rate = r.gpu_flops or knobs.GPU_FLOPS_DEFAULT
     gpu_s = _div(p_gpu, r.gpu_read) + _div(p_gpu_flops * (parallel - 1) / parallel, gpu_flop_rate)
     cpu_flop_rate = np.where(link > 0, r.cpu_flops * knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING, r.cpu_flops * 1.0)
     cpu_s = _div(p_cpu, cpu_rate) + _div(p_cpu_flops * (parallel - 1) / parallel, cpu_flop_rate)
-    offload_s = _div(offload, copy)
-    beside = (p_cpu - step.rows > 0) if (r.link and not r.unified) else np.zeros(m + 1, dtype=bool)
-    link_rate = np.where(beside, (r.link or 0.0) * knobs.LINK_BESIDE_CPU, r.link or 0.0)
-    link_s = _div(link, link_rate) + offload_s
-    paged_s = _div(np.full(m + 1, step.expert_disk), r.expert_disk_read or r.disk_read)
-    disk_s = _div(disk - step.expert_disk, r.disk_read) + paged_s  # Rates.disk_seconds
+    offload_s = _div(offload, r.host_copy_rate(step.pinned))
+    beside = (p_cpu - rows > 0) if (r.link and not r.unified) else np.zeros(p_cpu.shape, dtype=bool)
+    link_s = _div(link, np.where(beside, (r.link or 0.0) * knobs.LINK_BESIDE_CPU, r.link or 0.0)) + offload_s
+    paged_s = _div(expert_disk, r.expert_disk_read or r.disk_read)
+    disk_s = _div(disk - expert_disk, r.disk_read) + paged_s  # Rates.disk_seconds
     shared = (p_cpu > 0) & (link > 0) & (not r.unified)
     ram_s = np.where(shared, _div(p_cpu + link, cpu_rate * knobs.RAM_SHARED_HEADROOM), 0.0)
     return np.maximum(np.maximum(np.maximum(gpu_s + cpu_s + offload_s + paged_s, link_s), disk_s), ram_s)
@@ -191,9 +194,8 @@ def _div(num: np.ndarray, rate) -> np.ndarray:
         return np.where(num > 0, np.where(rate != 0, num / np.where(rate != 0, rate, 1.0), np.inf), 0.0)
 
 
-def first_fastest(seconds: np.ndarray) -> int:
-    """The walk's prefix the split takes: the first at the least time, as a loop keeping a strictly faster one
-    finds it (a NaN never beats the time before it)."""
-    if np.isnan(seconds[0]):
-        return 0
-    return int(np.argmin(np.where(np.isnan(seconds), np.inf, seconds)))
+def first_fastest(seconds: np.ndarray) -> list[int]:
+    """The prefix the split takes of each row's walk: the first at the least time, as a loop keeping a strictly
+    faster one finds it (a NaN never beats the time before it)."""
+    fastest = np.argmin(np.where(np.isnan(seconds), np.inf, seconds), axis=1)
+    return np.where(np.isnan(seconds[:, 0]), 0, fastest).tolist()
