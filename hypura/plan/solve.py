@@ -272,13 +272,16 @@ class _Problem:
 
     def _walk(self, tiers: list[str], base: list[str] | None, stacks: bool) -> _Walk:
         """The split's start (`compute`) and the moves it walks, the same for every step size."""
-        units = self.mu.units
-        compute = tuple(GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers))
+        units, at_tier = self.mu.units, codes(tiers)
+        start = np.where(at_tier == CODE[GPU], CODE[GPU], CODE[CPU]).astype(np.int8)
+        if base:  # its disk units keep their path
+            start = np.where(at_tier == CODE[DISK], codes(base), start).astype(np.int8)
+        compute = tuple(_NAMES[start].tolist())
+        dense = ~self.sums.host_only & ~self.sums.expert
         # the plan's own path streams no experts: a step's path may (below); paged ones an expert cache loads one
         # by one instead (plan/experts.py)
-        movable = [] if base else [[i] for i, u in enumerate(units)
-                                   if tiers[i] == DISK and not u.host_only and u.expert < 0]
-        ram = [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only and u.expert < 0]
+        movable = [] if base else [[i] for i in np.flatnonzero((at_tier == CODE[DISK]) & dense).tolist()]
+        ram = np.flatnonzero((at_tier == CODE[RAM]) & dense).tolist()
         # layers spread out (any prefix interleaves with the rest), so the copy engine streams the
         # next GPU layer while the CPU computes the layers between; a layer's units stay together
         spread = _spread_order(sorted({units[i].stage for i in ram}))
@@ -290,7 +293,7 @@ class _Problem:
             spread = _spread_order(sorted(groups))
             movable += [groups[s] for s in sorted(groups, key=spread.get)]
         one = [len(group) == 1 for group in movable]
-        return _Walk(tiers, compute, movable, self.sums.placed(codes(tiers), codes(compute), self.r.unified),
+        return _Walk(tiers, compute, movable, self.sums.placed(at_tier, start, self.r.unified),
                      np.array([g[0] if o else -1 for g, o in zip(movable, one)], dtype=np.int64),
                      np.array([-1 if o else units[g[0]].stage for g, o in zip(movable, one)], dtype=np.int64),
                      np.array([o and tiers[g[0]] == DISK for g, o in zip(movable, one)], dtype=bool))
@@ -496,6 +499,9 @@ class _Problem:
         CPU-only config stays a candidate (a GPU budget too small for its buffers, tiny models)."""
         gpu = [(True, kv, st) for st in streams for kv in (GPU, RAM)] if self.gpu_usable else []
         return gpu + [(False, RAM, False)]
+
+
+_NAMES = np.array(sorted(CODE, key=CODE.get), dtype=object)  # CODE's names, by code
 
 
 def _spread_order(stages: list[int]) -> dict[int, float]:
