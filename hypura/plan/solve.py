@@ -26,6 +26,9 @@ as one move (its stacked tensors stream whole: the link carries all of them, cos
 that table, the slots hold any layer a step streams (where they cannot, no stacks stream), and a plan
 made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
+The walks' sums are taken over every unit at once (plan/unit_sums.py), to the bit those of a walk that adds unit by
+unit, so ties break as they would; what depends on the model alone is made once for all its problems (`_Model`).
+
 The candidates each config gives, the one kept and the RAM floor are plan/search.py's.
 """
 
