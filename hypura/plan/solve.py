@@ -131,10 +131,10 @@ class _Model:
 
     def __init__(self, mu: ModelUnits):
         self.mu = mu
-        # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
-        # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
         self.stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # _Problem.stacks_move's sums
         self.sums = UnitSums(mu)  # the split's step loads over every unit at once
+        # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
+        # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
         self.expert_groups: dict[int, list[int]] = defaultdict(list)
         for i, u in enumerate(mu.units):
             if u.expert >= 0 and not u.host_only:
