@@ -150,14 +150,16 @@ class _Model:
             key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
         # the fills' walks: fill_by_density's GPU candidates (a unit, or a layer's experts where the first of them
         # comes) and RAM ones, fill_like_ngl's whole layers from the last, each with its bytes
-        self.gpu_moves: list[tuple[list[int], int]] = []
+        self.gpu_moves: list[tuple[int, int, int]] = []  # (first unit, past the last, bytes)
         placed: set[int] = set()
         for i in self.density_order:
             u = mu.units[i]
             if not (u.host_only or i in placed):
                 group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
+                # units are in graph order (model_units), a layer's experts one after the other
+                assert group == list(range(group[0], group[-1] + 1)), "a layer's experts apart in graph order"
                 placed.update(group)
-                self.gpu_moves.append((group, sum(mu.units[j].nbytes for j in group)))
+                self.gpu_moves.append((group[0], group[-1] + 1, sum(mu.units[j].nbytes for j in group)))
         self.ram_moves = [(i, mu.units[i].nbytes) for i in self.host_order if not mu.units[i].host_only]
         by_stage: dict[int, list[int]] = defaultdict(list)
         for i, u in enumerate(mu.units):
@@ -227,10 +229,9 @@ class _Problem:
         by unit by its own density, so a layer's often-chosen experts stay in RAM and its rare ones go
         to disk; the rest to disk."""
         tiers: list[str | None] = [None] * len(self.mu.units)  # host_only: reserved in RAM up front
-        for group, size in self.gpu_moves:
+        for first, end, size in self.gpu_moves:
             fits = size <= gpu_cap and (not self.b.unified or size <= ram_cap)
-            for j in group:
-                tiers[j] = GPU if fits else RAM
+            tiers[first:end] = [GPU if fits else RAM] * (end - first)
             if fits:
                 gpu_cap -= size
                 ram_cap -= size if self.b.unified else 0
