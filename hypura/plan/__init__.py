@@ -31,7 +31,7 @@ def plan_model(model: str | os.PathLike | ModelHeader, profile: MachineProfile, 
                solver: str = "optimizer", expert_probs: Mapping[int, Sequence[float]] | None = None) -> Plan:
     """Plan a model (path or parsed header) for a machine; raises HypuraError when nothing fits."""
     header = model if isinstance(model, ModelHeader) else read_header(model)
-    mu = model_units(header, expert_probs)
+    mu = _units(header, expert_probs)
     budgets = budgets_for(profile, 0 if overrides.no_gpu else gpu_mem, ram, disk)
     rates = rates_for(profile, overrides)
 
@@ -49,6 +49,17 @@ def plan_model(model: str | os.PathLike | ModelHeader, profile: MachineProfile, 
         if turn_seconds(alt.prediction) < turn_seconds(plan.prediction):
             return alt
     return plan
+
+
+_last: list[tuple] = []  # (header, expert_probs, their units), the latest
+
+
+def _units(header: ModelHeader, expert_probs: Mapping[int, Sequence[float]] | None) -> ModelUnits:
+    """model_units, made again only for another header or routing: a decision plans one model at several contexts
+    and micro-batches, and the search keeps what depends on the model alone for the same units (solve._Model)."""
+    if not (_last and _last[0][0] is header and _last[0][1] is expert_probs):
+        _last[:] = [(header, expert_probs, model_units(header, expert_probs))]
+    return _last[0][2]
 
 
 __all__ = ["Budgets", "ModelUnits", "Plan", "PlanSettings", "Prediction", "RateOverrides", "Rates", "SOLVERS",

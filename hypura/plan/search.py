@@ -9,20 +9,19 @@ tier, op offload off and pinned CPU weights, with the greedy ones among them.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.candidates import choose
 from hypura.plan.cost import RAM, Rates
-from hypura.plan.solve import PlanSettings, Solution, _Problem
+from hypura.plan.solve import PlanSettings, Solution, _Problem, _Shortfall
 from hypura.sizes import fmt_mib
 from hypura.units import ModelUnits
 
 
-def _pick(candidates: list, problem: _Problem, candidates_of: Callable[[_Problem], list]) -> Solution:
+def _pick(candidates: list, problem: _Problem, candidates_of: Callable[[_Problem], Iterable]) -> Solution:
     """The solution kept (candidates.choose); none: the shortfall nearest to fitting, with the smallest RAM budget
     that plans the model (_floor) where RAM is what fell short."""
     solutions = [c for c in candidates if isinstance(c, Solution)]
@@ -45,13 +44,13 @@ FLOOR_PRECISION = 1 / 128
 FLOOR_STEP = 1 << 20
 
 
-def _floor(problem: _Problem, candidates_of: Callable[[_Problem], list]) -> int | None:
+def _floor(problem: _Problem, candidates_of: Callable[[_Problem], Iterable]) -> int | None:
     """The smallest RAM budget (to FLOOR_PRECISION) at which candidates_of finds a solution, with the GPU budget,
     rates and settings of `problem`. None: nothing fits at any RAM (the GPU's own share falls short). Plans only
     grow with RAM (a placement that fits fits in more), so bisection, from 0 (the same answer for every caller)."""
     def fits(ram: int) -> bool:
-        p = _Problem(problem.mu, dataclasses.replace(problem.b, ram=ram), problem.r, problem.s)
-        return any(isinstance(c, Solution) for c in candidates_of(p))
+        # the first candidate that fits answers: the rest are not solved (candidates_of yields them one by one)
+        return any(isinstance(c, Solution) for c in candidates_of(problem.with_ram(ram)))
 
     d = problem.mu.dims
     # everything in RAM fits, with every buffer and reservation there is
@@ -73,13 +72,22 @@ def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSett
 
 
 def _greedy_candidates(p: _Problem, pins: tuple = (False,)) -> list:
+    return list(_greedy_each(p, pins))
+
+
+def _greedy_each(p: _Problem, pins: tuple = (False,)) -> Iterator[Solution | _Shortfall]:
     # llama.cpp's kind keeps the KV cache with its GPU layers (as candidates.beside_gpu_kv keeps every candidate's
     # where it fits): whole CPU layers beside a KV cache in RAM compute every layer's attention on the CPU
-    return [p.solve(p.fill_like_ngl, g, kv, False, "greedy", True, pin) for g, kv, _ in p.configs((False,))
-            if not (g and kv == RAM) for pin in pins]
+    return (p.solve(p.fill_like_ngl, g, kv, False, "greedy", True, pin) for g, kv, _ in p.configs((False,))
+            if not (g and kv == RAM) for pin in pins)
 
 
 def _optimize_candidates(p: _Problem) -> list:
+    return list(_optimize_each(p))
+
+
+def _optimize_each(p: _Problem) -> Iterator[Solution | _Shortfall]:
+    """The optimizer's candidates, each solved when asked for."""
     rates, settings = p.r, p.s
     streams = (False, True) if rates.can_stream_to_gpu else (False,)
     # from OP_OFFLOAD_MIN_BATCH sequences on, op offload copies CPU weights every step: a plan may turn it
@@ -88,22 +96,33 @@ def _optimize_candidates(p: _Problem) -> list:
     # without streaming, CPU weights as llama.cpp holds them (repacked where it repacks: the CPU's faster layout)
     # or pinned (plain: a prompt's copies at the link's rate), as the turn weighs them
     pins = (False, True) if rates.can_stream_to_gpu and not rates.unified else (False,)
-    candidates = [p.solve(p.fill_by_density, g, kv, st, "optimizer", off, pin)
-                  for g, kv, st in p.configs(streams) for off in offloads for pin in (pins if not st else (True,))]
+    yield from (p.solve(p.fill_by_density, g, kv, st, "optimizer", off, pin)
+                for g, kv, st in p.configs(streams) for off in offloads for pin in (pins if not st else (True,)))
     # llama.cpp's fill (whole layers, as -ngl) pinned too: a prompt's copies at the link's rate beside its decode
-    return candidates + _greedy_candidates(p, pins)
+    yield from _greedy_each(p, pins)
 
 
-_OF = {"optimizer": _optimize_candidates, "greedy": _greedy_candidates}
+_OF = {"optimizer": _optimize_each, "greedy": _greedy_each}
+
+
+_last: list[_Problem] = []  # the latest problem solved
+
+
+def _problem(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings) -> _Problem:
+    """The problem of these inputs, one for the solvers asked of them one after the other (plan_model asks the
+    optimizer, then the greedy baseline of an MoE): the configs both try are solved once (_Problem.solve)."""
+    if not (_last and _last[0].mu is mu and (_last[0].b, _last[0].r, _last[0].s) == (budgets, rates, settings)):
+        _last[:] = [_Problem(mu, budgets, rates, settings)]
+    return _last[0]
 
 
 def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
-    p = _Problem(mu, budgets, rates, settings)
-    return _pick(_greedy_candidates(p), p, _greedy_candidates)
+    p = _problem(mu, budgets, rates, settings)
+    return _pick(_greedy_candidates(p), p, _greedy_each)
 
 
 def optimize(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:
     """The best of the enumerated configs; the greedy baseline is one more candidate, so the result is
     never worse than it on the cost model."""
-    p = _Problem(mu, budgets, rates, settings)
-    return _pick(_optimize_candidates(p), p, _optimize_candidates)
+    p = _problem(mu, budgets, rates, settings)
+    return _pick(_optimize_candidates(p), p, _optimize_each)

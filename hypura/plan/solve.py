@@ -26,22 +26,29 @@ as one move (its stacked tensors stream whole: the link carries all of them, cos
 that table, the slots hold any layer a step streams (where they cannot, no stacks stream), and a plan
 made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
+The walks' sums are taken over every unit at once (plan/unit_sums.py), to the bit those of a walk that adds unit by
+unit, so ties break as they would; what depends on the model alone is made once for all its problems (`_Model`).
+
 The candidates each config gives, the one kept and the RAM floor are plan/search.py's.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
-                              step_probability, traffic)
+                              traffic)
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
+from hypura.plan.unit_sums import CODE, Moves, Placed, UnitSums, as_codes, codes, first_fastest, walk_seconds
 from hypura.units import ModelUnits
 
 
@@ -96,11 +103,79 @@ class Solution:
 
 
 @dataclass(frozen=True)
+class _Walk:
+    """The split's walk over a placement (_Problem._walk): its tiers, each unit's compute at its start, the moves
+    in order (a unit, or a layer's RAM expert stacks), the units each of a step's sums takes at its start
+    (UnitSums.load), and what each move is (_Problem._moves)."""
+
+    tiers: list[str]
+    compute: tuple[str, ...]
+    moves: list[list[int]]
+    placed: Placed
+    units: np.ndarray  # each move's unit; -1: a layer's stacks
+    stages: np.ndarray  # the stacks' layer; -1: a unit
+    disk: np.ndarray  # a unit from the disk tier
+
+
+@dataclass(frozen=True)
 class _Shortfall:
     tier: str
     need: int
     have: int
     detail: str
+
+
+class _Model:
+    """What the search needs of the model alone, made once for all its problems (`of`): the contexts, micro-batches
+    and budgets a decision tries, the optimizer and the greedy baseline, the RAM floor's bisection."""
+
+    def __init__(self, mu: ModelUnits):
+        self.mu = mu
+        self.stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # _Problem.stacks_move's sums
+        self.sums = UnitSums(mu)  # the split's step loads over every unit at once
+        # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
+        # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
+        self.expert_groups: dict[int, list[int]] = defaultdict(list)
+        for i, u in enumerate(mu.units):
+            if u.expert >= 0 and not u.host_only:
+                self.expert_groups[u.stage].append(i)
+        mean_p = {s: sum(mu.units[i].p for i in g) / len(g) for s, g in self.expert_groups.items()}
+        density = lambda i: mean_p[mu.units[i].stage] if mu.units[i].expert >= 0 else mu.units[i].p  # noqa: E731
+        self.density_order = sorted(
+            range(len(mu.units)),
+            key=lambda i: (-density(i), knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+        # in host memory experts are placed one by one: by their own p
+        self.host_order = sorted(
+            range(len(mu.units)),
+            key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+        # the fills' walks: fill_by_density's GPU candidates (a unit, or a layer's experts where the first of them
+        # comes) and RAM ones, fill_like_ngl's whole layers from the last, each with its bytes
+        self.gpu_moves: list[tuple[int, int, int]] = []  # (first unit, past the last, bytes)
+        placed: set[int] = set()
+        for i in self.density_order:
+            u = mu.units[i]
+            if not (u.host_only or i in placed):
+                group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
+                # units are in graph order (model_units), a layer's experts one after the other
+                assert group == list(range(group[0], group[-1] + 1)), "a layer's experts apart in graph order"
+                placed.update(group)
+                self.gpu_moves.append((group[0], group[-1] + 1, sum(mu.units[j].nbytes for j in group)))
+        self.ram_moves = [(i, mu.units[i].nbytes) for i in self.host_order if not mu.units[i].host_only]
+        by_stage: dict[int, list[int]] = defaultdict(list)
+        for i, u in enumerate(mu.units):
+            if not u.host_only:
+                by_stage[u.stage].append(i)
+        self.layers_down = [(by_stage[s], sum(mu.units[i].nbytes for i in by_stage[s]))
+                            for s in sorted(by_stage, reverse=True)]
+
+    _last: list[_Model] = []  # the model of the latest problem
+
+    @classmethod
+    def of(cls, mu: ModelUnits) -> _Model:
+        """The model's, made again only for another model (a ModelUnits is never changed)."""
+        if not (cls._last and cls._last[0].mu is mu):
+            cls._last[:] = [cls(mu)]
+        return cls._last[0]
 
 
 class _Problem:
@@ -117,22 +192,18 @@ class _Problem:
         self.n_slots = settings.prefetch_depth + 1
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
-        # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
-        # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
-        self._stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # stacks_move's sums
-        self.expert_groups: dict[int, list[int]] = defaultdict(list)
-        for i, u in enumerate(mu.units):
-            if u.expert >= 0 and not u.host_only:
-                self.expert_groups[u.stage].append(i)
-        mean_p = {s: sum(mu.units[i].p for i in g) / len(g) for s, g in self.expert_groups.items()}
-        density = lambda i: mean_p[mu.units[i].stage] if mu.units[i].expert >= 0 else mu.units[i].p  # noqa: E731
-        self.density_order = sorted(
-            range(len(mu.units)),
-            key=lambda i: (-density(i), knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
-        # in host memory experts are placed one by one: by their own p
-        self.host_order = sorted(
-            range(len(mu.units)),
-            key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
+        model = _Model.of(mu)
+        self.expert_groups, self.density_order = model.expert_groups, model.density_order
+        self.host_order, self.sums, self._stacks_moves = model.host_order, model.sums, model.stacks_moves
+        self.gpu_moves, self.ram_moves, self.layers_down = model.gpu_moves, model.ram_moves, model.layers_down
+        self._solved: dict[tuple, Solution | _Shortfall] = {}  # solve's, by config
+
+    def with_ram(self, ram: int) -> _Problem:
+        """This problem at another RAM budget (the RAM floor's bisection), sharing what depends only on the model,
+        rates and settings: the orders, the per-unit arrays and the stacks' sums."""
+        p = copy.copy(self)
+        p.b, p._solved = dataclasses.replace(self.b, ram=ram), {}
+        return p
 
     def slots_need(self, tiers, compute, select: Callable[[str, str], bool], n_slots: int = 0) -> list[int]:
         """Bytes of each pool slot as the runtime lays them out (runtime/stream_layout.py): the
@@ -146,40 +217,28 @@ class _Problem:
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units and RAM experts (stacks streamed
         whole) plus the k largest selected disk experts (a token needs at most k experts of a layer)."""
-        dense: dict[int, int] = defaultdict(int)
-        experts: dict[int, list[int]] = defaultdict(list)
-        for u, t, c in zip(self.mu.units, tiers, compute):
-            if u.host_only or not select(t, c):
-                continue
-            if u.expert >= 0 and t != RAM:
-                experts[u.stage].append(u.nbytes)
-            else:
-                dense[u.stage] += u.nbytes
-        k = self.mu.dims.n_expert_used or 1
-        return {s: dense[s] + sum(sorted(experts[s], reverse=True)[:k]) for s in dense.keys() | experts.keys()}
+        t, c = as_codes(tiers), as_codes(compute)
+        chosen = np.zeros((len(CODE), len(CODE)), dtype=bool)  # select, of each (tier, device) pair
+        for tier, i in CODE.items():
+            for dev, j in CODE.items():
+                chosen[i, j] = select(tier, dev)
+        return self.sums.stage_need(chosen[t, c], t, self.mu.dims.n_expert_used or 1)
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
         """The GPU first, by density (a layer's experts as one group, by their mean p); then RAM, unit
         by unit by its own density, so a layer's often-chosen experts stay in RAM and its rare ones go
         to disk; the rest to disk."""
-        units = self.mu.units
-        tiers: list[str | None] = [None] * len(units)
-        for i in self.density_order:
-            u = units[i]
-            if u.host_only or tiers[i] is not None:
-                continue  # host_only: reserved in RAM up front
-            group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
-            size = sum(units[j].nbytes for j in group)
+        tiers: list[str | None] = [None] * len(self.mu.units)  # host_only: reserved in RAM up front
+        for first, end, size in self.gpu_moves:
             fits = size <= gpu_cap and (not self.b.unified or size <= ram_cap)
-            for j in group:
-                tiers[j] = GPU if fits else RAM
+            tiers[first:end] = [GPU if fits else RAM] * (end - first)
             if fits:
                 gpu_cap -= size
                 ram_cap -= size if self.b.unified else 0
-        for i in self.host_order:
-            if tiers[i] == RAM and not units[i].host_only:
-                if units[i].nbytes <= ram_cap:
-                    ram_cap -= units[i].nbytes
+        for i, nbytes in self.ram_moves:
+            if tiers[i] == RAM:
+                if nbytes <= ram_cap:
+                    ram_cap -= nbytes
                 else:
                     tiers[i] = DISK
         return [RAM if t is None else t for t in tiers]
@@ -187,15 +246,10 @@ class _Problem:
     def fill_like_ngl(self, gpu_cap: int, ram_cap: int) -> list[str]:
         units = self.mu.units
         tiers: list[str | None] = [None] * len(units)
-        by_stage: dict[int, list[int]] = defaultdict(list)
-        for i, u in enumerate(units):
-            if not u.host_only:
-                by_stage[u.stage].append(i)
-        for stage in sorted(by_stage, reverse=True):
-            size = sum(units[i].nbytes for i in by_stage[stage])
+        for group, size in self.layers_down:
             if size > gpu_cap or (self.b.unified and size > ram_cap):
                 break
-            for i in by_stage[stage]:
+            for i in group:
                 tiers[i] = GPU
             gpu_cap -= size
             ram_cap -= size if self.b.unified else 0
@@ -212,18 +266,26 @@ class _Problem:
         """Move non-resident units to GPU compute (streamed into slots) while the time of a step of `parallel`
         tokens (the plan's) falls. base: the plan's split, whose disk units keep their path; then only RAM
         units move (a step's own path: step_paths), with the expert stacks of all-RAM layers where `stacks`."""
-        units = self.mu.units
-        compute = [GPU if t == GPU else (base[i] if base and t == DISK else CPU) for i, t in enumerate(tiers)]
-        step = StepLoad(self.r, parallel or self.s.parallel, op_offload, pinned)
-        for u, t, c in zip(units, tiers, compute):
-            step.add(u, t, c)
-        step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
-        best = step.seconds()
+        walk = self._walk(tiers, base, stacks)
+        compute = list(walk.compute)
+        for group in walk.moves[:self._best_prefixes(walk, kv_tier, op_offload, [parallel or self.s.parallel],
+                                                     pinned)[0]]:
+            for i in group:
+                compute[i] = GPU
+        return compute
+
+    def _walk(self, tiers: list[str], base: list[str] | None, stacks: bool) -> _Walk:
+        """The split's start (`compute`) and the moves it walks, the same for every step size."""
+        units, at_tier = self.mu.units, codes(tiers)
+        start = np.where(at_tier == CODE[GPU], CODE[GPU], CODE[CPU]).astype(np.int8)
+        if base:  # its disk units keep their path
+            start = np.where(at_tier == CODE[DISK], codes(base), start).astype(np.int8)
+        compute = tuple(_NAMES[start].tolist())
+        dense = ~self.sums.host_only & ~self.sums.expert
         # the plan's own path streams no experts: a step's path may (below); paged ones an expert cache loads one
         # by one instead (plan/experts.py)
-        movable = [] if base else [[i] for i, u in enumerate(units)
-                                   if tiers[i] == DISK and not u.host_only and u.expert < 0]
-        ram = [i for i, u in enumerate(units) if tiers[i] == RAM and not u.host_only and u.expert < 0]
+        movable = [] if base else [[i] for i in np.flatnonzero((at_tier == CODE[DISK]) & dense).tolist()]
+        ram = np.flatnonzero((at_tier == CODE[RAM]) & dense).tolist()
         # layers spread out (any prefix interleaves with the rest), so the copy engine streams the
         # next GPU layer while the CPU computes the layers between; a layer's units stay together
         spread = _spread_order(sorted({units[i].stage for i in ram}))
@@ -234,34 +296,43 @@ class _Problem:
             groups = self.ram_stacks(tiers)
             spread = _spread_order(sorted(groups))
             movable += [groups[s] for s in sorted(groups, key=spread.get)]
+        one = [len(group) == 1 for group in movable]
+        return _Walk(tiers, compute, movable, self.sums.placed(at_tier, start, self.r.unified),
+                     np.array([g[0] if o else -1 for g, o in zip(movable, one)], dtype=np.int64),
+                     np.array([-1 if o else units[g[0]].stage for g, o in zip(movable, one)], dtype=np.int64),
+                     np.array([o and tiers[g[0]] == DISK for g, o in zip(movable, one)], dtype=bool))
+
+    def _best_prefixes(self, walk: _Walk, kv_tier: str, op_offload: bool, sizes: list[int], pinned: bool) -> list[int]:
+        """How many of the walk's moves a step of each of `sizes` tokens takes: its fastest prefix."""
+        steps = [self.sums.load(StepLoad(self.r, k, op_offload, pinned), walk.placed) for k in sizes]
+        for step in steps:
+            step.add_kv(kv_tier, kv_read(self.kv, step.parallel, self.s.parallel))
         # disk units first: on unified memory they need no link copy, and the last CPU-computed one
         # gone lets op offload back on for a large batch (StepLoad)
         # the whole walk, then its best prefix: the time is not convex along it (the first streamed unit
         # slows the CPU's batched matmuls, the last CPU-computed one lets op offload back on)
-        best_n = 0
-        for n, group in enumerate(movable, 1):
-            if len(group) > 1:  # a layer's stacks: their sums, once a step size (hundreds of experts a layer)
-                step.move_stacks(*self.stacks_move(units[group[0]].stage, step.parallel))
-            else:
-                step.add(units[group[0]], tiers[group[0]], CPU, -1)
-                step.add(units[group[0]], tiers[group[0]], GPU)
-            t = step.seconds()
-            if t < best:
-                best, best_n = t, n
-        for group in movable[:best_n]:
-            for i in group:
-                compute[i] = GPU
-        return compute
+        return first_fastest(walk_seconds(steps, [self._moves(walk, k) for k in sizes]))
+
+    def _moves(self, walk: _Walk, parallel: int) -> Moves:
+        """The walk's moves at a step of `parallel` tokens: a unit's terms as StepLoad.add's, a layer's stacks
+        their sums (stacks_move, once a step size: hundreds of experts a layer)."""
+        read, flops = self.sums.terms(parallel)
+        one = walk.units >= 0
+        at = np.where(one, walk.units, 0)
+        moved, moved_flops, link = read[at], flops[at], read[at]
+        for j in np.flatnonzero(~one):
+            moved[j], moved_flops[j], link[j] = self.stacks_move(int(walk.stages[j]), parallel)
+        return Moves(moved, moved_flops, link, walk.disk)
 
     def stacks_move(self, stage: int, parallel: int) -> tuple[float, float, float]:
         """What streaming layer `stage`'s RAM expert stacks moves at a step of `parallel` tokens (StepLoad.move_stacks:
         the experts' bytes the step reads, their FLOPs, the stacks' whole bytes), summed once per step size."""
         key = (stage, parallel)
         if key not in self._stacks_moves:
-            group = [self.mu.units[i] for i in self.expert_groups[stage]]
-            self._stacks_moves[key] = (sum(step_probability(u.p, parallel) * u.nbytes for u in group),
-                                       sum(2.0 * parallel * u.elements * u.p for u in group),
-                                       float(sum(u.nbytes for u in group)))
+            group = self.expert_groups[stage]
+            read, flops = self.sums.terms(parallel)  # each expert's, as StepLoad.add takes them
+            self._stacks_moves[key] = (sum(read[group].tolist()), sum(flops[group].tolist()),
+                                       float(sum(self.mu.units[i].nbytes for i in group)))
         return self._stacks_moves[key]
 
     def ram_stacks(self, tiers) -> dict[int, list[int]]:
@@ -271,6 +342,21 @@ class _Problem:
 
     def solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
               op_offload: bool = True, pinned: bool = False) -> Solution | _Shortfall:
+        """One config (_solve_config), solved once: the CPU-only config is asked with and without pinned weights,
+        which it lacks, and the greedy baseline (search.greedy) after the optimizer's candidates that hold it."""
+        key = (fill.__name__, use_gpu, kv_tier, stream, solver, op_offload, self._pinned(use_gpu, stream, pinned))
+        if key not in self._solved:
+            self._solved[key] = self._solve_config(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned)
+        return self._solved[key]
+
+    def _pinned(self, use_gpu: bool, stream: bool, pinned: bool) -> bool:
+        """CPU weights held pinned (plain layout): a plan that streams to a discrete GPU always (per-step paths copy
+        them to slots), one that does not where asked (llama.cpp's -lm none); op offload then copies a batch's
+        share at the link's rate (cost.py)."""
+        return use_gpu and not self.r.unified and (stream or pinned)
+
+    def _solve_config(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str,
+                      op_offload: bool = True, pinned: bool = False) -> Solution | _Shortfall:
         """One config: fill and split with memory reservations (GPU pool slots, RAM staging, the
         host compute buffer) grown until what the placement needs fits in what was reserved.
 
@@ -303,10 +389,7 @@ class _Problem:
         """staged: (slots, bytes a slot) of RAM staging reserved up front, not grown: a placement whose disk
         layers need more falls short. stacks: steps may stream whole expert stacks (step_paths)."""
         b, units = self.b, self.mu.units
-        # CPU weights held pinned (plain layout): a plan that streams to a discrete GPU always (per-step paths copy
-        # them to slots), one that does not where asked (llama.cpp's -lm none); op offload then copies a batch's
-        # share at the link's rate (cost.py)
-        pinned = use_gpu and not self.r.unified and (stream or pinned)
+        pinned = self._pinned(use_gpu, stream, pinned)
         config = ((f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
                   + (", CPU weights pinned" if pinned and not stream else "") + ("" if op_offload else ", op offload off"))
         gpu_fixed = (self.buf if use_gpu else 0) + (self.kv if kv_tier == GPU else 0)
@@ -326,22 +409,23 @@ class _Problem:
                 return self._shortfall(gpu_cap < 0, use_gpu, kv_tier, gpu_fixed + pool, b.ram - ram_cap,
                                        pool, staging, host_buf)
             tiers = fill(gpu_cap, ram_cap)
+            at_tier = codes(tiers)
             compute = (self.split(tiers, kv_tier, op_offload, pinned=pinned) if stream
                        else [GPU if t == GPU else CPU for t in tiers])
             # with a GPU to stream to, each step size has its own path for RAM units; slots hold any of them
             steps = self.step_paths(tiers, kv_tier, op_offload, compute, pinned, stacks) if stream else ()
             compute = path_at(compute, tiers, steps, self.s.parallel)
+            on_cpu = codes(compute) == CODE[CPU]
             ever = path_at(compute, tiers, steps, None)
-            slots = self.slots_need(tiers, ever, lambda t, c: t != GPU and c == GPU)
+            slots = self.slots_need(at_tier, ever, lambda t, c: t != GPU and c == GPU)
             slots = [max(slots)] * len(slots) if slots else slots  # every slot as large as the largest layer
-            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK, n_stage)
+            stages = self.slots_need(at_tier, compute, lambda t, c: t == DISK, n_stage)
             stages = [max(stages)] * len(stages) if stages else stages
-            cpu_work = any(c == CPU and not u.host_only for u, c in zip(units, compute))
+            cpu_work = bool(np.any(on_cpu & ~self.sums.host_only))
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
             # host-pool slots hold ggml's plain layout (the runtime turns llama.cpp's repacking off beside them),
             # read by disk_readers readers at once, each with its own request buffer (paged experts: the pager's)
-            dense_disk = any(t == DISK and c == CPU and u.expert < 0 and not u.host_only
-                             for u, t, c in zip(units, tiers, compute))
+            dense_disk = bool(np.any((at_tier == CODE[DISK]) & on_cpu & ~self.sums.expert & ~self.sums.host_only))
             readers = (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM if dense_disk else 0
             if sum(slots) <= pool and sum(stages) + readers <= staging and need_host <= host_buf:
                 break
@@ -352,10 +436,10 @@ class _Problem:
                                        max(host_buf, need_host))
         else:
             return self._shortfall(False, use_gpu, kv_tier, 0, b.ram + 1, pool, staging, host_buf)
-        disk_left = sum(u.nbytes for u, t in zip(units, tiers) if t == DISK)
+        weights = {tier: self.sums.bytes_in(at_tier == CODE[tier]) for tier in (GPU, RAM, DISK)}
+        disk_left = weights[DISK]
         if disk_left and not b.disk:
             return _Shortfall("gpu+ram", b.gpu + b.ram + disk_left, b.gpu + b.ram, "disk streaming off")
-        weights = {tier: sum(u.nbytes for u, t in zip(units, tiers) if t == tier) for tier in (GPU, RAM, DISK)}
         memory = {
             GPU: {"weights": weights[GPU], "kv": self.kv if kv_tier == GPU else 0,
                   "compute": self.buf if use_gpu else 0, "pool": sum(slots)},
@@ -396,14 +480,13 @@ class _Problem:
                    pinned: bool = False, stacks: bool = True) -> tuple:
         """((tokens, RAM units streamed at that step size), ...) for each of step_sizes:
         the CPU computes few tokens from RAM faster than the link streams the bytes, a batch the other way."""
-        if not (any(t == RAM and not u.host_only and u.expert < 0 for u, t in zip(self.mu.units, tiers))
-                or (stacks and self.ram_stacks(tiers))):
+        in_ram = codes(tiers) == CODE[RAM]
+        if not (np.any(in_ram & ~self.sums.host_only & ~self.sums.expert) or (stacks and self.ram_stacks(tiers))):
             return ()
-        out = []
-        for k in step_sizes(self.s.n_ubatch, self.s.parallel):
-            c = self.split(tiers, kv_tier, op_offload, k, base, pinned, stacks)
-            out.append((k, tuple(i for i, t in enumerate(tiers) if t == RAM and c[i] == GPU)))
-        return tuple(out)
+        walk = self._walk(tiers, base, stacks)  # its moves are RAM units alone, computed by the CPU at its start
+        sizes = step_sizes(self.s.n_ubatch, self.s.parallel)
+        taken = self._best_prefixes(walk, kv_tier, op_offload, sizes, pinned)
+        return tuple((k, tuple(sorted(i for group in walk.moves[:n] for i in group))) for k, n in zip(sizes, taken))
 
     def _shortfall(self, on_gpu: bool, use_gpu: bool, kv_tier: str, gpu_need: int, ram_need: int,
                    pool: int, staging: int, host_buf: int) -> _Shortfall:
@@ -423,6 +506,9 @@ class _Problem:
         CPU-only config stays a candidate (a GPU budget too small for its buffers, tiny models)."""
         gpu = [(True, kv, st) for st in streams for kv in (GPU, RAM)] if self.gpu_usable else []
         return gpu + [(False, RAM, False)]
+
+
+_NAMES = np.array(sorted(CODE, key=CODE.get), dtype=object)  # CODE's names, by code
 
 
 def _spread_order(stages: list[int]) -> dict[int, float]:

@@ -42,7 +42,10 @@ def path_at(base, tiers, steps: tuple, tokens: int | None) -> list[str]:
         moved = {i for step in steps for i in step[1]}
     else:
         moved = set(next((step[1] for step in steps if tokens <= step[0]), steps[-1][1]))
-    return [GPU if i in moved else (CPU if t == RAM else c) for i, (c, t) in enumerate(zip(base, tiers))]
+    path = [CPU if t == RAM else c for c, t in zip(base, tiers)]
+    for i in moved:
+        path[i] = GPU
+    return path
 
 
 def step_sizes(n_ubatch: int, parallel: int) -> list[int]:
