@@ -174,15 +174,18 @@ def walk_seconds(steps: list[StepLoad], moves: list[Moves]) -> np.ndarray:
     gpu_flop_rate = r.gpu_flops or knobs.GPU_FLOPS_DEFAULT
     gpu_s = _div(p_gpu, r.gpu_read) + _div(p_gpu_flops * (parallel - 1) / parallel, gpu_flop_rate)
     cpu_flop_rate = np.where(link > 0, r.cpu_flops * knobs.CPU_BATCH_FLOPS_BESIDE_STREAMING, r.cpu_flops * 1.0)
-    cpu_s = _div(p_cpu, cpu_rate) + _div(p_cpu_flops * (parallel - 1) / parallel, cpu_flop_rate)
+    gain = np.array([r.cpu_gain(s.parallel) for s in steps], dtype=float)[:, None]
+    cpu_s = (_div(p_cpu, cpu_rate) + _div(p_cpu_flops * (parallel - 1) / parallel, cpu_flop_rate)) / gain
     offload_s = _div(offload, r.host_copy_rate(step.pinned))
     beside = (p_cpu - rows > 0) if (r.link and not r.unified) else np.zeros(p_cpu.shape, dtype=bool)
-    link_s = _div(link, np.where(beside, (r.link or 0.0) * knobs.LINK_BESIDE_CPU, r.link or 0.0)) + offload_s
+    streamed_s = _div(link, np.where(beside, (r.link or 0.0) * knobs.LINK_BESIDE_CPU, r.link or 0.0))
+    clash = knobs.COPY_CLASH * np.minimum(offload_s, streamed_s)
+    link_s = streamed_s + offload_s + clash
     paged_s = _div(expert_disk, r.expert_disk_read or r.disk_read)
     disk_s = _div(disk - expert_disk, r.disk_read) + paged_s  # Rates.disk_seconds
     shared = (p_cpu > 0) & (link > 0) & (not r.unified)
     ram_s = np.where(shared, _div(p_cpu + link, cpu_rate * knobs.RAM_SHARED_HEADROOM), 0.0)
-    return np.maximum(np.maximum(np.maximum(gpu_s + cpu_s + offload_s + paged_s, link_s), disk_s), ram_s)
+    return np.maximum(np.maximum(np.maximum(gpu_s + cpu_s + (offload_s + clash) + paged_s, link_s), disk_s), ram_s)
 
 
 def _div(num: np.ndarray, rate) -> np.ndarray:
