@@ -22,14 +22,16 @@ def time_prompts(paths: list[str], n_vocab: int) -> list[float]:
     from hypura.bindings.model import BareModel
     from hypura.profile.compute import _quiet_stderr
 
-    n = knobs.GPU_PROMPT_TOKENS
+    n, seqs = knobs.GPU_PROMPT_TOKENS, 1 + knobs.GPU_PROMPT_REPEATS
     tokens = [(7 + 13 * i) % n_vocab for i in range(n)]
     runs, batch = [], Batch(n)
     with _quiet_stderr():  # llama.cpp logs its loads and frees from C
         try:
             for p in paths:
+                # each prompt a sequence of its own, in a cache stream of its own: each attends to its own cells
                 runs.append(BareModel(p, {"n_gpu_layers": 999, "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE},
-                                      {"n_ctx": n, "n_batch": n, "n_ubatch": n, "offload_kqv": True}))
+                                      {"n_ctx": n * seqs, "n_seq_max": seqs, "kv_unified": False, "n_batch": n,
+                                       "n_ubatch": n, "offload_kqv": True}))
             return _best_prompts(runs, batch, tokens)
         finally:
             batch.close()
@@ -38,16 +40,17 @@ def time_prompts(paths: list[str], n_vocab: int) -> list[float]:
 
 
 def _best_prompts(runs: list, batch, tokens: list[int]) -> list[float]:
-    """Each run's best prompt of `tokens` (from position 0, the cache cleared), after a warm-up."""
+    """Each run's best prompt of `tokens`, each prompt from position 0 of a sequence of its own, after a warm-up."""
     import llama_cpp
 
     n, b = len(tokens), batch.c
     b.n_tokens = n
     for i, t in enumerate(tokens):
-        b.token[i], b.pos[i], b.logits[i], b.seq_id[i][0] = t, i, 0, 0
+        b.token[i], b.pos[i], b.logits[i] = t, i, 0
 
-    def prompt(llm) -> float:
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    def prompt(llm, seq: int) -> float:
+        for i in range(n):
+            b.seq_id[i][0] = seq
         t0 = time.perf_counter()
         if llama_cpp.llama_decode(llm.ctx, b) != 0:
             raise RuntimeError(f"llama_decode failed on a slice of {n} tokens")
@@ -55,10 +58,10 @@ def _best_prompts(runs: list, batch, tokens: list[int]) -> list[float]:
         return time.perf_counter() - t0
 
     for llm in runs:
-        prompt(llm)  # warm-up: the kernels' first launch, the compute buffer's
+        prompt(llm, 0)  # warm-up: the kernels' first launch, the compute buffer's
     best = [float("inf")] * len(runs)
-    for _ in range(knobs.GPU_PROMPT_REPEATS):
-        best = [min(s, prompt(llm)) for s, llm in zip(best, runs)]
+    for seq in range(1, 1 + knobs.GPU_PROMPT_REPEATS):
+        best = [min(s, prompt(llm, seq)) for s, llm in zip(best, runs)]
     return best
 
 
