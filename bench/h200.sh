@@ -291,7 +291,7 @@ passes)  # a pass's cost by its tokens (the verification curve) beside llama-ben
     ;;
 ttft)  # time to first token of one 4,096-token prompt through `hypura serve` beside vanilla llama-server of the same
     # source (built on the CPU side against the same headers: .prebuilt/llama-server.tar.xz; it runs on this build's
-    # libraries), with vanilla's best flags for prompts (-lm none: pinned host weights) at micro-batches 512 and 2048
+    # libraries), with vanilla's best flags for prompts (-lm none: pinned host weights, micro-batch 2048)
     models_done
     srv=/tmp/llama-server; mkdir -p $srv && tar xJf .prebuilt/llama-server.tar.xz -C $srv || exit 1
     for m in q3 l70; do
@@ -302,7 +302,7 @@ ttft)  # time to first token of one 4,096-token prompt through `hypura serve` be
         timeout 240 python3 bench/serve_ttft.py $M --port 8091 --repeats $reps --json "$RES/ttft-$m-hypura.json" -- \
             python3 -m hypura.cli.main serve -m $M --port 8091 -np 1 -c 8192 --gpu-mem $gpu --ram 64GiB \
             2>&1 | tail -1 | sed "s/^/$m hypura serve: /" | tee -a "$RES/summary.txt"
-        for ub in 512 2048; do
+        for ub in 2048; do  # its best for these prompts (ub 512: 2.6 s for the MoE, 2026-12-06)
             LD_LIBRARY_PATH=$srv:$(libdir) timeout 200 python3 bench/serve_ttft.py $M --port 8092 --repeats $reps \
                 --json "$RES/ttft-$m-vanilla-ub$ub.json" -- $srv/llama-server -m $M --port 8092 -np 1 -c 8192 $vflags \
                 -ub $ub -b $ub 2>&1 | tail -1 | sed "s/^/$m llama-server $vflags -ub $ub: /" | tee -a "$RES/summary.txt"
