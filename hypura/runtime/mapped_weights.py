@@ -48,12 +48,15 @@ class PinStats:
     nbytes: int
     seconds: float
     refused: int  # bytes the GPU did not register (left pageable)
+    registered: bool  # with a GPU: its pages registered (pinned); else only mapped (and read in where cold)
 
     @property
     def line(self) -> str:
         rate = f", {self.nbytes / self.seconds / 1e9:.1f} GB/s" if self.seconds > 0 else ""
         refused = f"; {self.refused / 2**30:.1f} GiB refused, left pageable" if self.refused else ""
-        return f"hypura: load: {self.nbytes / 2**30:.1f} GiB of weights pinned in the page cache in {self.seconds:.2f} s{rate}{refused}"
+        how = "pinned" if self.registered else "mapped"
+        return (f"hypura: load: {self.nbytes / 2**30:.1f} GiB of weights {how} in the page cache in "
+                f"{self.seconds:.2f} s{rate}{refused}")
 
 
 class MappedWeights:
@@ -133,7 +136,9 @@ class MappedWeights:
             f, at, n = piece
             if reads is not None:
                 reads.read(f, at, n)
-            return register is None or bool(register(ffi.cast("void *", self._maps[f][0] + at), n))
+            # whole pages: the file's last one is mapped past its end
+            return register is None or bool(register(ffi.cast("void *", self._maps[f][0] + at),
+                                                     -(-n // mmap.PAGESIZE) * mmap.PAGESIZE))
 
         try:
             with ThreadPoolExecutor(min(self.threads, max(1, len(pieces))), thread_name_prefix="hypura-pin") as pool:
@@ -144,7 +149,7 @@ class MappedWeights:
         if register is not None:
             self._registered = [self._maps[f][0] + at for (f, at, _), ok in zip(pieces, done) if ok]
         refused = sum(n for (_, _, n), ok in zip(pieces, done) if not ok)
-        self.stats = PinStats(sum(n for _, _, n in pieces), time.perf_counter() - t0, refused)
+        self.stats = PinStats(sum(n for _, _, n in pieces), time.perf_counter() - t0, refused, register is not None)
         if refused:
             warnings.warn(f"hypura: the GPU did not pin {refused / 2**30:.1f} GiB of the mapped weights: the GPU "
                           f"copies them at pageable speed", stacklevel=2)
