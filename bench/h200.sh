@@ -247,6 +247,7 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
             > "$RES/vanilla-q3-pp-$cfg.json" 2> /dev/null
         note "q3 vanilla -ncmoe 41 $lm -ub $ub pp512 pp2048 tg32 (each -ub): $(tps "$RES/vanilla-q3-pp-$cfg.json")"
     done
+    if [ "${L70:-1}" = 1 ]; then  # L70=0: the MoE's rows only
     hy inspect $M70 --gpu-mem 8GiB --ram 64GiB --json "$RES/plan-l70-g8.json" 2>&1 | grep -E "context|mode|chosen|predict" \
         | sed "s/^/l70 plan: /" | tee -a "$RES/summary.txt"
     timeout 240 python3 -m hypura.cli.main bench $M70 --gpu-mem 8GiB --ram 64GiB -p 512,2048,8192 -n 0 -r 1 \
@@ -254,6 +255,7 @@ prefill)  # prompts at the link's bound: q3 at 4 GiB and l70 at 8 GiB, one promp
     timeout 200 "$(libdir)/llama-bench" -m $M70 -ngl 14 -lm none -ub 512,2048 -p 512,2048,8192 -n 0 -r 1 -o json \
         > "$RES/vanilla-l70-pp-lmnone.json" 2> /dev/null
     note "l70 vanilla -ngl 14 -lm none -ub 512,2048 pp512 pp2048 pp8192 (each -ub): $(tps "$RES/vanilla-l70-pp-lmnone.json")"
+    fi
     # the GPU's own compute for the same prompts, every weight resident (q3 fits the whole GPU): what a micro-batch
     # costs beside its copies (op offload's copies and compute run one after the other)
     release_gpu; timeout 100 "$(libdir)/llama-bench" -m $MQ3 -ngl 99 -ub 2048 -p 512,2048 -n 0 -r 2 -o json \
