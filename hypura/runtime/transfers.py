@@ -43,7 +43,7 @@ class Piece:
     file_idx: int
     file_offset: int
     nbytes: int
-    pinned: object = None  # RAM source: its pinned copy
+    pinned: object = None  # RAM source: its bytes in the mapped file (pinned with a GPU)
     at: int = 0  # where in the tensor the bytes go (an expert's slot in a stacked slot tensor)
 
 

@@ -2,14 +2,14 @@
 
 A streamed tensor lives in a pool slot (include/hypura.h, "Pools") and is computed where its pool
 is: the GPU pool when the plan computes it on the GPU, the host pool when the CPU computes a
-disk-tier tensor. Its bytes come from RAM (a pinned copy made at load) or disk (read each time
-with O_DIRECT). Layers take slots round-robin in graph order, so the layers in flight at once
+disk-tier tensor. Its bytes come from RAM (its pages in the mapped file, pinned at load: ../mapped_weights.py)
+or disk (read each time with O_DIRECT). Layers take slots round-robin in graph order, so the layers in flight at once
 (the one computing and up to prefetch-depth ahead) never share a slot.
 
 A RAM tensor that some step sizes stream and others compute on the CPU (the plan's `step_paths`) is
-`dual`: it has a pool slot and a home, its pinned copy, where the CPU computes it in place; the
+`dual`: it has a pool slot and a home, its bytes in the mapped file, where the CPU computes it in place; the
 layer streamer moves it between them as the step size asks (dense/layer_streamer.py). A MoE layer's stacked
-expert tensors, every expert in RAM, can be dual too: streamed whole, home in pinned RAM in ggml's plain layout.
+expert tensors, every expert in RAM, can be dual too: streamed whole, home in the mapped file (ggml's plain layout).
 """
 
 from __future__ import annotations
@@ -75,6 +75,6 @@ class StreamLayout:
         return slots * max(per_layer.values(), default=0)
 
     def pinned_bytes(self) -> int:
-        """RAM-sourced streamed bytes: the pinned copy the GPU pool is filled from."""
+        """RAM-sourced streamed bytes: the pinned pages of the mapped file the GPU pool is filled from."""
         return sum(s.nbytes for s in self.tensors.values() if s.source == RAM)
 
