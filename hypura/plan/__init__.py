@@ -56,7 +56,7 @@ _last: list[tuple] = []  # (header, expert_probs, their units), the latest
 
 def _units(header: ModelHeader, expert_probs: Mapping[int, Sequence[float]] | None) -> ModelUnits:
     """model_units, made again only for another header or routing: a decision plans one model at several contexts
-    and micro-batches, and the search keeps what depends on the model alone for the same units (solve._Model)."""
+    and micro-batches, and the search keeps what depends on the model alone for the same units (plan/model_orders.py)."""
     if not (_last and _last[0][0] is header and _last[0][1] is expert_probs):
         _last[:] = [(header, expert_probs, model_units(header, expert_probs))]
     return _last[0][2]

@@ -27,7 +27,7 @@ that table, the slots hold any layer a step streams (where they cannot, no stack
 made for several sequences is scored for one too, which reads its own share of the KV cache (`kv_read`).
 
 The walks' sums are taken over every unit at once (plan/unit_sums.py), to the bit those of a walk that adds unit by
-unit, so ties break as they would; what depends on the model alone is made once for all its problems (`_Model`).
+unit, so ties break as they would; what depends on the model alone is made once for all its problems (plan/model_orders.py).
 
 The candidates each config gives, the one kept and the RAM floor are plan/search.py's.
 """
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,8 +46,9 @@ from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               traffic)
+from hypura.plan.model_orders import ModelOrders
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
-from hypura.plan.unit_sums import CODE, Moves, Placed, UnitSums, as_codes, codes, first_fastest, walk_seconds
+from hypura.plan.unit_sums import CODE, Moves, Placed, as_codes, codes, first_fastest, walk_seconds
 from hypura.units import ModelUnits
 
 
@@ -125,59 +125,6 @@ class _Shortfall:
     detail: str
 
 
-class _Model:
-    """What the search needs of the model alone, made once for all its problems (`of`): the contexts, micro-batches
-    and budgets a decision tries, the optimizer and the greedy baseline, the RAM floor's bisection."""
-
-    def __init__(self, mu: ModelUnits):
-        self.mu = mu
-        self.stacks_moves: dict[tuple[int, int], tuple[float, float, float]] = {}  # _Problem.stacks_move's sums
-        self.sums = UnitSums(mu)  # the split's step loads over every unit at once
-        # a layer's experts are one stacked tensor, in one buffer: the GPU holds all of them or none (the
-        # runtime computes a stack split across tiers from RAM), so they are placed together, by their mean p
-        self.expert_groups: dict[int, list[int]] = defaultdict(list)
-        for i, u in enumerate(mu.units):
-            if u.expert >= 0 and not u.host_only:
-                self.expert_groups[u.stage].append(i)
-        mean_p = {s: sum(mu.units[i].p for i in g) / len(g) for s, g in self.expert_groups.items()}
-        density = lambda i: mean_p[mu.units[i].stage] if mu.units[i].expert >= 0 else mu.units[i].p  # noqa: E731
-        self.density_order = sorted(
-            range(len(mu.units)),
-            key=lambda i: (-density(i), knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
-        # in host memory experts are placed one by one: by their own p
-        self.host_order = sorted(
-            range(len(mu.units)),
-            key=lambda i: (-mu.units[i].p, knobs.ROLE_RANK[mu.units[i].role], mu.units[i].stage, i))
-        # the fills' walks: fill_by_density's GPU candidates (a unit, or a layer's experts where the first of them
-        # comes) and RAM ones, fill_like_ngl's whole layers from the last, each with its bytes
-        self.gpu_moves: list[tuple[int, int, int]] = []  # (first unit, past the last, bytes)
-        placed: set[int] = set()
-        for i in self.density_order:
-            u = mu.units[i]
-            if not (u.host_only or i in placed):
-                group = self.expert_groups[u.stage] if u.expert >= 0 else [i]
-                # units are in graph order (model_units), a layer's experts one after the other
-                assert group == list(range(group[0], group[-1] + 1)), "a layer's experts apart in graph order"
-                placed.update(group)
-                self.gpu_moves.append((group[0], group[-1] + 1, sum(mu.units[j].nbytes for j in group)))
-        self.ram_moves = [(i, mu.units[i].nbytes) for i in self.host_order if not mu.units[i].host_only]
-        by_stage: dict[int, list[int]] = defaultdict(list)
-        for i, u in enumerate(mu.units):
-            if not u.host_only:
-                by_stage[u.stage].append(i)
-        self.layers_down = [(by_stage[s], sum(mu.units[i].nbytes for i in by_stage[s]))
-                            for s in sorted(by_stage, reverse=True)]
-
-    _last: list[_Model] = []  # the model of the latest problem
-
-    @classmethod
-    def of(cls, mu: ModelUnits) -> _Model:
-        """The model's, made again only for another model (a ModelUnits is never changed)."""
-        if not (cls._last and cls._last[0].mu is mu):
-            cls._last[:] = [cls(mu)]
-        return cls._last[0]
-
-
 class _Problem:
     def __init__(self, mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings):
         self.mu, self.b, self.r, self.s = mu, budgets, rates, settings
@@ -192,7 +139,7 @@ class _Problem:
         self.n_slots = settings.prefetch_depth + 1
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
-        model = _Model.of(mu)
+        model = ModelOrders.of(mu)
         self.expert_groups, self.density_order = model.expert_groups, model.density_order
         self.host_order, self.sums, self._stacks_moves = model.host_order, model.sums, model.stacks_moves
         self.gpu_moves, self.ram_moves, self.layers_down = model.gpu_moves, model.ram_moves, model.layers_down
