@@ -59,6 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hypura.plan import knobs
+from hypura.step_time import batch_compute_s, seconds_at, step_probability  # noqa: F401  (shared with the profile)
 from hypura.units import ModelUnits
 from hypura.tiers.names import CPU, DISK, GPU, RAM  # noqa: F401  (re-exported: the plan speaks them)
 
@@ -205,15 +206,7 @@ class Prediction:
         return {k: v * self.decode_tok_s / self.parallel / 1e9 for k, v in self.bytes_per_token.items()}
 
 
-def _div(num: float, rate: float | None) -> float:
-    if num <= 0:
-        return 0.0
-    return num / rate if rate else float("inf")
-
-
-def step_probability(p: float, parallel: int) -> float:
-    """Probability that a step of `parallel` tokens reads a unit each token reads with probability p."""
-    return 1.0 if p >= 1.0 else 1.0 - (1.0 - p) ** parallel
+_div = seconds_at
 
 
 def bytes_seconds(nbytes: dict, r: Rates, expert_disk: float = 0.0, pinned: bool = False) -> dict:
@@ -223,13 +216,6 @@ def bytes_seconds(nbytes: dict, r: Rates, expert_disk: float = 0.0, pinned: bool
     return {CPU: nbytes[CPU] / r.cpu_rate(pinned), "link": nbytes["link"] / r.link if r.link else 0.0,
             "disk": r.disk_seconds(nbytes["disk"], expert_disk),
             GPU: nbytes[GPU] / r.gpu_read if r.gpu_read else 0.0}
-
-
-def batch_compute_s(nbytes: float, flops: float, read_rate: float | None, flop_rate: float | None,
-                    parallel: int) -> float:
-    """A device's seconds for a step: its weight bytes at the one-token decode rate (that token's compute
-    included), then the FLOPs of the step's other tokens at its matmul rate."""
-    return _div(nbytes, read_rate) + _div(flops * (parallel - 1) / parallel, flop_rate)
 
 
 def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, offload: float, link: float,

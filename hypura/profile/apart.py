@@ -10,9 +10,11 @@ the child's last line of stderr.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +23,19 @@ from typing import Any
 from hypura.errors import HypuraError
 
 TIMEOUT_S = 300  # a child loads at most knobs.SLICE_BYTES and measures for seconds
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """llama.cpp logs from C to fd 2; keep the profile's progress readable."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def call(fn: Callable, *args) -> Any:

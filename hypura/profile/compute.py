@@ -20,9 +20,7 @@ a model, the RAM copy rate stands in (a proxy, and the method says so).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -47,24 +45,11 @@ def block_counts(header: ModelHeader) -> tuple[int, int]:
 def token_load(header: ModelHeader, blocks: int, tokens: int = 1) -> tuple[float, float]:
     """(bytes, weights) a decode step of `tokens` tokens reads of the first `blocks` blocks, as the planner counts
     them (an expert when any token selects it; weights a token multiplies)."""
-    from hypura.plan.cost import step_probability
+    from hypura.step_time import step_probability
     from hypura.units import model_units
 
     units = [u for u in model_units(header).units if 0 <= u.layer < blocks]
     return sum(step_probability(u.p, tokens) * u.nbytes for u in units), sum(u.p * u.elements for u in units)
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """llama.cpp logs from C to fd 2; keep the profile's progress readable."""
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 class _Steps:
@@ -78,7 +63,7 @@ class _Steps:
         from hypura.bindings.model import BareModel
 
         n = knobs.LLAMA_PROMPT_TOKENS
-        with _quiet_stderr():  # on a GPU build too: the CPU alone computes, from plain (not pinned) memory
+        with apart.quiet_stderr():  # on a GPU build too: the CPU alone computes, from plain (not pinned) memory
             # plain: ggml's own layout, as a plan holds pinned CPU weights; else repacked where llama.cpp repacks
             self.llm = BareModel(str(path), {"n_gpu_layers": 0, "load_mode": llama_cpp.LLAMA_LOAD_MODE_NONE,
                                           "no_host": True, **({"use_extra_bufts": False} if plain else {})},
@@ -236,7 +221,7 @@ def _batch_gains(header: ModelHeader, base: int, top: int, times: dict, block_bw
     such a step (plan/cost.py batch_compute_s: the bytes it reads at the one-token rate, its further tokens at the
     prefill rate) over the time they took. A step's tokens share the reads (several select an expert, a weight
     row serves all of them) more than that sum says."""
-    from hypura.plan.cost import batch_compute_s
+    from hypura.step_time import batch_compute_s
 
     out = []
     for tokens, at in ((knobs.LLAMA_BATCH_TOKENS, 3), (knobs.LLAMA_PROMPT_TOKENS, 2)):

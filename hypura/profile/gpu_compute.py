@@ -20,12 +20,12 @@ def time_prompts(paths: list[str], n_vocab: int) -> list[float]:
 
     from hypura.bindings.batch import Batch
     from hypura.bindings.model import BareModel
-    from hypura.profile.compute import _quiet_stderr
+    from hypura.profile.apart import quiet_stderr
 
     n, seqs = knobs.GPU_PROMPT_TOKENS, 1 + knobs.GPU_PROMPT_REPEATS
     tokens = [(7 + 13 * i) % n_vocab for i in range(n)]
     runs, batch = [], Batch(n)
-    with _quiet_stderr():  # llama.cpp logs its loads and frees from C
+    with quiet_stderr():  # llama.cpp logs its loads and frees from C
         try:
             for p in paths:
                 # each prompt a sequence of its own, in a cache stream of its own: each attends to its own cells
