@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.profile.devices import cpu_device, first_gpu
+from hypura.tiers.file_readers import FileReaders
 from hypura.tiers.residency import map_read_only, unmap
 
 # a registration and a prefetch read of this size keep eight threads busy on a few layers; small beside
@@ -174,27 +175,26 @@ class MappedWeights:
 
 
 class _Prefetch:
-    """Reads file ranges through the page cache into a scratch buffer of each thread's own, in large requests
-    (the GIL is released while the kernel reads): the pages land in the cache, where the mapping finds them."""
+    """Reads file ranges through the page cache (the cached readers of tiers/file_readers.py, each worker its own,
+    with their retries and errors) and drops the bytes: the pages land in the cache, where the mapping finds them."""
 
     def __init__(self, paths: list[str]):
-        self._fds = [os.open(p, os.O_RDONLY) for p in paths]
+        self.paths = paths
         self._local = threading.local()
+        self._readers: list[FileReaders] = []
+        self._lock = threading.Lock()  # guards _readers (each worker adds its own once)
 
     def read(self, f: int, at: int, n: int) -> None:
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None:
-            scratch = self._local.scratch = memoryview(bytearray(READ_BYTES))
-        end = at + n
-        while at < end:
-            got = os.preadv(self._fds[f], [scratch[:min(READ_BYTES, end - at)]], at)
-            if got <= 0:
-                raise HypuraError(f"the model file {f} ended at byte {at} while pinning its weights")
-            at += got
+        readers = getattr(self._local, "readers", None)
+        if readers is None:
+            readers = self._local.readers = FileReaders(self.paths, request=READ_BYTES, cached=True)
+            with self._lock:
+                self._readers.append(readers)
+        readers.get(f).read(at, n, lambda piece, pos: None)
 
     def close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
+        for readers in self._readers:
+            readers.close()
 
 
 def _proc(name: bytes, signature: str):
