@@ -46,6 +46,9 @@ def point_llama_cpp_at_our_library() -> Path:
     """Make `import llama_cpp` load our library; fail clearly if it already loaded another."""
     path = lib_path()
     os.environ["LLAMA_CPP_LIB_PATH"] = str(path.parent)
+    # ggml-cuda registers host memory (runtime/mapped_weights.py) only where this is set, and reads it at each
+    # call: set once, before the library runs, never while another thread may read the environment
+    os.environ.setdefault("GGML_CUDA_REGISTER_HOST", "1")
     loaded = sys.modules.get("llama_cpp.llama_cpp")
     if loaded is not None:
         loaded_path = Path(getattr(loaded._lib, "_name", "")).resolve()

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from hypura.bindings.ffi import ffi, lib
-from hypura.errors import HypuraError
+from hypura.errors import HypuraError, ModelFileError
 from hypura.profile.devices import cpu_device, first_gpu
 from hypura.tiers.file_readers import FileReaders
 from hypura.tiers.residency import map_read_only, unmap
@@ -64,17 +64,25 @@ class MappedWeights:
     def __init__(self, paths: list[str], prefetch: bool, threads: int):
         self.paths, self.prefetch, self.threads = paths, prefetch, max(1, threads)
         self._maps: list[tuple[int, int]] = []  # (address, size) per file
-        for path in paths:
-            self._maps.append(map_read_only(path))
-            if not self._maps[-1][0]:
-                self.close()
-                raise HypuraError(f"cannot map {path} into memory")
         self._buffers: list = [None] * len(paths)  # a CPU buffer over each mapping, made when first asked
         self._ranges: list[tuple[int, int, int]] = []  # (file, offset, nbytes) to pin
         self._registered: list[int] = []  # piece addresses, to unregister
         self._stream = None  # the C stream that re-homes deferred tensors
         self._callbacks = None
+        self._files: list[tuple[int, int, int]] = []  # (descriptor, size, mtime) per file, watched by check()
         self.stats: PinStats | None = None
+        try:
+            for path in paths:
+                try:
+                    self._files.append(_stamp(os.open(path, os.O_RDONLY)))
+                    self._maps.append(map_read_only(path))
+                except OSError as e:
+                    raise HypuraError(f"cannot map {path}: {e.strerror}") from None
+                if not self._maps[-1][0]:
+                    raise HypuraError(f"cannot map {path} into memory")
+        except BaseException:
+            self.close()  # the files mapped before this one
+            raise
 
     # --- during the load ------------------------------------------------------------------------
     def home(self, info):
@@ -112,49 +120,66 @@ class MappedWeights:
 
     # --- after the load -------------------------------------------------------------------------
     def pieces(self) -> list[tuple[int, int, int]]:
-        """(file, offset, length) of page-aligned, disjoint pieces covering the noted ranges, merged per file."""
+        """(file, offset, length) of page-aligned, disjoint pieces covering the noted ranges, each registered
+        once. Every weight lies whole in one piece: CUDA refuses (invalid argument) a copy whose host range
+        crosses two registrations, and weights share pages, so a piece ends past PIECE_BYTES only at a page
+        no weight shares with the next. Ranges within MERGE_GAP of each other join the same piece."""
         page, out = mmap.PAGESIZE, []
         for f, (_, size) in enumerate(self._maps):
-            runs: list[list[int]] = []
+            piece: list[int] = []  # [lo, hi) of the piece being grown
             for start, n in sorted((o, n) for i, o, n in self._ranges if i == f):
                 lo, hi = start // page * page, min(size, -(-(start + n) // page) * page)
-                if runs and lo <= runs[-1][1] + MERGE_GAP:
-                    runs[-1][1] = max(runs[-1][1], hi)
+                if piece and (lo < piece[1] or (lo <= piece[1] + MERGE_GAP and piece[1] - piece[0] < PIECE_BYTES)):
+                    piece[1] = max(piece[1], hi)  # a shared page, or near and the piece not full yet
                 else:
-                    runs.append([lo, hi])
-            for lo, hi in runs:
-                out += [(f, at, min(PIECE_BYTES, hi - at)) for at in range(lo, hi, PIECE_BYTES)]
+                    if piece:
+                        out.append((f, piece[0], piece[1] - piece[0]))
+                    piece = [lo, hi]
+            if piece:
+                out.append((f, piece[0], piece[1] - piece[0]))
         return out
 
     def pin(self) -> PinStats:
-        """Every noted range read in (where prefetching) and registered with the GPU; see the protocol."""
+        """Every noted range read in (where prefetching) and registered with the GPU; see the protocol. A failure
+        part-way leaves what was registered recorded, for close() to release."""
         pieces = self.pieces()
         register = _register_fn()
-        reads = _Prefetch(self.paths) if self.prefetch else None
         t0 = time.perf_counter()
+        lock = threading.Lock()
 
         def one(piece: tuple[int, int, int]) -> bool:
             f, at, n = piece
-            if reads is not None:
-                reads.read(f, at, n)
             # whole pages: the file's last one is mapped past its end
-            return register is None or bool(register(ffi.cast("void *", self._maps[f][0] + at),
-                                                     -(-n // mmap.PAGESIZE) * mmap.PAGESIZE))
+            if not register(ffi.cast("void *", self._maps[f][0] + at), -(-n // mmap.PAGESIZE) * mmap.PAGESIZE):
+                return False
+            with lock:
+                self._registered.append(self._maps[f][0] + at)
+            return True
 
-        try:
-            with ThreadPoolExecutor(min(self.threads, max(1, len(pieces))), thread_name_prefix="hypura-pin") as pool:
-                done = list(pool.map(one, pieces))
-        finally:
-            if reads is not None:
-                reads.close()
-        if register is not None:
-            self._registered = [self._maps[f][0] + at for (f, at, _), ok in zip(pieces, done) if ok]
+        workers = min(self.threads, max(1, len(pieces)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="hypura-pin") as pool:
+            if self.prefetch:  # every page in the cache first: a registration faults a cold page in alone
+                reads = _Prefetch(self.paths)
+                try:
+                    list(pool.map(lambda chunk: reads.read(*chunk), _chunks(pieces)))
+                finally:
+                    reads.close()
+            done = list(pool.map(one, pieces)) if register is not None else [True] * len(pieces)
         refused = sum(n for (_, _, n), ok in zip(pieces, done) if not ok)
         self.stats = PinStats(sum(n for _, _, n in pieces), time.perf_counter() - t0, refused, register is not None)
         if refused:
             warnings.warn(f"hypura: the GPU did not pin {refused / 2**30:.1f} GiB of the mapped weights: the GPU "
                           f"copies them at pageable speed", stacklevel=2)
         return self.stats
+
+    def check(self) -> None:
+        """Raise if a file changed in place since it was mapped (after each decode, on the decoding thread): the
+        GPU's registered pages keep the old bytes, the mapping sees the new ones, and the results are void."""
+        for path, (fd, size, mtime) in zip(self.paths, self._files):
+            now = os.fstat(fd)
+            if (now.st_size, now.st_mtime_ns) != (size, mtime):
+                what = f"it shrank to {now.st_size} bytes" if now.st_size < size else "it was written to"
+                raise ModelFileError(f"{path} changed while in use ({what}): the results are void; load it again")
 
     def close(self) -> None:
         """After the model and its contexts are freed; safe to call twice."""
@@ -172,6 +197,9 @@ class MappedWeights:
         for addr, size in self._maps:
             unmap(addr, size)
         self._maps = []
+        for fd, _, _ in self._files:
+            os.close(fd)
+        self._files = []
 
 
 class _Prefetch:
@@ -197,6 +225,16 @@ class _Prefetch:
             readers.close()
 
 
+def _stamp(fd: int) -> tuple[int, int, int]:
+    st = os.fstat(fd)
+    return fd, st.st_size, st.st_mtime_ns
+
+
+def _chunks(pieces: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The pieces cut in reads of at most PIECE_BYTES, so a large piece's pages come in on several workers."""
+    return [(f, pos, min(PIECE_BYTES, at + n - pos)) for f, at, n in pieces for pos in range(at, at + n, PIECE_BYTES)]
+
+
 def _proc(name: bytes, signature: str):
     gpu = first_gpu()
     if gpu is None:
@@ -207,9 +245,8 @@ def _proc(name: bytes, signature: str):
 
 
 def _register_fn():
-    """ggml-cuda's registration of host memory (cudaHostRegister, read-only), None without a GPU. ggml asks for
-    the variable before each call: it registers nothing for llama.cpp's own loads, which never call it."""
-    os.environ["GGML_CUDA_REGISTER_HOST"] = "1"
+    """ggml-cuda's registration of host memory (cudaHostRegister, read-only), None without a GPU. It registers
+    only where GGML_CUDA_REGISTER_HOST is set (bindings/library.py sets it); llama.cpp's own loads never call it."""
     return _proc(b"ggml_backend_register_host_buffer", "bool (*)(void *, size_t)")
 
 

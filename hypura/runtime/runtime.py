@@ -245,6 +245,8 @@ class Runtime:
         with self.stats.timed(batch.n_tokens, decode):
             rc = llama_cpp.llama_decode(ctx, batch.c)
             llama_cpp.llama_synchronize(ctx)
+        if self.mapped is not None:
+            self.mapped.check()
         for m in self.mechanisms():
             m.after_decode()
         return rc
