@@ -7,3 +7,7 @@ class HypuraError(Exception):
 
 class ModelFileError(HypuraError, ValueError):
     """The model file is missing, not a GGUF, truncated or unsupported."""
+
+
+class DeviceError(HypuraError, ValueError):
+    """A device name (llama.cpp's --device) that names no device this machine can offload to."""

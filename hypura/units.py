@@ -91,6 +91,9 @@ class Unit:
     elements: int  # weights: 2 FLOP each per token that reads the unit
     p: float  # probability a decode token reads it
     host_only: bool = False  # token_embd: llama.cpp always keeps the input layer on the CPU
+    # a tied token_embd: one tensor read by the graph's first node (the input rows) and its last (the output), so
+    # a stream slot would be held through the whole graph, shared with other layers (runtime/dense/layer_streamer.py)
+    resident: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,8 @@ def model_units(h: ModelHeader, expert_probs: Mapping[int, Sequence[float]] | No
             continue
         p = 1.0 / max(dims.n_vocab, 1) if role == "embd" else 1.0  # one row per token
         stage = t.layer if t.layer >= 0 else dims.n_layer if t.name.startswith("output") else -1
-        units.append(Unit(t.name, (t.name,), t.layer, stage, -1, role, t.nbytes, _elements(t), p, role == "embd"))
+        units.append(Unit(t.name, (t.name,), t.layer, stage, -1, role, t.nbytes, _elements(t), p, role == "embd",
+                          resident=tied and t.name == "token_embd.weight"))
     for layer in sorted(stacks):
         units.extend(_expert_units(layer, stacks[layer], dims, (expert_probs or {}).get(layer)))
     units.sort(key=lambda u: (u.stage, u.expert))  # graph order; stable: header order within a layer

@@ -3,6 +3,8 @@ whole model), the smallest --ram that plans a model is found and said, and budge
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hypura.errors import HypuraError
@@ -78,6 +80,32 @@ def test_the_small_model_runs_under_the_old_budget(tmp_path, n_threads):
         out = llm.create_completion("Once upon a time", max_tokens=3, temperature=0.0)
         assert out["usage"]["completion_tokens"] >= 1
         assert llm.plan.used("ram") <= parse_size("1600MiB")
+    finally:
+        llm.close()
+
+
+def test_a_tied_model_decodes_at_its_floor(gemma_path, n_threads):
+    """Gemma-3's output matrix is its token_embd (tied): one tensor that the graph's first node (the input rows) and
+    its last read, so it cannot share a stream slot with a layer. At the smallest --ram that plans it, it stays in
+    RAM while the layers stream, and the greedy text is that of an unbudgeted run in ggml's plain layout."""
+    import hypura
+    from greedy import COUNTING, assert_same_tokens, greedy
+
+    small = dict(n_ctx=64, n_batch=64, n_ubatch=64, n_threads=n_threads, verbose=False)
+    with pytest.raises(HypuraError, match="the smallest --ram") as e:
+        hypura.Llama(str(gemma_path), ram="64MiB", **small)
+    floor = re.search(r"at least (\S+) ", str(e.value)).group(1)
+    plain = hypura.Llama(str(gemma_path), fit=False, param_overrides={"model_params": {"use_extra_bufts": False}},
+                         **small)
+    try:
+        prompt = plain.tokenize(COUNTING.encode())
+        want = greedy(plain, prompt, 6)
+    finally:
+        plain.close()
+    llm = hypura.Llama(str(gemma_path), ram=floor, **small)
+    try:
+        assert_same_tokens(greedy(llm, prompt, 6).tokens, want, at_least=6)
+        assert llm.plan.memory["disk"]["weights"] > 0 and llm.plan.placement("token_embd.weight").tier == "ram"
     finally:
         llm.close()
 

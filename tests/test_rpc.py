@@ -128,6 +128,31 @@ def test_cli_with_a_dead_server_fails_in_one_line(smollm2_path):
     assert "Traceback" not in p.stderr
 
 
+def _device_message(name: str) -> str:
+    from hypura.runtime.devices import offload_devices
+
+    there = offload_devices()  # this machine's, named in the message whatever they are
+    return (f"invalid device: {name} (" + (f"available: {', '.join(there)}" if there else "no device to offload to here")
+            + '; "none" offloads nothing)')
+
+
+def test_cli_with_an_unknown_device_fails_in_one_line(smollm2_path):
+    p = subprocess.run(HYPURA_CLI + ["-m", str(smollm2_path), "-dev", "BOGUS", "-p", "hi", "-n", "2", "-no-cnv"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stdout == ""
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error")]
+    assert errors == [f"error: {_device_message('BOGUS')}"], p.stderr[-2000:]
+
+
+def test_llama_with_an_unknown_device_says_which_exist(smollm2_path):
+    import hypura
+    from hypura.errors import DeviceError
+
+    with pytest.raises(DeviceError) as e:
+        hypura.Llama(str(smollm2_path), devices=["x"], verbose=False)
+    assert isinstance(e.value, HypuraError) and str(e.value) == _device_message("x")
+
+
 # --- two loopback servers ----------------------------------------------------------------------------------
 
 

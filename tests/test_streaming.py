@@ -8,6 +8,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -200,6 +201,39 @@ def test_the_model_file_is_not_mapped(smollm2_path, ram_plan, n_threads, prompt_
         prompt_logits(llm)
         mapped = mappings() - before
     assert mapped == set()  # the page cache is not a hidden tier: no weight is read through a mapping
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+def test_a_runtime_failing_part_way_closes_what_it_had_opened(smollm2_path, ram_plan, n_threads, monkeypatch):
+    """A failure in the runtime's constructor after the mapping and the loader thread were made (here its last
+    step, the stats) closes them before it is raised: no mapping, descriptor or thread of this model is left."""
+    from hypura.runtime import runtime
+
+    model = os.path.realpath(smollm2_path)
+
+    def left() -> set:
+        with open("/proc/self/maps") as f:
+            maps = {line for line in f if line.rstrip().endswith(model)}
+        fds = {fd for fd in os.listdir("/proc/self/fd") if _link(f"/proc/self/fd/{fd}") == model}
+        return maps | fds | {t for t in threading.enumerate() if t.name.startswith("hypura-")}
+
+    def injected(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    before = left()
+    monkeypatch.setattr(runtime, "homes_mapped", lambda *args: True)  # the mapping too, which a CPU plan lacks
+    monkeypatch.setattr(runtime, "RunStats", injected)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        hypura.Llama(str(smollm2_path), plan=streamed(ram_plan, ALL, slots=2), n_ctx=256, n_threads=n_threads,
+                     verbose=False)
+    assert left() <= before  # another test's model, collected meanwhile, may have gone
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed since it was listed
+        return ""
 
 
 def test_streamed_logits_equal_resident_without_repacking(tiny_llama, n_threads, prompt_logits):

@@ -46,7 +46,9 @@ class ModelOrders:
                 assert group == list(range(group[0], group[-1] + 1)), "a layer's experts apart in graph order"
                 placed.update(group)
                 self.gpu_moves.append((group[0], group[-1] + 1, sum(mu.units[j].nbytes for j in group)))
-        self.ram_moves = [(i, mu.units[i].nbytes) for i in self.host_order if not mu.units[i].host_only]
+        # a unit that cannot stream (Unit.resident) takes RAM first: disk is no place for it
+        self.ram_moves = sorted(((i, mu.units[i].nbytes) for i in self.host_order if not mu.units[i].host_only),
+                                key=lambda move: not mu.units[move[0]].resident)
         by_stage: dict[int, list[int]] = defaultdict(list)
         for i, u in enumerate(mu.units):
             if not u.host_only:

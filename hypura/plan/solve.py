@@ -228,7 +228,7 @@ class _Problem:
         if base:  # its disk units keep their path
             start = np.where(at_tier == CODE[DISK], codes(base), start).astype(np.int8)
         compute = tuple(_NAMES[start].tolist())
-        dense = ~self.sums.host_only & ~self.sums.expert
+        dense = ~self.sums.host_only & ~self.sums.expert & ~self.sums.resident  # a resident unit never streams
         # the plan's own path streams no experts: a step's path may (below); paged ones an expert cache loads one
         # by one instead (plan/experts.py)
         movable = [] if base else [[i] for i in np.flatnonzero((at_tier == CODE[DISK]) & dense).tolist()]
@@ -357,6 +357,10 @@ class _Problem:
                                        pool, staging, host_buf)
             tiers = fill(gpu_cap, ram_cap)
             at_tier = codes(tiers)
+            if np.any(on_disk := self.sums.resident & (at_tier == CODE[DISK])):  # it cannot stream (Unit.resident)
+                return self._shortfall(False, use_gpu, kv_tier, 0, b.ram - ram_cap + self.sums.bytes_in(on_disk)
+                                       + self.sums.bytes_in((at_tier == CODE[RAM]) & ~self.sums.host_only), pool,
+                                       staging, host_buf)
             compute = (self.split(tiers, kv_tier, op_offload, pinned=pinned) if stream
                        else [GPU if t == GPU else CPU for t in tiers])
             # with a GPU to stream to, each step size has its own path for RAM units; slots hold any of them

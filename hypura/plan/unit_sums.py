@@ -59,6 +59,7 @@ class UnitSums:
         self.elements = np.array([float(u.elements) for u in mu.units])
         self.expert = np.array([u.expert >= 0 for u in mu.units], dtype=bool)
         self.host_only = np.array([u.host_only for u in mu.units], dtype=bool)
+        self.resident = np.array([u.resident for u in mu.units], dtype=bool)  # never streamed (Unit.resident)
         self.stage = np.array([u.stage + 1 for u in mu.units], dtype=np.int64)  # from 0: the input's stage is -1
         self.n_stages = int(self.stage.max()) + 1 if len(self.stage) else 0
         self._terms: dict[int, tuple[np.ndarray, np.ndarray]] = {}

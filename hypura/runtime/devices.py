@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from hypura.errors import DeviceError
 from hypura.plan import knobs
 from hypura.plan.auto import MIN_CTX
 from hypura.plan.shares import DeviceShares, Host, device_tiers, plan_shares
@@ -122,11 +123,24 @@ def device_array(names: Optional[Sequence[str]]):
     if list(names) == ["none"]:
         return ffi.new("ggml_backend_dev_t[1]")
     if not names:
-        raise HypuraError("no devices specified")
+        raise DeviceError("no devices specified")
     out = ffi.new(f"ggml_backend_dev_t[{len(names) + 1}]")
     for i, name in enumerate(names):
         dev = L.ggml_backend_dev_by_name(name.encode())
         if dev == ffi.NULL or L.ggml_backend_dev_type(dev) == L.GGML_BACKEND_DEVICE_TYPE_CPU:
-            raise HypuraError(f"invalid device: {name}")
+            there = offload_devices()
+            raise DeviceError(f"invalid device: {name} ("
+                              + (f"available: {', '.join(there)}" if there else "no device to offload to here")
+                              + '; "none" offloads nothing)')
         out[i] = dev
     return out
+
+
+def offload_devices() -> list[str]:
+    """The names --device accepts besides "none", as llama.cpp's --list-devices shows them (the CPU is not one)."""
+    from hypura.bindings.ffi import ffi, lib
+
+    L = lib()
+    devs = [L.ggml_backend_dev_get(i) for i in range(L.ggml_backend_dev_count())]
+    return [ffi.string(L.ggml_backend_dev_name(d)).decode() for d in devs
+            if L.ggml_backend_dev_type(d) != L.GGML_BACKEND_DEVICE_TYPE_CPU]

@@ -61,19 +61,29 @@ class Runtime:
                     self.params.decided(struct, **{key: value})
         # llama.cpp's n_outputs_max where the decision set it (plan/microbatch.py); 0: every token of a batch
         self.outputs_max = int(self.params.merged()["context_params"].get("n_outputs_max") or 0)
+        self.expert_cache = expert_cache  # the caller's: a plan's slots are its default, after the plan's checks
+        self.mapped: Optional[MappedWeights] = None
+        self.layout, self.pager = StreamLayout.empty(), None
+        self.streamer: Optional[LayerStreamer] = None
+        self.experts: Optional[ExpertStreamer] = None
+        self._caches_of = None
         self._users, self._stack = contextlib.ExitStack(), contextlib.ExitStack()
+        try:
+            self._assemble(model_path, policy)
+        except BaseException:
+            self.close()  # what opened before the failure (readers, the mapping, the pager, the loader thread)
+            raise
+
+    def _assemble(self, model_path: str, policy: Optional[PlacementPolicy]) -> None:
+        """Every part of the runtime, each closed through `_users` or `_stack` as soon as it is made."""
+        header, plan, on_route, expert_cache = self.header, self.plan, self.on_route, self.expert_cache
         self._stack.callback(self._free_expert_caches)
         # a plan's load reads through the page cache or around it (load_reads.py); without a plan, llama.cpp's way
         self.reads: Optional[LoadReads] = load_reads([model_path], self.params.given.get("model_params", {}).get(
             "load_mode")) if plan is not None else None
         self.files = FileFiller([str(model_path)], cached=self.reads is not None and self.reads.buffered)
-        self.mapped: Optional[MappedWeights] = None
+        self._users.callback(self.files.close)  # closed after the load already; here for a failure before it
         self.gpu_free_at_start = gpu_free()  # before anything of this model is on the GPU
-        self.layout, self.pager = StreamLayout.empty(), None
-        self.streamer: Optional[LayerStreamer] = None
-        self.experts: Optional[ExpertStreamer] = None
-        self._caches_of = None
-        self.expert_cache = expert_cache  # the caller's: a plan's slots are its default, after the plan's checks
         self.policy = self._plan_placement(model_path) if plan is not None else policy
         if expert_cache is None and plan is not None and plan.expert_slots:
             self.expert_cache = expert_cache = ExpertCacheSettings(slots=plan.expert_slots)
