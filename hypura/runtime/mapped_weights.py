@@ -42,6 +42,9 @@ MERGE_GAP = 1 << 20
 READ_BYTES = 16 << 20  # one prefetch read: the scratch each worker reads into
 # registrations of cached pages at once: the kernel pins each page, work that spreads over cores
 PIN_THREADS = 8
+# "0": the mapped weights stay pageable (the GPU copies them at pageable speed); read once, at import
+PIN_SETTING = "HYPURA_PIN_MAPPED"
+PIN_MAPPED = os.environ.get(PIN_SETTING, "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -245,8 +248,11 @@ def _proc(name: bytes, signature: str):
 
 
 def _register_fn():
-    """ggml-cuda's registration of host memory (cudaHostRegister, read-only), None without a GPU. It registers
-    only where GGML_CUDA_REGISTER_HOST is set (bindings/library.py sets it); llama.cpp's own loads never call it."""
+    """ggml-cuda's registration of host memory (cudaHostRegister, read-only), None without a GPU or with
+    $HYPURA_PIN_MAPPED=0. It registers only where GGML_CUDA_REGISTER_HOST is set (bindings/library.py sets it);
+    llama.cpp's own loads never call it."""
+    if not PIN_MAPPED:
+        return None
     return _proc(b"ggml_backend_register_host_buffer", "bool (*)(void *, size_t)")
 
 
