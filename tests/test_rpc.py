@@ -97,6 +97,28 @@ def test_a_remote_server_is_said_unauthenticated_in_one_line(monkeypatch):
                     "its traffic is plain TCP"]
 
 
+def test_a_product_faster_than_a_round_trips_jitter_is_not_free_compute():
+    """A GPU server's product of 64 MiB (20 us) under a 300 us round trip whose jitter is larger than the product:
+    the round trip less the latency alone gave up to 6.7e16 B/s."""
+    nbytes, product, round_trip = 64 << 20, 20e-6, 300e-6
+    jitter = [0.0, 150e-6, 40e-6, 90e-6, 10e-6]
+    asked = []
+
+    def products(k):
+        asked.append(k)
+        return round_trip + jitter[len(asked) % len(jitter)] + k * product
+
+    assert rpc.decode_rate(nbytes, products, round_trip) == pytest.approx(nbytes / product, rel=0.05)
+    assert max(asked) <= rpc.MAX_PRODUCTS
+    # a CPU server's product (5 ms): resolved at the first k
+    asked.clear()
+    rate = rpc.decode_rate(nbytes, lambda k: asked.append(k) or round_trip + k * 5e-3, round_trip)
+    assert rate == pytest.approx(nbytes / 5e-3) and asked == [1, 4]
+    # products that take no time at all, or measure faster than one alone: bounded, never free
+    for seconds in (lambda k: round_trip, lambda k: round_trip + 1e-3 / k):
+        assert rpc.decode_rate(nbytes, seconds, round_trip) == rpc.MAX_DECODE_BW
+
+
 def test_device_flags_parse_as_llama_completion_reads_them():
     from hypura.cli.completion.arg import parse
     from hypura.cli.completion.arg_values import ArgvError
