@@ -116,8 +116,12 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
 def _devices(at: _Loading, ask: LoadAsk, placed: bool) -> DeviceChoice:
     """The devices the model loads onto (hypura.runtime.devices): llama.cpp's default unless RPC servers or a
     device list are given; RPC servers are placement as given to the decision (llama.cpp's, or the split)."""
+    from hypura.profile.rpc import parse_servers, probe_registered
+
     wanted = DeviceAsk(ask.rpc_servers, None if ask.devices is None else list(ask.devices),
                        None if ask.rpc_mem is None else list(ask.rpc_mem), ask.split)
+    # servers an earlier load registered stay llama.cpp's devices; those given now are probed as they are added
+    probe_registered(wanted.devices, but=parse_servers(ask.rpc_servers) if ask.rpc_servers else ())
     return choose_devices(at.header, wanted, at.k, at.overrides, placed=placed, ram=at.ram, gpu_mem=at.gpu_mem,
                           say=at.say, warn=at.fit.say, profile=lambda: ask.profile or at.machine)
 

@@ -152,26 +152,36 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-_registered: dict[str, tuple[str, ...]] = {}  # endpoint -> its device names; llama.cpp's registry is per process
+_registered: dict[Endpoint, tuple[str, ...]] = {}  # endpoint -> its device names; llama.cpp's registry is per process
 
 
 def add_servers(spec: str | Iterable[str], say: Callable[[str], None] = _stderr) -> tuple[str, ...]:
     """Probe every server, then register each as llama.cpp's --rpc does; returns the names of their devices
-    (RPC0, RPC1, ...) in order. Idempotent per endpoint: a process registers a server once."""
+    (RPC0, RPC1, ...) in order. Probed on every call (a server that answered once may have died since); registered
+    once per process."""
     endpoints = parse_servers(spec)
     for ep in endpoints:
         if not ep.loopback:
             say(f"hypura: RPC server {ep} is not on loopback: rpc-server has no authentication, its traffic is "
                 "plain TCP")
     for ep in endpoints:
-        if str(ep) not in _registered:
-            probe(ep)
+        probe(ep)
     names: list[str] = []
     for ep in endpoints:
-        if str(ep) not in _registered:
-            _registered[str(ep)] = _register(str(ep))
-        names.extend(_registered[str(ep)])
+        if ep not in _registered:
+            _registered[ep] = _register(str(ep))
+        names.extend(_registered[ep])
     return tuple(names)
+
+
+def probe_registered(devices: Iterable[str] | None, but: Iterable[Endpoint] = ()) -> None:
+    """Probe each server registered earlier in this process whose devices a load may use (`devices`, llama.cpp's
+    list; None: its default, which holds every registered RPC device), `but` those: a dead one is HypuraError's
+    one line here, where llama.cpp's client would abort the process."""
+    wanted = None if devices is None else set(devices)
+    for ep, names in list(_registered.items()):
+        if ep not in but and (wanted is None or wanted & set(names)):
+            probe(ep)
 
 
 def _register(endpoint: str) -> tuple[str, ...]:
