@@ -163,6 +163,32 @@ def test_a_product_faster_than_a_round_trips_jitter_is_not_free_compute():
         assert rpc.decode_rate(nbytes, seconds, round_trip) == rpc.MAX_DECODE_BW
 
 
+def test_an_rpc_device_is_never_the_gpu_whose_memory_stats_report(monkeypatch):
+    """RPC servers' devices register as GPUs: stats' GPU is this machine's, not the first device of kind GPU."""
+    from hypura.profile import devices
+    from hypura.profile.devices import Device
+    from hypura.runtime.stats import gpu_free
+
+    GiB = 1 << 30
+    rpc0 = Device(1, "RPC0", "127.0.0.1:50052", "GPU", 60 * GiB, 64 * GiB, remote=True)
+    cuda0 = Device(2, "CUDA0", "NVIDIA H100", "GPU", 70 * GiB, 80 * GiB)
+    cpu = Device(0, "CPU", "host", "CPU", 100 * GiB, 128 * GiB)
+    records = [cpu, rpc0, cuda0]
+    asked = []
+
+    def listed(remote=True):
+        asked.append(remote)
+        return [d for d in records if remote or not d.remote]
+
+    monkeypatch.setattr(devices, "list_devices", listed)
+    assert gpu_free() == 70 * GiB and asked == [False]  # a dead server's memory is never asked
+    records.remove(cuda0)
+    assert gpu_free() is None  # a CPU host with an RPC server has no GPU
+    # a list that holds the remote devices anyway: still not among this machine's GPUs
+    monkeypatch.setattr(devices, "list_devices", lambda remote=True: [cpu, rpc0, cuda0])
+    assert devices.local_gpus() == [cuda0]
+
+
 def test_device_flags_parse_as_llama_completion_reads_them():
     from hypura.cli.completion.arg import parse
     from hypura.cli.completion.arg_values import ArgvError

@@ -40,9 +40,9 @@ def cache_dir() -> Path:
 def gpu_devices() -> tuple[list, str]:
     """(GPU devices, why none): devices come from our libllama, absent before ./build.sh."""
     try:
-        from hypura.profile.devices import list_devices
+        from hypura.profile.devices import local_gpus
 
-        return [d for d in list_devices() if d.is_gpu], ""
+        return local_gpus(), ""
     except (HypuraError, OSError) as e:
         return [], f"no device list ({e})"
 
