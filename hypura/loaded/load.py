@@ -70,13 +70,16 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
     reads it, HypuraError for a placement that cannot be, TypeError for a keyword llama_cpp.Llama does not take."""
     path = str(resolve_path(path))
     k = llama_keywords(path, dict(ask.llama))
-    header = read_header(path)
+    vocab_only = bool(k["vocab_only"])  # llama.cpp reads the vocabulary alone: no weight to place
+    header = read_header(path, vocab_only)
     lib()  # fail clearly now if the library lacks the hooks
     if ask.param_overrides is not None and not isinstance(ask.param_overrides, dict):
         raise HypuraError("param_overrides takes a dict: {\"model_params\": {...}, \"context_params\": {...}}")
     # copies, never the caller's: the decision's context goes into them
     overrides = {name: dict(fields) for name, fields in (ask.param_overrides or {}).items()}
     fit = ask.fit if isinstance(ask.fit, Fit) else Fit(enabled=bool(ask.fit))
+    if vocab_only:
+        fit = dataclasses.replace(fit, enabled=False)  # llama.cpp's placement of no weights: nothing to fit
     if ask.placement_policy is not None and ask.override_tensor is not None:
         raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
     placed = ask.placement_policy is not None or ask.override_tensor is not None
