@@ -39,7 +39,7 @@ def read_cache(path: str | os.PathLike, what: str, parse: Callable[[bytes], T]) 
     path = Path(path)
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none made yet (a folder of the path may be a file)
         return None
     except OSError as e:
         warnings.warn(f"hypura: {what} {path} is unreadable ({e.strerror}): ignored", stacklevel=2)
