@@ -1,4 +1,4 @@
-"""Plans and profiles as JSON files: parsed with one-line errors, written atomically."""
+"""Plans and profiles as JSON files: parsed with one-line errors (written by hypura.cachefile.write_atomic)."""
 
 from __future__ import annotations
 
@@ -9,30 +9,26 @@ from pathlib import Path
 from hypura.errors import HypuraError
 
 
-def parse_json(text: str, what: str) -> dict:
+def parse_json(text: str | bytes, what: str) -> dict:
+    """One JSON object; anything else (not JSON, torn, not UTF-8, a list) is one line naming `what`."""
     try:
-        return json.loads(text)
+        d = json.loads(text)
     except json.JSONDecodeError as e:
         raise HypuraError(f"{what} is not JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise HypuraError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not isinstance(d, dict):
+        raise HypuraError(f"{what} is not a JSON object (a {type(d).__name__})")
+    return d
 
 
 def read_json_file(path: str | os.PathLike, what: str) -> dict:
     p = Path(path)
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as e:
         raise HypuraError(f"cannot read {what} {p}: {e.strerror}") from None
     try:
-        return parse_json(text, what)
+        return parse_json(data, what)
     except HypuraError as e:
         raise HypuraError(f"{p}: {e}") from None
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """A reader never sees half a file: write beside it, then rename over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path

@@ -129,6 +129,9 @@ class Llama(llama_cpp.Llama):
             of that many tokens; with spare_seqs (sequence ids that decode nothing in a step, e.g. the engine's
             embeddings), llama.cpp's n_seq_max, in one unified KV cache (hypura.plan.load_params).
 
+        vocab_only: as llama_cpp.Llama, the vocabulary alone (of a model, or of a vocabulary-only GGUF, which holds no
+            tensor): nothing is planned or placed.
+
         Raises ModelFileError (a ValueError) for a missing, non-GGUF, truncated or
         unsupported file, before llama.cpp reads it.
         """

@@ -22,7 +22,8 @@ MiB, GiB = 1 << 20, 1 << 30
 HYPURA_CLI = [sys.executable, "-m", "hypura.cli.completion"]
 # SmolLM2-135M (92 MiB of weights): resident at context 4096 it needs ~438 MiB as llama.cpp holds it
 TIGHT = 2450 * MiB  # less the 2 GiB margin: 402 MiB, so weights stream from disk
-TOO_LITTLE = 2100 * MiB  # 52 MiB: not even the compute buffer
+ABOVE_THE_FREE = 2100 * MiB  # 52 MiB less the margin, not even the compute buffer: llama.cpp's placement fits it whole
+TOO_LITTLE = 200 * MiB  # under llama.cpp's placement (~438 MiB at 4096) and the planner's floor (359 MiB) alike
 
 
 def free(ram: int) -> FreeMemory:
@@ -118,7 +119,8 @@ def test_an_explicit_context_is_honoured_and_the_line_says_which_would_avoid_dis
 
 def test_bad_input_is_one_line_saying_what_is_needed_and_what_there_is(smollm2_path):
     header = read_header(smollm2_path)
-    with pytest.raises(HypuraError, match=r"not enough free memory .* needs .* this machine has RAM 2\.1 GiB"):
+    with pytest.raises(HypuraError, match=r"not enough free memory .* needs .* this machine has RAM 200\.0 MiB .* "
+                                          r"less a 2\.0 GiB margin"):
         decide(header, Ask(), quiet(free=free(TOO_LITTLE)), say=None)
     with pytest.raises(HypuraError, match=r"-c 100000000: its KV cache \(.*\) does not fit .* largest context"):
         decide(header, Ask(n_ctx=100_000_000), quiet(free=free(TIGHT)), say=None)
@@ -126,6 +128,22 @@ def test_bad_input_is_one_line_saying_what_is_needed_and_what_there_is(smollm2_p
         check_budgets(None, "64GiB", free(TIGHT))
     with pytest.raises(HypuraError, match="sees no GPU"):
         check_budgets("1GiB", None, free(TIGHT))
+
+
+def test_a_model_that_fits_only_in_the_margin_is_held_as_llama_cpp_holds_it_not_refused(smollm2_path):
+    """The margin is the default path's preference: where it leaves nothing, the free RAM itself is used, said."""
+    header = read_header(smollm2_path)
+    d = decide(header, Ask(), quiet(free=free(ABOVE_THE_FREE)), say=None)
+    assert d.plan is None and d.n_ctx == 8192  # 528 MiB of 2.1 GiB: llama.cpp's placement, its training context
+    assert d.line.startswith("hypura: fits: llama.cpp's placement (in RAM), context 8192") and "with no margin" in d.line
+    assert d.line.endswith("below the 2.0 GiB RAM margin the default path keeps free: other programs' memory may be "
+                           "paged out")
+    # under what llama.cpp's placement needs, the plan within the free RAM itself, disk for the rest
+    d = decide(header, Ask(n_ctx=512), quiet(free=free(300 * MiB)), say=None)
+    assert d.plan is not None and d.plan.used("ram") <= 300 * MiB and d.plan.bytes_by_tier()["disk"] > 0
+    assert "below the 2.0 GiB RAM margin" in d.line
+    # a margin of the user's own (-fitt's RAM part, Fit.ram_margin) leaves the same room
+    assert decide(header, Ask(), quiet(free=free(ABOVE_THE_FREE), ram_margin=0), say=None).n_ctx == 8192
 
 
 # --- hypura.Llama ---------------------------------------------------------------------------------
@@ -156,6 +174,30 @@ def test_llama_plans_on_the_default_path_and_keeps_explicit_placement(smollm2_pa
         llm = Llama(str(smollm2_path), n_ctx=0, n_threads=n_threads, verbose=False, fit=tight, **explicit)
         try:
             assert llm.plan is None and llm.fit_decision is None  # llama.cpp's placement, as given
+        finally:
+            llm.close()
+
+
+def test_llama_loads_smollm2_in_300_mib_of_free_ram_as_llama_cpp_does(smollm2_path, n_threads, monkeypatch):
+    """$HYPURA_FREE_MEMORY pinned at 300 MiB: llama_cpp.Llama runs the model there, so hypura.Llama does, with
+    llama.cpp's greedy text (its placement: fit=False); 400 MiB holds it as llama.cpp holds it."""
+    from hypura import Llama
+    from hypura.profile import free as free_probe
+
+    from greedy import assert_same_tokens
+
+    ref = Llama(str(smollm2_path), n_ctx=512, n_threads=n_threads, verbose=False, fit=False)  # llama.cpp's placement
+    try:
+        want = greedy(ref, ref.tokenize(COUNTING.encode()), 12)
+    finally:
+        ref.close()
+    for ram, planned in (("300MiB", True), ("400MiB", False)):
+        monkeypatch.setattr(free_probe, "OVERRIDE", f"gpu=0,ram={ram}")
+        llm = Llama(str(smollm2_path), n_ctx=512, n_threads=n_threads, verbose=False)
+        try:
+            assert (llm.plan is not None) == planned and llm.n_ctx() == 512, ram
+            assert "below the 2.0 GiB RAM margin" in llm.fit_decision.line
+            assert_same_tokens(greedy(llm, llm.tokenize(COUNTING.encode()), 12).tokens, want, at_least=12)
         finally:
             llm.close()
 

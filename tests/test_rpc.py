@@ -97,6 +97,98 @@ def test_a_remote_server_is_said_unauthenticated_in_one_line(monkeypatch):
                     "its traffic is plain TCP"]
 
 
+@contextlib.contextmanager
+def _hello_server():
+    """A loopback server that answers every connection's hello as a v7.0 ggml-rpc-server does, until closed."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                conn.recv(1 + 8 + 24)
+                conn.sendall(struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24))
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield rpc.Endpoint("127.0.0.1", srv.getsockname()[1])
+    finally:
+        srv.shutdown(socket.SHUT_RDWR)  # wakes the accept: a close alone leaves the port listening under it
+        srv.close()
+
+
+def test_a_server_that_died_since_it_was_added_is_one_line_at_the_next_load(monkeypatch):
+    """Registered once per process, probed on every load: llama.cpp's client would abort on the dead server."""
+    monkeypatch.setattr(rpc, "_registered", {})
+    monkeypatch.setattr(rpc, "_register", lambda endpoint: ("RPC7",))  # llama.cpp never connects to the fake
+    with _hello_server() as ep:
+        assert rpc.add_servers(str(ep)) == ("RPC7",)
+        rpc.probe_registered(None)  # alive: nothing said
+    dead = rf"^RPC server 127\.0\.0\.1:{ep.port}: connection refused \(is ggml-rpc-server running there\?\)$"
+    with pytest.raises(HypuraError, match=dead):
+        rpc.add_servers(str(ep))
+    # a load that names no server still gets llama.cpp's default devices, the registered ones among them
+    with pytest.raises(HypuraError, match=dead):
+        rpc.probe_registered(None)
+    with pytest.raises(HypuraError, match=dead):
+        rpc.probe_registered(["RPC7"])
+    rpc.probe_registered(["CUDA0"])  # a device list without the dead server's devices: nothing to probe
+    rpc.probe_registered(None, but=[ep])  # given again by this load: add_servers probes it
+
+
+def test_a_product_faster_than_a_round_trips_jitter_is_not_free_compute():
+    """A GPU server's product of 64 MiB (20 us) under a 300 us round trip whose jitter is larger than the product:
+    the round trip less the latency alone gave up to 6.7e16 B/s."""
+    nbytes, product, round_trip = 64 << 20, 20e-6, 300e-6
+    jitter = [0.0, 150e-6, 40e-6, 90e-6, 10e-6]
+    asked = []
+
+    def products(k):
+        asked.append(k)
+        return round_trip + jitter[len(asked) % len(jitter)] + k * product
+
+    assert rpc.decode_rate(nbytes, products, round_trip) == pytest.approx(nbytes / product, rel=0.05)
+    assert max(asked) <= rpc.MAX_PRODUCTS
+    # a CPU server's product (5 ms): resolved at the first k
+    asked.clear()
+    rate = rpc.decode_rate(nbytes, lambda k: asked.append(k) or round_trip + k * 5e-3, round_trip)
+    assert rate == pytest.approx(nbytes / 5e-3) and asked == [1, 4]
+    # products that take no time at all, or measure faster than one alone: bounded, never free
+    for seconds in (lambda k: round_trip, lambda k: round_trip + 1e-3 / k):
+        assert rpc.decode_rate(nbytes, seconds, round_trip) == rpc.MAX_DECODE_BW
+
+
+def test_an_rpc_device_is_never_the_gpu_whose_memory_stats_report(monkeypatch):
+    """RPC servers' devices register as GPUs: stats' GPU is this machine's, not the first device of kind GPU."""
+    from hypura.profile import devices
+    from hypura.profile.devices import Device
+    from hypura.runtime.stats import gpu_free
+
+    GiB = 1 << 30
+    rpc0 = Device(1, "RPC0", "127.0.0.1:50052", "GPU", 60 * GiB, 64 * GiB, remote=True)
+    cuda0 = Device(2, "CUDA0", "NVIDIA H100", "GPU", 70 * GiB, 80 * GiB)
+    cpu = Device(0, "CPU", "host", "CPU", 100 * GiB, 128 * GiB)
+    records = [cpu, rpc0, cuda0]
+    asked = []
+
+    def listed(remote=True):
+        asked.append(remote)
+        return [d for d in records if remote or not d.remote]
+
+    monkeypatch.setattr(devices, "list_devices", listed)
+    assert gpu_free() == 70 * GiB and asked == [False]  # a dead server's memory is never asked
+    records.remove(cuda0)
+    assert gpu_free() is None  # a CPU host with an RPC server has no GPU
+    # a list that holds the remote devices anyway: still not among this machine's GPUs
+    monkeypatch.setattr(devices, "list_devices", lambda remote=True: [cpu, rpc0, cuda0])
+    assert devices.local_gpus() == [cuda0]
+
+
 def test_device_flags_parse_as_llama_completion_reads_them():
     from hypura.cli.completion.arg import parse
     from hypura.cli.completion.arg_values import ArgvError
@@ -240,6 +332,42 @@ def test_a_killed_server_is_one_clear_line(rpc_servers, smollm2_path):
     assert p.returncode == 1
     assert p.stderr.strip().splitlines()[-1].endswith(f"RPC server {endpoints[1]}: connection refused "
                                                       "(is ggml-rpc-server running there?)")
+
+
+# a process that loaded with a server keeps its devices (llama.cpp's default device list holds them): after the
+# server dies, a load naming it again and a load naming none are both one HypuraError, not llama.cpp's abort
+_RELOAD_RUN = r"""
+import sys
+from hypura import Llama
+from hypura.errors import HypuraError
+
+model, server = sys.argv[1], sys.argv[2]
+Llama(model, n_ctx=256, n_threads=1, verbose=False, rpc_servers=server).close()
+print("loaded", flush=True)
+sys.stdin.readline()  # the server is killed meanwhile
+for keywords in ({"rpc_servers": server}, {}):
+    try:
+        Llama(model, n_ctx=256, n_threads=1, verbose=False, **keywords).close()
+        print("loaded again", flush=True)
+    except HypuraError as e:
+        print(f"refused: {e}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_after_a_load_refuses_the_next_loads_in_one_line(rpc_servers, smollm2_path):
+    procs, endpoints = rpc_servers
+    p = subprocess.Popen([sys.executable, "-c", _RELOAD_RUN, str(smollm2_path), endpoints[0]], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "loaded", p.stderr.read()[-3000:]
+        procs[0].kill()
+        procs[0].wait()
+        out, err = p.communicate("\n", timeout=120)
+    finally:
+        p.kill()
+    refused = f"refused: RPC server {endpoints[0]}: connection refused (is ggml-rpc-server running there?)"
+    assert p.returncode == 0 and out.splitlines() == [refused, refused], err[-3000:]
 
 
 @pytest.mark.slow

@@ -70,13 +70,16 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
     reads it, HypuraError for a placement that cannot be, TypeError for a keyword llama_cpp.Llama does not take."""
     path = str(resolve_path(path))
     k = llama_keywords(path, dict(ask.llama))
-    header = read_header(path)
+    vocab_only = bool(k["vocab_only"])  # llama.cpp reads the vocabulary alone: no weight to place
+    header = read_header(path, vocab_only)
     lib()  # fail clearly now if the library lacks the hooks
     if ask.param_overrides is not None and not isinstance(ask.param_overrides, dict):
         raise HypuraError("param_overrides takes a dict: {\"model_params\": {...}, \"context_params\": {...}}")
     # copies, never the caller's: the decision's context goes into them
     overrides = {name: dict(fields) for name, fields in (ask.param_overrides or {}).items()}
     fit = ask.fit if isinstance(ask.fit, Fit) else Fit(enabled=bool(ask.fit))
+    if vocab_only:
+        fit = dataclasses.replace(fit, enabled=False)  # llama.cpp's placement of no weights: nothing to fit
     if ask.placement_policy is not None and ask.override_tensor is not None:
         raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
     placed = ask.placement_policy is not None or ask.override_tensor is not None
@@ -116,8 +119,12 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
 def _devices(at: _Loading, ask: LoadAsk, placed: bool) -> DeviceChoice:
     """The devices the model loads onto (hypura.runtime.devices): llama.cpp's default unless RPC servers or a
     device list are given; RPC servers are placement as given to the decision (llama.cpp's, or the split)."""
+    from hypura.profile.rpc import parse_servers, probe_registered
+
     wanted = DeviceAsk(ask.rpc_servers, None if ask.devices is None else list(ask.devices),
                        None if ask.rpc_mem is None else list(ask.rpc_mem), ask.split)
+    # servers an earlier load registered stay llama.cpp's devices; those given now are probed as they are added
+    probe_registered(wanted.devices, but=parse_servers(ask.rpc_servers) if ask.rpc_servers else ())
     return choose_devices(at.header, wanted, at.k, at.overrides, placed=placed, ram=at.ram, gpu_mem=at.gpu_mem,
                           say=at.say, warn=at.fit.say, profile=lambda: ask.profile or at.machine)
 

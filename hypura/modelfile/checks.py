@@ -21,24 +21,28 @@ from hypura.modelfile.vocab import check_vocab
 V = gguf.GGUFValueType
 
 
-def check_file(raw: RawFile, file_size: int) -> None:
-    check_tensors(raw, file_size)
-    arch = _architecture(raw)
+def check_file(raw: RawFile, file_size: int, vocab_only: bool = False) -> None:
+    """vocab_only: what llama.cpp reads of a file loaded for its vocabulary alone (llama_model_params.vocab_only:
+    the architecture, hyper-parameters and tokenizer; no tensor), such as the vocabulary-only GGUFs it ships."""
+    if not vocab_only:
+        check_tensors(raw, file_size)
+    arch = _architecture(raw, vocab_only)
     meta = Meta(raw, arch)
     _key_types(meta)
     split = meta.scalar("split.count", V.UINT16, 0)
     if split > 1:
         raise Invalid("split.count", split, "1 (Hypura loads models of one file)")
-    hp = check_hparams(meta)
+    hp = check_hparams(meta, vocab_only)
     used = meta.find("%s.expert_used_count")
     if used is not None and used.vtype == V.ARRAY:  # Hypura's router hooks and planner take one top-k
         raise Invalid(meta.key("%s.expert_used_count"), type_name(used),
                       "one u32 for every layer (Hypura routes one top-k)")
     n_vocab = check_vocab(meta)
-    check_block_shapes(raw, arch, hp, n_vocab)
+    if not vocab_only:
+        check_block_shapes(raw, arch, hp, n_vocab)
 
 
-def _architecture(raw: RawFile) -> str:
+def _architecture(raw: RawFile, vocab_only: bool = False) -> str:
     kv = next((kv for kv in raw.kvs if kv.key == "general.architecture"), None)
     if kv is None:
         raise Invalid("general.architecture", Name("missing"), "the model's architecture name")
@@ -47,7 +51,7 @@ def _architecture(raw: RawFile) -> str:
     if kv.value not in ARCHITECTURES:
         raise Problem(f"unsupported model architecture {shown(kv.value)} "
                       "(general.architecture: expected one the vendored llama.cpp knows)")
-    if kv.value in NO_MEMORY:
+    if kv.value in NO_MEMORY and not vocab_only:  # its tokenizer still tokenizes
         raise Problem(f"model architecture {shown(kv.value)} generates no text (general.architecture: llama.cpp "
                       "gives it no KV cache; expected a text-generation model)")
     return kv.value

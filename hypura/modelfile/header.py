@@ -78,14 +78,15 @@ class ModelHeader:
         return sum(t.nbytes for t in self.tensors)
 
 
-def read_header(path: str | os.PathLike) -> ModelHeader:
-    """Parse and validate a GGUF header; raises ModelFileError with a one-line reason."""
+def read_header(path: str | os.PathLike, vocab_only: bool = False) -> ModelHeader:
+    """Parse and validate a GGUF header; raises ModelFileError with a one-line reason. vocab_only: checked as a file
+    loaded for its vocabulary alone (checks.check_file), which may hold no tensor."""
     p = Path(path)
     if not p.exists():
         raise ModelFileError(f"{p}: no such file")
     if not p.is_file():
         raise ModelFileError(f"{p}: not a regular file")
-    return _read_header_cached(p.resolve(), *_stat_key(p))
+    return _read_header_cached(p.resolve(), *_stat_key(p), vocab_only)
 
 
 def read_kv(path: str | os.PathLike) -> list[KV]:
@@ -115,7 +116,7 @@ def _stat_key(p: Path) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=8)
-def _read_header_cached(p: Path, size: int, _mtime: int) -> ModelHeader:
+def _read_header_cached(p: Path, size: int, _mtime: int, vocab_only: bool = False) -> ModelHeader:
     try:
         with open(p, "rb") as f:
             magic = f.read(4)
@@ -125,7 +126,7 @@ def _read_header_cached(p: Path, size: int, _mtime: int) -> ModelHeader:
         raise ModelFileError(f"{p}: not a GGUF file (bad magic {magic!r})")
     try:
         raw = _parse_file(p, decode_strings=DECODED_ARRAYS)
-        check_file(raw, size)
+        check_file(raw, size, vocab_only)
     except Problem as e:
         raise ModelFileError(f"{p}: {e}") from None
     return _header(p, size, raw)

@@ -48,7 +48,7 @@ class HParams:
     n_ff: tuple[int, ...] = ()  # per layer, feed_forward_length
 
 
-def check_hparams(meta: Meta) -> HParams:
+def check_hparams(meta: Meta, vocab_only: bool = False) -> HParams:
     n_ctx_train = meta.u32("%s.context_length", required=True)
     if not 1 <= n_ctx_train <= INT32_MAX:
         raise Invalid(meta.key("%s.context_length"), n_ctx_train, f"1..{INT32_MAX} (llama_model_n_ctx_train is int32)")
@@ -61,7 +61,7 @@ def check_hparams(meta: Meta) -> HParams:
     n_nextn = meta.u32("%s.nextn_predict_layers", 0)
     if n_nextn > n_layer:
         raise Invalid(meta.key("%s.nextn_predict_layers"), n_nextn, f"at most block_count ({n_layer})")
-    if not meta.scalar("%s.attention.causal", V.BOOL, True):
+    if not vocab_only and not meta.scalar("%s.attention.causal", V.BOOL, True):
         # llama-context.cpp decode: GGML_ASSERT(causal_attn || n_ubatch >= n_tokens) on a longer prompt
         raise Invalid(meta.key("%s.attention.causal"), False,
                       "true for text generation (llama.cpp aborts non-causal models on prompts longer than a micro-batch)")

@@ -15,6 +15,7 @@ from hypura.modelfile import ModelHeader, read_header
 from hypura.plan.budget import Budgets, RateOverrides, budgets_for, fmt_size, parse_size, rates_for
 from hypura.plan.cost import Prediction, Rates, Traffic, predict, traffic
 from hypura.plan.experts import with_expert_cache
+from hypura.plan.latest import Latest
 from hypura.plan.plan import Plan, TensorPlacement, build_plan
 from hypura.plan.search import greedy, optimize
 from hypura.plan.solve import PlanSettings
@@ -51,15 +52,14 @@ def plan_model(model: str | os.PathLike | ModelHeader, profile: MachineProfile, 
     return plan
 
 
-_last: list[tuple] = []  # (header, expert_probs, their units), the latest
+_latest: Latest[tuple] = Latest()  # (header, expert_probs, their units)
 
 
 def _units(header: ModelHeader, expert_probs: Mapping[int, Sequence[float]] | None) -> ModelUnits:
     """model_units, made again only for another header or routing: a decision plans one model at several contexts
     and micro-batches, and the search keeps what depends on the model alone for the same units (plan/model_orders.py)."""
-    if not (_last and _last[0][0] is header and _last[0][1] is expert_probs):
-        _last[:] = [(header, expert_probs, model_units(header, expert_probs))]
-    return _last[0][2]
+    return _latest.get(lambda held: held[0] is header and held[1] is expert_probs,
+                       lambda: (header, expert_probs, model_units(header, expert_probs)))[2]
 
 
 __all__ = ["Budgets", "ModelUnits", "Plan", "PlanSettings", "Prediction", "RateOverrides", "Rates", "SOLVERS",

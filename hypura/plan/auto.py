@@ -9,7 +9,9 @@ When the user gives no placement (no plan, budgets, policy or tensor overrides; 
      halvings and `min_ctx` that fits: nothing changes, llama.cpp places it (zero overhead);
   2. else the planner places it within those budgets, disk for the rest (O_DIRECT, never mmap
      paging), at the context asked for, or for an unset context at `min_ctx` and then larger while
-     no weight moves to a slower tier and predicted decode stays within CTX_DECODE_TOLERANCE.
+     no weight moves to a slower tier and predicted decode stays within CTX_DECODE_TOLERANCE;
+  3. where neither fits, 1 and 2 again within the free RAM itself, no margin (said): never a refusal of a
+     model llama.cpp would run in what is free.
 
 One line says which, with the tiers, context, the predicted tok/s and the limiting link. The caller
 (plan/decision.py, the one decision) measures nothing here: free memory and the profile come in.
@@ -17,6 +19,7 @@ One line says which, with the tiers, context, the predicted tok/s and the limiti
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -155,12 +158,34 @@ def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, fre
     the model does not fit (a first use measures one). always_plan: the plan within the free memory even where
     llama.cpp's placement fits. reserve(n_ctx): (GPU, RAM) bytes a model beside this one holds at that context
     beside llama.cpp's placement (a plan_within keeps its own room for it). finish(plan): the plan made at the
-    context chosen, as it will run (the decision's micro-batch)."""
+    context chosen, as it will run (the decision's micro-batch).
+
+    Where nothing fits the RAM less its margin, the free RAM itself is tried, the line saying so: a model
+    llama_cpp.Llama runs in what is free loads, never refused for a margin of Hypura's own."""
+    args = (header, n_ctx, n_ubatch, use_gpu)
+    rest = (free, unified, profile, plan_within, always_plan, reserve, finish)
+    try:
+        return _default_path(*args, fit, *rest)
+    except HypuraError as refused:
+        if not fit.ram_margin:
+            raise
+        try:
+            plan, c, line, fits = _default_path(*args, dataclasses.replace(fit, ram_margin=0), *rest)
+        except HypuraError:
+            raise refused from None  # it says the margin the user can change
+    return plan, c, (f"{line}; below the {fmt_size(fit.ram_margin)} RAM margin the default path keeps free: "
+                     "other programs' memory may be paged out"), fits
+
+
+def _default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, free: FreeMemory, unified: bool,
+                  profile: Callable[[], object], plan_within: Callable[[object, Caps, int], Plan],
+                  always_plan: bool, reserve: Callable[[int], tuple[int, int]],
+                  finish: Callable[[Plan], Plan]) -> tuple[Plan | None, int, str, bool]:
     m = _Model(header, n_ubatch)
     on_gpu = use_gpu and free.gpu is not None
     gpu_cap, ram_cap = free_caps(free, fit, on_gpu)
     margins = (f"less margins of {fmt_size(fit.gpu_margin)} GPU, {fmt_size(fit.ram_margin)} RAM" if on_gpu
-               else f"less a {fmt_size(fit.ram_margin)} margin")
+               else f"less a {fmt_size(fit.ram_margin)} margin" if fit.ram_margin else "with no margin")
     contexts = [n_ctx] if n_ctx > 0 else m.contexts(fit.min_ctx)
     for c in contexts:
         gpu, ram = (a + b for a, b in zip(m.resident_need(c, on_gpu, unified), reserve(c)))

@@ -179,9 +179,9 @@ def _once(source: Source) -> Callable[[], object]:
 
 def unified_memory() -> bool:
     """The GPU shares host RAM (a fixed fact of the machine, not a measurement)."""
-    from hypura.profile.devices import list_devices
+    from hypura.profile.devices import local_gpus
 
-    gpus = [d for d in list_devices() if d.is_gpu]
+    gpus = local_gpus()
     return bool(gpus and gpus[0].unified)
 
 

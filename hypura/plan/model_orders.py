@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from hypura.plan import knobs
+from hypura.plan.latest import Latest
 from hypura.plan.unit_sums import UnitSums
 from hypura.units import ModelUnits
 
@@ -56,11 +57,10 @@ class ModelOrders:
         self.layers_down = [(by_stage[s], sum(mu.units[i].nbytes for i in by_stage[s]))
                             for s in sorted(by_stage, reverse=True)]
 
-    _last: list[ModelOrders] = []  # the model of the latest problem
-
     @classmethod
     def of(cls, mu: ModelUnits) -> ModelOrders:
         """The model's, made again only for another model (a ModelUnits is never changed)."""
-        if not (cls._last and cls._last[0].mu is mu):
-            cls._last[:] = [cls(mu)]
-        return cls._last[0]
+        return _latest.get(lambda orders: orders.mu is mu, lambda: cls(mu))
+
+
+_latest: Latest[ModelOrders] = Latest()  # the model of this thread's latest problem

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypura.errors import HypuraError
-from hypura.jsonfile import parse_json, read_json_file, write_atomic
+from hypura.cachefile import write_atomic
+from hypura.jsonfile import parse_json, read_json_file
 from hypura.plan.cost import CPU, DISK, GPU, RAM, Prediction, Rates, Traffic
 from hypura.plan.solve import PlanSettings, Solution
 from hypura.plan.steps import step_rates
@@ -199,7 +200,7 @@ class Plan:
             kw["traffic"], kw["prediction"], kw["rates"] = (
                 Traffic(**d["traffic"]), Prediction(**d["prediction"]), Rates(**d["rates"]))
             return cls(**kw)
-        except (KeyError, TypeError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise HypuraError(f"malformed plan ({type(e).__name__}: {e})") from None
 
     @classmethod

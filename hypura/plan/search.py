@@ -16,6 +16,7 @@ from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.candidates import choose
 from hypura.plan.cost import RAM, Rates
+from hypura.plan.latest import Latest
 from hypura.plan.solve import PlanSettings, Solution, _Problem, _Shortfall
 from hypura.sizes import fmt_mib
 from hypura.units import ModelUnits
@@ -105,15 +106,14 @@ def _optimize_each(p: _Problem) -> Iterator[Solution | _Shortfall]:
 _OF = {"optimizer": _optimize_each, "greedy": _greedy_each}
 
 
-_last: list[_Problem] = []  # the latest problem solved
+_latest: Latest[_Problem] = Latest()
 
 
 def _problem(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings) -> _Problem:
     """The problem of these inputs, one for the solvers asked of them one after the other (plan_model asks the
     optimizer, then the greedy baseline of an MoE): the configs both try are solved once (_Problem.solve)."""
-    if not (_last and _last[0].mu is mu and (_last[0].b, _last[0].r, _last[0].s) == (budgets, rates, settings)):
-        _last[:] = [_Problem(mu, budgets, rates, settings)]
-    return _last[0]
+    return _latest.get(lambda p: p.mu is mu and (p.b, p.r, p.s) == (budgets, rates, settings),
+                       lambda: _Problem(mu, budgets, rates, settings))
 
 
 def greedy(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings()) -> Solution:

@@ -58,12 +58,15 @@ def _lib():
     return ffi, lib()
 
 
-def list_devices() -> list[Device]:
-    """Every ggml device (backends register statically: no llama_backend_init needed)."""
+def list_devices(remote: bool = True) -> list[Device]:
+    """Every ggml device (backends register statically: no llama_backend_init needed); remote False: RPC servers'
+    devices left out unasked (their memory is a round trip to the server, and a dead server's aborts the process)."""
     ffi, L = _lib()
     out = []
     for i in range(L.ggml_backend_dev_count()):
         dev = L.ggml_backend_dev_get(i)
+        if not remote and is_remote(dev):
+            continue
         free, total = ffi.new("size_t *"), ffi.new("size_t *")
         L.ggml_backend_dev_memory(dev, free, total)
         out.append(Device(i, ffi.string(L.ggml_backend_dev_name(dev)).decode(),
@@ -71,6 +74,11 @@ def list_devices() -> list[Device]:
                           _TYPE_NAMES.get(int(L.ggml_backend_dev_type(dev)), "?"), free[0], total[0],
                           is_remote(dev)))
     return out
+
+
+def local_gpus() -> list[Device]:
+    """This machine's GPUs, in ggml's order (an RPC server's devices register as GPUs: never among them)."""
+    return [d for d in list_devices(remote=False) if d.is_gpu]
 
 
 def is_remote(dev) -> bool:

@@ -96,9 +96,9 @@ def cgroup_limit(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("
 
 def _first_gpu() -> tuple[int, int] | None:
     try:
-        from hypura.profile.devices import list_devices
+        from hypura.profile.devices import local_gpus
 
-        gpus = [d for d in list_devices() if d.is_gpu]
+        gpus = local_gpus()
     except (HypuraError, OSError):
         return None  # no library yet: no GPU this process could use
     return (gpus[0].mem_free, gpus[0].mem_total) if gpus else None

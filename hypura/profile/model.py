@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from hypura.errors import HypuraError
-from hypura.jsonfile import parse_json, read_json_file, write_atomic
+from hypura.cachefile import write_atomic
+from hypura.jsonfile import parse_json, read_json_file
 
 SCHEMA_VERSION = 1
 
@@ -127,7 +128,7 @@ class MachineProfile:
                 gpus=tuple(_build(GpuInfo, {**g, "peer_bw": _pairs(g.get("peer_bw", ()))}) for g in d.get("gpus", ())),
                 notes=tuple(d.get("notes", ())),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise HypuraError(f"malformed machine profile ({type(e).__name__}: {e})") from None
 
     @classmethod

@@ -47,6 +47,13 @@ LINK_BYTES = 8 << 20
 MATVEC_BYTES = 64 << 20
 LINK_REPEATS = 3
 LATENCY_REPEATS = 20
+# the decode measurement runs k products back to back before one read, k growing until the k products take this
+# much longer than one (and longer than a few round trips): a GPU's product of 64 MiB (~20 us) is far below a
+# network round trip's jitter, which its difference from the round trip alone measured; MAX_PRODUCTS k at most
+RESOLVE_S = 2e-3
+MAX_PRODUCTS = 1024
+# no memory reads weights faster (an H200's HBM3e: 4.8 TB/s): a rate beyond this is a measurement's error
+MAX_DECODE_BW = 10e12
 
 
 @dataclass(frozen=True)
@@ -145,26 +152,36 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-_registered: dict[str, tuple[str, ...]] = {}  # endpoint -> its device names; llama.cpp's registry is per process
+_registered: dict[Endpoint, tuple[str, ...]] = {}  # endpoint -> its device names; llama.cpp's registry is per process
 
 
 def add_servers(spec: str | Iterable[str], say: Callable[[str], None] = _stderr) -> tuple[str, ...]:
     """Probe every server, then register each as llama.cpp's --rpc does; returns the names of their devices
-    (RPC0, RPC1, ...) in order. Idempotent per endpoint: a process registers a server once."""
+    (RPC0, RPC1, ...) in order. Probed on every call (a server that answered once may have died since); registered
+    once per process."""
     endpoints = parse_servers(spec)
     for ep in endpoints:
         if not ep.loopback:
             say(f"hypura: RPC server {ep} is not on loopback: rpc-server has no authentication, its traffic is "
                 "plain TCP")
     for ep in endpoints:
-        if str(ep) not in _registered:
-            probe(ep)
+        probe(ep)
     names: list[str] = []
     for ep in endpoints:
-        if str(ep) not in _registered:
-            _registered[str(ep)] = _register(str(ep))
-        names.extend(_registered[str(ep)])
+        if ep not in _registered:
+            _registered[ep] = _register(str(ep))
+        names.extend(_registered[ep])
     return tuple(names)
+
+
+def probe_registered(devices: Iterable[str] | None, but: Iterable[Endpoint] = ()) -> None:
+    """Probe each server registered earlier in this process whose devices a load may use (`devices`, llama.cpp's
+    list; None: its default, which holds every registered RPC device), `but` those: a dead one is HypuraError's
+    one line here, where llama.cpp's client would abort the process."""
+    wanted = None if devices is None else set(devices)
+    for ep, names in list(_registered.items()):
+        if ep not in but and (wanted is None or wanted & set(names)):
+            probe(ep)
 
 
 def _register(endpoint: str) -> tuple[str, ...]:
@@ -242,7 +259,7 @@ def measure_device(name: str, nbytes: int = LINK_BYTES) -> RpcDevice:
                      latency, decode,
                      f"memory as the server reports it; link: best of {LINK_REPEATS} writes of {nbytes >> 20} MiB "
                      f"and {LATENCY_REPEATS} 4-byte reads; decode: a {MATVEC_BYTES >> 20} MiB Q4_K matrix times a "
-                     f"vector on the server, best of {LINK_REPEATS}, less a round trip")
+                     f"vector on the server, best of {LINK_REPEATS} of k back to back less one")
 
 
 def _matvec_rate(dev, nbytes: int, latency: float) -> float:
@@ -278,18 +295,33 @@ def _matvec_rate(dev, nbytes: int, latency: float) -> float:
         L.ggml_backend_tensor_set(x, ffi.from_buffer(xs), 0, xs.nbytes)
         out = ffi.new("float[1]")
 
-        def step():  # the read of one result waits for the compute: the server answers in order
-            L.ggml_backend_graph_compute(backend, graph)
-            L.ggml_backend_tensor_get(y, out, 0, 4)
+        def products(k: int) -> float:  # graph_compute does not wait; the read of y waits for the k of them
+            def step():
+                for _ in range(k):
+                    L.ggml_backend_graph_compute(backend, graph)
+                L.ggml_backend_tensor_get(y, out, 0, 4)
+            return _best(step, LINK_REPEATS)
 
-        # the result's read is a round trip: taken off, so a fast device is not read as its network's latency
-        return w_bytes / max(_best(step, LINK_REPEATS) - latency, 1e-9)
+        return decode_rate(w_bytes, products, latency)
     finally:
         if backend != ffi.NULL:
             L.ggml_backend_free(backend)
         if buf != ffi.NULL:
             L.ggml_backend_buffer_free(buf)
         L.ggml_free(ctx)
+
+
+def decode_rate(nbytes: int, products: Callable[[int], float], latency: float) -> float:
+    """Weight bytes/s of one product of `nbytes` of weights, from `products(k)`: the seconds of k products and the
+    read of their result. The difference from one product leaves the round trip out, k growing until it stands
+    clear of the round trip's jitter (RESOLVE_S); never above MAX_DECODE_BW."""
+    one, k = products(1), 4
+    while True:
+        many = products(k)
+        if many - one >= max(RESOLVE_S, 4 * latency) or k >= MAX_PRODUCTS:
+            break
+        k = min(4 * k, MAX_PRODUCTS)
+    return nbytes / max((many - one) / (k - 1), nbytes / MAX_DECODE_BW)
 
 
 def _best(fn, repeats: int) -> float:

@@ -23,7 +23,8 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
-from hypura.jsonfile import read_json_file, write_atomic
+from hypura.cachefile import read_cache, write_atomic
+from hypura.jsonfile import parse_json
 from hypura.profile import knobs
 from hypura.profile.host import cores, cpu_name, host_facts
 from hypura.profile.model import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
@@ -40,9 +41,9 @@ def cache_dir() -> Path:
 def gpu_devices() -> tuple[list, str]:
     """(GPU devices, why none): devices come from our libllama, absent before ./build.sh."""
     try:
-        from hypura.profile.devices import list_devices
+        from hypura.profile.devices import local_gpus
 
-        return [d for d in list_devices() if d.is_gpu], ""
+        return local_gpus(), ""
     except (HypuraError, OSError) as e:
         return [], f"no device list ({e})"
 
@@ -72,14 +73,9 @@ def load_cached(facts: tuple[tuple[str, str], ...] | None = None) -> MachineProf
     if PINNED:
         return resolve_profile(PINNED)
     facts = facts if facts is not None else hardware_facts()
-    path = cache_path(profile_key(facts))
-    if not path.is_file():
-        return None
-    try:
-        profile = load_profile(path)
-    except HypuraError:
-        return None  # an old schema or a torn file: measure again
-    return profile if profile.hardware == facts else None
+    profile = read_cache(cache_path(profile_key(facts)), "machine profile",
+                         lambda data: MachineProfile.from_dict(parse_json(data, "the file")))
+    return profile if profile is not None and profile.hardware == facts else None
 
 
 def model_mix(header, threads: int) -> str:
@@ -96,12 +92,12 @@ def cpu_cache_path(key: str, mix: str) -> Path:
 
 def load_model_cpu(key: str, mix: str) -> CpuCompute | None:
     """The CPU's rates measured on this machine (profile key) for this model mix, None when not measured."""
-    try:
-        d = read_json_file(cpu_cache_path(key, mix), "CPU profile")
+    def parse(data: bytes) -> CpuCompute | None:
+        d = parse_json(data, "the file")
         # a file from before batched steps and the GPU's prompts were timed: measured again (a few seconds, once)
         return CpuCompute(**d) if "batch_gain" in d and "gpu_prefill_flops" in d else None
-    except (HypuraError, TypeError, ValueError):
-        return None  # none yet, or a torn or older file: measure again
+
+    return read_cache(cpu_cache_path(key, mix), "CPU profile", parse)
 
 
 def save_model_cpu(key: str, mix: str, cpu: CpuCompute) -> Path:

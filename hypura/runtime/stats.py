@@ -45,10 +45,10 @@ class Phase:
 
 
 def gpu_free() -> int | None:
-    """Free memory of the first GPU now (None without one): differenced around a load, what it took."""
-    from hypura.profile.devices import list_devices
+    """Free memory of this machine's first GPU now (None without one): differenced around a load, what it took."""
+    from hypura.profile.devices import local_gpus
 
-    gpus = [d for d in list_devices() if d.kind == "GPU"]
+    gpus = local_gpus()
     return gpus[0].mem_free if gpus else None
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 from pathlib import Path
 
 import numpy as np
 
+from hypura.cachefile import read_cache, write_atomic
 from hypura.modelfile import ModelHeader
 from hypura.profile.store import cache_dir
 from hypura.runtime.mechanism import Mechanism
@@ -101,26 +103,23 @@ class CoactivationPredictor:
         return Path(os.environ.get("HYPURA_ROUTING_DIR") or cache_dir() / "coactivation") / f"{key}.npz"
 
     def save(self, key: str) -> Path:
-        path = self.path_for(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, counts=self.counts, selections=self.selections)
-        os.replace(tmp, path)
-        return path
+        out = io.BytesIO()
+        np.savez_compressed(out, counts=self.counts, selections=self.selections)
+        return write_atomic(self.path_for(key), out.getvalue())
 
     @classmethod
     def load(cls, key: str, n_layer: int, n_expert: int) -> "CoactivationPredictor":
-        """Warm start from a saved file of the same model and shape; a fresh one otherwise."""
+        """Warm start from a saved file of the same model and shape; a fresh one otherwise (a corrupt file: warned
+        of once, and recorded again)."""
         p = cls(n_layer, n_expert)
-        path = cls.path_for(key)
-        if path.exists():
-            try:
-                saved = np.load(path)
-                counts, selections = saved["counts"], saved["selections"]
-            except (OSError, ValueError, KeyError):
-                return p  # unreadable: start cold rather than fail a run
-            if counts.shape == p.counts.shape and selections.shape == p.selections.shape:
-                p.counts, p.selections = counts.astype(np.uint32), selections.astype(np.uint64)
+
+        def parse(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+            with np.load(io.BytesIO(data)) as saved:
+                return saved["counts"], saved["selections"]
+
+        saved = read_cache(cls.path_for(key), "recorded routing", parse)
+        if saved is not None and saved[0].shape == p.counts.shape and saved[1].shape == p.selections.shape:
+            p.counts, p.selections = saved[0].astype(np.uint32), saved[1].astype(np.uint64)
         return p
 
     @classmethod
