@@ -1,14 +1,17 @@
 """Several machines on one: two ggml-rpc-server processes on loopback, each a CPU backend held to a memory limit
 (a memory cgroup where this machine lets us make one), plus this process under --ram. A model that fits none of
 the three alone runs split over them: Hypura's split (hypura.plan.shares) beside vanilla llama-completion with the
-same servers, its --tensor-split by hand (the best of a few) and its --fit.
+same servers, its --tensor-split by hand (a few around Hypura's first split) and its --fit. Hypura plans its split
+again in every run (it follows the servers' measured rates), so each round runs hypura-cli, then vanilla at the
+split hypura-cli chose in that round.
 
     python3 bench/rpc_cpu.py MODEL.gguf [--server-mem 900MiB] [--ram 1400MiB] [-n 32] [--threads 1]
-        [--splits '4,4;3,5;5,3'] [--json FILE] [--dry-run]
+        [--splits '7:4,3;7:5,2;6:4,2'] [--rounds 3] [--json FILE] [--dry-run]
 
 Every run is its own process (RPC devices stay registered for a process's life). Reported: the split, greedy
 tokens equal to the local run's (compared while the top two logits are clearly apart), decode tok/s against the
-split's predicted bound, and vanilla's decode tok/s for each split tried (or how it failed).
+split's predicted bound, vanilla's decode tok/s for each split tried (or how it failed), and each round's split
+with both tools' decode tok/s at it.
 """
 
 from __future__ import annotations
@@ -173,8 +176,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads per process (servers included)")
     ap.add_argument("--splits", default="", help="vanilla -ngl/--tensor-split to try, 'NGL:A,B;...' (default: "
                                                  "Hypura's split and its neighbours)")
-    ap.add_argument("--rounds", type=int, default=3, help="then this many rounds of hypura-cli and llama-completion "
-                                                          "on Hypura's split, alternating (a busy machine's noise)")
+    ap.add_argument("--rounds", type=int, default=3, help="then this many rounds, each hypura-cli and then "
+                                                          "llama-completion at the split hypura-cli chose in it "
+                                                          "(a busy machine's noise)")
     ap.add_argument("--json")
     ap.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     a = ap.parse_args()
@@ -208,11 +212,18 @@ def main() -> int:
             servers.revive()
         out["vanilla_fit"] = _vanilla(a.model, a.n, a.threads, rpc_arg + ["-fit", "on"], a.dry_run)
         servers.revive()
-        same = rpc_arg + shlex.split(split.get("flags", "-ngl 0"))
-        rounds = [(_vanilla(a.model, a.n, a.threads, rpc_arg + ["--rpc-mem", mem, "--ram", a.ram], a.dry_run,
-                            tool="hypura"), _vanilla(a.model, a.n, a.threads, same, a.dry_run)) for _ in range(a.rounds)]
-        out["rounds"] = [{"hypura": h.get("decode_tok_s"), "vanilla_same_split": v.get("decode_tok_s"),
-                          "predicted": h.get("predicted_tok_s")} for h, v in rounds]
+        out["rounds"] = []
+        for _ in range(a.rounds):
+            h = _vanilla(a.model, a.n, a.threads, rpc_arg + ["--rpc-mem", mem, "--ram", a.ram], a.dry_run,
+                         tool="hypura")
+            servers.revive()
+            # the split of this very run: Hypura's measured server rates, and so its split, vary between runs
+            same = split_flags(h["split_line"]) if "split_line" in h else ["<the split hypura-cli chose>"]
+            v = (_vanilla(a.model, a.n, a.threads, rpc_arg + same, a.dry_run) if "split_line" in h or a.dry_run
+                 else {"error": "hypura-cli reported no split"})
+            servers.revive()
+            out["rounds"].append({"split": shlex.join(same), "hypura": h.get("decode_tok_s"),
+                                  "vanilla_same_split": v.get("decode_tok_s"), "predicted": h.get("predicted_tok_s")})
         out["server_restarts"] = servers.restarts
     ok = [v for v in out["vanilla"] if "decode_tok_s" in v]
     out["vanilla_best"] = max(ok, key=lambda v: v["decode_tok_s"]) if ok else None
@@ -221,6 +232,19 @@ def main() -> int:
         Path(a.json).write_text(text + "\n")
     print(text)
     return 0
+
+
+def split_flags(line: str) -> list[str]:
+    """llama-completion's flags for the split of hypura-cli's `hypura: devices: host H + DEV N + ... of L layers`
+    line, as DeviceShares.flags writes them: the devices holding layers, in order, and their layer counts."""
+    m = re.match(r"host \d+((?: \+ \S+ \d+)*) of \d+ layers", line)
+    if m is None:
+        raise ValueError(f"not a hypura-cli devices line: {line!r}")
+    shares = re.findall(r" \+ (\S+) (\d+)", m.group(1))
+    if not shares:
+        return ["-ngl", "0"]
+    return ["-dev", ",".join(name for name, _ in shares), "-sm", "layer", "-ngl", str(sum(int(n) for _, n in shares)),
+            "-ts", ",".join(n for _, n in shares)]
 
 
 def _neighbours(split: dict) -> list[tuple[int, str]]:

@@ -4,6 +4,8 @@ over RPC servers, on header-only synthetic models; the plans, their predictions 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,6 +123,23 @@ def test_rpc_servers_and_a_gpu(l70):
     act, logits = l70.dims.n_embd * ACT_BYTES, l70.dims.n_vocab * ACT_BYTES
     hops = sum(d.hop_s(act) * 2 for d in rpc) + gpu.hop_s(act) + gpu.hop_s(logits)
     assert dict(shares.seconds)["hand-offs"] == pytest.approx(hops, rel=1e-6)
+
+
+def test_bench_reads_llama_cpps_flags_back_from_hypura_clis_devices_line(l70):
+    """bench/rpc_cpu.py gives vanilla the split hypura-cli chose from its `hypura: devices:` line: read back, the
+    line gives the flags DeviceShares.flags writes, for a split over devices and for one that uses none."""
+    from hypura.runtime.devices import describe
+
+    spec = importlib.util.spec_from_file_location("rpc_cpu", Path(__file__).parents[1] / "bench" / "rpc_cpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rpc = (_rpc("RPC0", 12, read=200e9, link=12.5e9), _rpc("RPC1", 12, read=200e9, link=12.5e9))
+    split = plan_shares(l70, (*rpc, _gpu("CUDA0", 24)), HOST, n_ctx=512)
+    none = plan_shares(l70, (_rpc("RPC0", 2, link=10e6, latency=0.05),), dataclasses.replace(HOST, ram=64 * GiB),
+                       n_ctx=512)
+    for shares in (split, none):
+        assert bench.split_flags(describe(shares)) == shares.flags().split()
+    assert len(split.device_names()) == 3 and none.device_names() == ()
 
 
 def test_device_tiers_from_a_profile_and_measured_rpc_devices():

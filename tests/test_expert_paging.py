@@ -268,8 +268,9 @@ def test_a_paged_plan_runs_fewer_threads_unless_told_and_other_defaults_stay(tin
 
 
 def test_bench_probes_the_disk_with_decodes_reads_and_bounds_at_that_rate(tiny_qwen3moe):
-    """The disk's rate drifts within a lease: the bench probes it with the plan's own expert reads before and
-    after the runs, and gives the bound again at the mean rate; the probe leaves the logits and RSS alone."""
+    """A disk's O_DIRECT rate drifts over minutes (runtime/moe/disk_probe.py): the bench probes it with the plan's
+    own expert reads before and after the runs, and gives the bound again at the mean rate; the probe leaves the
+    logits and RSS alone."""
     from hypura.speed.bound import bound
     from hypura.speed.single import BenchSettings, run_bench
     from hypura.speed.report import report

@@ -11,6 +11,21 @@
     engine.close()
 
     llm, engine = load(model_path, parallel=4, n_ctx_per_seq=4096, **hypura_llama_kwargs)   # both made, started
+
+    types.py         what it takes and gives: SamplingParams, Event, Result, and the errors of submit()
+    config.py        EngineConfig, read once when an Engine is made
+    loader.py        load(): the model loaded for `parallel` sequences (hypura.loaded.load), an Engine on it
+    engine.py        Engine: one thread owning the context, running steps while there is work
+    request.py       the handle submit() returns: events, result, cancel, from any thread
+    prefix_cache.py  slots and the tokens each one's KV holds; a new prompt's slot and reusable prefix
+    sequence.py      a request in a slot: prompt progress, generated tokens, sampler, the rules that end it
+    scheduler.py     what one step carries under a token budget: decode tokens first, then prompt chunks
+    batch.py         a step written into the llama_batch
+    sampler.py       a request's llama.cpp sampler chain (hypura-cli's too)
+    speculate.py     every decoding sequence's draft, verified in the same step
+    text.py          generated tokens as text, released once final (split UTF-8, stop strings)
+    embed.py         embeddings from the engine's own context, between steps
+    metrics.py       counters since made: requests, tokens, steps timed as llama-batched-bench times them
 See docs/engine.md.
 """
 

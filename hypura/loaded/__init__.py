@@ -6,6 +6,7 @@
 - model.py: LoadedModel: the model, its context, vocabulary, runtime and decision; close() (or `with`) frees them.
 - context.py: Context: a context's decodes (through the Runtime), logits and KV cache by sequence: the one place of
   llama.cpp's llama_memory_* calls.
+- drafts.py: draft models loaded beside a target, and the drafters and verifiers speculation settings name.
 
 hypura.Llama (llama-cpp-python's facade) is made from a LoadedModel; the engine, hypura-cli, bench and speculation
 take one directly.

@@ -3,6 +3,29 @@
     from hypura.profile import machine_profile   # cached profile of this machine, else a quick one
     plan = plan_model("model.gguf", machine_profile(), gpu_mem="8GiB", ram="32GiB")
     plan.placement("blk.3.ffn_up.weight").tier      # what the loader hook asks
+
+    ask.py           Ask: what the user asked of a load
+    decision.py      decide(): the one decision every front end applies before llama.cpp loads a model
+    auto.py          the default path: placement and context from the free memory, as llama.cpp's --fit
+    beside.py        a model kept resident beside the planned one (a draft): its room, on the GPU or in RAM
+    load_params.py   llama.cpp's model and context parameters from the decision, with no I/O
+    budget.py        budgets and rates from a profile, less the margins, with the user's overrides
+    knobs.py         every tuning constant, with where its number comes from
+    cost.py          the cost model: bytes moved per path -> predicted tok/s
+    steps.py         a step's path through a placement, its prediction, a chat turn's time
+    unit_sums.py     the search's sums over every unit of a placement at once
+    model_orders.py  what the search needs of the model alone, made once for all its problems
+    solve.py         the placement search: exact for the cost model's structure, and a greedy baseline
+    search.py        the candidates searched; the smallest RAM budget that plans a model where none fits
+    candidates.py    which candidate is kept: llama.cpp's kind of placement unless streaming clearly gains
+    experts.py       the expert-cache alternative for an MoE plan
+    microbatch.py    a prompt's micro-batch (n_ubatch) as large as pays
+    shares.py        a model's layers split over several devices (GPUs, RPC servers) and the host
+    pools.py         how non-resident tensors move: whole through a pool's slots, or expert by expert
+    plan.py          Plan: every tensor's (and expert's) place, frozen and JSON-serialisable
+    report.py        plans and profiles as text a person reads
+
+plan_model (here): a model planned for a machine within budgets (an MoE's greedy fill kept where it predicts faster).
 """
 
 from __future__ import annotations

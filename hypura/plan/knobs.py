@@ -49,20 +49,20 @@ SPLIT_S = 30e-6
 # 2026-12-02 fit (380 us) was made while pinned hand-offs queued behind weight copies
 STREAM_SPLIT_S = 70e-6
 # pinned host->GPU copies run at this share of their measured rate while the CPU decodes beside them
-# (both read RAM): H200, 2026-12-03, 70B hybrid plan, 48.2 GB/s over the decode against 54.1 GB/s
-# for a lone 1 GiB copy in the same lease (bench/RESULTS.md)
+# (both read RAM): on the H200, a 70B hybrid plan's copies ran at 48.2 GB/s over the decode, 0.89 of
+# a lone 1 GiB copy's 54.1 GB/s on the same machine (bench/RESULTS.md)
 LINK_BESIDE_CPU = 0.89
 # the CPU's decode and the link's pinned copies read the same RAM: together at most this multiple of the
-# CPU's own decode rate. H100, 2026-12-06, 70B hybrid plan at 8 GiB (first-use profile: CPU 69 GB/s alone):
-# a token's 20.6 GB on the CPU took 9 ms a layer (44 GB/s) while the link moved 15.3 GB at 37 GB/s, 81 GB/s
-# together, 440 ms a token where the separate budgets predicted 323 (bench/RESULTS.md, house-ab)
+# CPU's own decode rate. On an H100 host whose CPU decodes at 69 GB/s alone, a 70B hybrid plan at 8 GiB read
+# a token's 20.6 GB on the CPU at 44 GB/s while the link moved 15.3 GB at 37 GB/s: 81 GB/s together (1.17x),
+# 440 ms a token where budgets counted apart predicted 323 (bench/RESULTS.md)
 RAM_SHARED_HEADROOM = 1.2
 # an expert cache's host round trip per MoE layer and token (router result read, slot ids written, the
 # Python hook): measured on the H200 (2026-12-03, qwen3-30b-a3b shape, 18 slots a layer, routing that
 # spreads over the experts): router hooks beyond their waits for loads took 12.0 and 8.0 ms a token
 # over 48 layers (250 and 167 us); with nearly all hits (2026-12-02) 4.7 ms (98 us)
 EXPERT_LAYER_S = 210e-6
-# attention reads on average this share of the context's KV cache per token (a session that fills
+# attention reads on average this share of the context's KV cache per token (a chat that fills
 # the context reads half of it on average)
 KV_READ_FILL = 0.5
 

@@ -1,7 +1,7 @@
 """Running the server: bind, serve with uvicorn, load the models meanwhile, shut down cleanly.
 
 The socket is bound before anything loads (a taken port is one clear error, at once), then uvicorn
-serves while a thread loads each `-m` model through `hypura.Llama` and starts its engine: /health answers
+serves while a thread loads each `-m` model through `hypura.loaded.load` and starts its engine: /health answers
 503 until every model is loaded, 200 after. A model that fails to load stops the server with its
 error. Without -m, every model the stores hold (hypura.store) is offered at once and loaded on its first
 request (models/registry.py; an unusable one is a line in the log and in its requests' answers). On shutdown
@@ -41,7 +41,7 @@ KEEP_ALIVE_S = 5
 
 
 def start_engine(path: Path, settings: ServeSettings):
-    """(llm, engine) for `path`: a hypura.Llama sized for `parallel` sequences of settings.ctx_per_seq tokens,
+    """(llm, engine) for `path`: a hypura.loaded.LoadedModel sized for `parallel` sequences of settings.ctx_per_seq tokens,
     planned from the budgets when given, and its batched engine, started."""
     from hypura.engine import EngineConfig, load
     from hypura.plan.auto import summary
