@@ -306,9 +306,9 @@ def main() -> int:
     s = Smoke(args)
     plans = _inspect(s)
     s.vanilla()
-    for plan in PLANS:
+    for plan in PLANS:  # hypura.Llama takes every prompt in one load; the CLI the long one (its prompt, then decode)
         s.llama(plan)
-        s.cli(plan)
+        s.cli(plan, ["2100"])
     s.cli("dense-ram-streamed", ["100"], ("-md", args.draft), front="hypura-cli -md")
     s.serve("dense-cpu")
     s.serve("moe-pinned")
