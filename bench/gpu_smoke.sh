@@ -9,6 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; LOGS=/tmp/smoke; mkdir -p "$OUT" "$LOGS"
+export HYPURA_PIN_MAPPED=${HYPURA_PIN_MAPPED:-1}  # the mapped weights registered with the GPU: the path to prove
 # each step once on a warm machine: a second run (after a time limit) goes on where the first stopped
 [ -f /tmp/res/pytest-gpu.txt ] || { MODELS=0 bash bench/h200.sh setup || exit 1; }
 cp /tmp/res/pytest-gpu.txt "$OUT/" 2> /dev/null

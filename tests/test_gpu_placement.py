@@ -314,6 +314,7 @@ def test_a_plan_that_pins_cpu_weights(moe_model, piece, monkeypatch):
     default piece: CUDA refuses a copy across two registrations, so none may cross."""
     from hypura.runtime import mapped_weights
 
+    monkeypatch.setattr(mapped_weights, "PIN_MAPPED", True)  # the path proven here, whatever the setting's default
     if piece == "one page":
         monkeypatch.setattr(mapped_weights, "PIECE_BYTES", mmap.PAGESIZE)
     plan, tokens, want = _pinned_plan_and_vanilla(moe_model)
@@ -327,7 +328,7 @@ def test_a_plan_that_pins_cpu_weights(moe_model, piece, monkeypatch):
             else:
                 assert buft.startswith("CUDA") or name == "token_embd.weight", (name, buft)
         pinned = llm._runtime.mapped.stats
-        assert pinned.nbytes >= experts and pinned.refused == 0
+        assert pinned.registered and pinned.nbytes >= experts and pinned.refused == 0
         assert np.array_equal(_logits(llm, tokens), want[0])
         assert np.array_equal(_decode_logits(llm, tokens[:6]), want[1])
     finally:
