@@ -76,6 +76,20 @@ def pages_experts(plan) -> bool:
     return bool(paged_tensors(plan)) and not plan_layout(plan).tensors
 
 
+def change_file(path: Path, how: str) -> None:
+    """The file 'truncated' to half, or 'written' in place (the same bytes back: changed all the same)."""
+    size = path.stat().st_size
+    if how == "truncated":
+        os.truncate(path, size // 2)  # the later layers' pages go
+        return
+    with open(path, "r+b") as f:
+        f.seek(size - (64 << 10))
+        data = f.read(4096)
+        f.seek(size - (64 << 10))
+        f.write(data)
+    os.utime(path, ns=(0, 1))  # a write within the clock's tick still moves the stamp
+
+
 def held(pid: int) -> tuple[int, int, int]:
     """(RSS bytes, open descriptors, threads) of process `pid`."""
     with open(f"/proc/{pid}/status") as f:

@@ -13,22 +13,9 @@ import sys
 
 import pytest
 
-from injected_faults import free_port, stop, wait_ready
+from injected_faults import change_file, free_port, stop, wait_ready
 
 CHANGES = ["written", "truncated"]
-
-
-def change(path, how: str) -> None:
-    size = path.stat().st_size
-    if how == "truncated":
-        os.truncate(path, size // 2)  # the later layers' pages go
-        return
-    with open(path, "r+b") as f:  # the same bytes back, in place: the file changed all the same
-        f.seek(size - (64 << 10))
-        data = f.read(4096)
-        f.seek(size - (64 << 10))
-        f.write(data)
-    os.utime(path, ns=(0, 1))  # a write within the clock's tick still moves the stamp
 
 
 @pytest.fixture
@@ -49,14 +36,14 @@ from hypura.errors import ModelFileError
 
 path, plan, how = sys.argv[1:]
 sys.path.insert(0, {tests!r})
-from test_injected_file_change import change
+from injected_faults import change_file
 from pathlib import Path
 
 llm = hypura.Llama(path, plan=plan, n_ctx=256, n_threads=1, verbose=False)
 assert llm._runtime.mapped is not None
 tokens = llm.tokenize(b"Once upon a time")
 llm.eval(tokens)
-change(Path(path), how)
+change_file(Path(path), how)
 try:
     llm.eval(tokens)
 except ModelFileError as e:
@@ -116,7 +103,7 @@ def test_the_server_answers_an_error_and_serves_on(tiny_llama, mapped_plan, tmp_
                                                             "max_tokens": 16, "temperature": 0})
 
             want = complete(names[0]).json()["choices"][0]["text"]
-            change(a, how)
+            change_file(a, how)
             r = complete(names[0])
             assert r.status_code == 500 and f"{a} changed while in use" in r.json()["error"]["message"], r.text
             assert client.get("/v1/models").status_code == 200

@@ -5,7 +5,6 @@ with the same text as before, the log has no traceback, and the process holds wh
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
