@@ -104,6 +104,14 @@ def llama_tools_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def eio_shim(tmp_path_factory) -> Path:
+    """tests/eio_shim.c, built once: LD_PRELOADed, it fails a subprocess's reads of one file (injected_faults.py)."""
+    from injected_faults import build_shim
+
+    return build_shim(tmp_path_factory.mktemp("eio-shim"))
+
+
+@pytest.fixture(scope="session")
 def n_threads() -> int:
     # one thread: ggml workers spin while waiting, and on a busy 2-core machine two of them starve each other
     return 1

@@ -6,11 +6,13 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 import hypura
+from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan import RateOverrides, plan_model
 from hypura.plan.load_params import llama_threads
@@ -134,6 +136,53 @@ def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe, monkeypatch):
         monkeypatch.setattr(DirectReader, "stage", failing)  # loaded already: only the pager's reads fail
         with pytest.raises(HypuraError, match="injected read error"):
             llm.eval(llm.tokenize(b"Hello"))
+    finally:
+        llm.close()
+
+
+def _own_pages(pager, layer: int, e: int) -> int:
+    """Pages of expert e's slices (those wholly inside them) the process holds as its own: present and mapped
+    exclusively (/proc/self/pagemap bits 63 and 56), so not the shared zero page a read of an empty slice maps."""
+    pages = 0
+    with open("/proc/self/pagemap", "rb") as f:
+        for stack in pager.stacks[layer]:
+            base = int(ffi.cast("uintptr_t", lib().ggml_get_data(stack.tensor))) + e * stack.expert_bytes
+            lo, hi = expert_paging.inner_blocks(base, stack.expert_bytes, 4096)
+            for page in range(lo // 4096, hi // 4096):
+                f.seek(page * 8)
+                entry = int.from_bytes(f.read(8), "little")
+                pages += (entry >> 63) & (entry >> 56) & 1
+    return pages
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise, /proc/self/pagemap")
+def test_experts_whose_reads_failed_leave_no_pages(tiny_qwen3moe, monkeypatch):
+    """A call whose reads failed after others landed had faulted those slices in: none stays in the process
+    unaccounted (not resident for the pager, so never evicted), whichever experts the failed calls selected."""
+    monkeypatch.setattr(expert_paging, "fault_in_threads", lambda: 0)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, n_threads=1, verbose=False)
+    stage, pager = DirectReader.stage, llm._pager
+    up = [(s.info.file_offset, s.info.file_offset + s.info.nbytes) for stacks in pager.stacks.values()
+          for s in stacks if "ffn_up" in s.info.name]
+
+    def failing_up(self, start, want):  # the up projections' slices fail, late: down's and gate's land first
+        if any(lo <= start < hi for lo, hi in up):
+            time.sleep(0.05)
+            raise DiskReadError(f"{self.path}: injected read error")
+        return stage(self, start, want)
+
+    try:
+        llm.eval(llm.tokenize(b"Hello"))
+        assert pager.resident and all(_own_pages(pager, *key) for key in pager.resident)  # what is measured
+        disk = [(layer, e) for layer, experts in pager.on_disk.items() for e in experts]
+        # memory an earlier model freed may come back to this one's stacks with its pages
+        before = {key: _own_pages(pager, *key) for key in disk}
+        monkeypatch.setattr(DirectReader, "stage", failing_up)
+        for text in (b"The quick brown fox", b"jumps over the lazy dog"):
+            with pytest.raises(HypuraError, match="injected read error"):
+                llm.eval(llm.tokenize(text))
+        stray = {key: n for key in disk if key not in pager.resident and (n := _own_pages(pager, *key)) > before[key]}
+        assert stray == {}
     finally:
         llm.close()
 

@@ -14,7 +14,8 @@ Protocol
   anything computes, the loader's thread calls `pin()`: the noted ranges, merged and cut in pieces, are read
   into the cache on `threads` workers where `prefetch` (a cold file: pages read in parallel, not faulted one by
   one) and registered with the GPU; it returns when all are, and warns once if the GPU refused some (they stay
-  pageable: slower copies, the same results). `close()` after the model and its contexts are freed:
+  pageable: slower copies, the same results). `check()` before and after each decode raises once a file changed
+  in place. `close()` after the model and its contexts are freed:
   unregisters, frees the buffers, unmaps.
 """
 
@@ -177,8 +178,9 @@ class MappedWeights:
         return self.stats
 
     def check(self) -> None:
-        """Raise if a file changed in place since it was mapped (after each decode, on the decoding thread): the
-        GPU's registered pages keep the old bytes, the mapping sees the new ones, and the results are void."""
+        """Raise if a file changed in place since it was mapped (before and after each decode, on the decoding
+        thread): the GPU's registered pages keep the old bytes, the mapping sees the new ones, and the results are
+        void; a page cut off the file's end would fault (SIGBUS) where a decode read it."""
         for path, (fd, size, mtime) in zip(self.paths, self._files):
             now = os.fstat(fd)
             if (now.st_size, now.st_mtime_ns) != (size, mtime):

@@ -252,6 +252,8 @@ class Runtime:
                               f"({self.outputs_max}): give n_outputs_max (0: every token) in the context params")
         if self.streamer is not None:
             self.streamer.set_step(batch.n_tokens)  # this step's path for RAM weights (per-step paths)
+        if self.mapped is not None:
+            self.mapped.check()  # a file cut since the last decode would fault (SIGBUS) in the mapping
         with self.stats.timed(batch.n_tokens, decode):
             rc = llama_cpp.llama_decode(ctx, batch.c)
             llama_cpp.llama_synchronize(ctx)

@@ -19,8 +19,10 @@ llama_decode, with the GIL taken by cffi)
     has a table of paths by step size, each dual tensor (stream_layout.py) goes home, where the CPU
     computes it, or into a slot, streamed. On a change, every load in flight is waited for first,
     the layers streamed now take the slots round-robin again, and C builds the next graph anew.
-  A Python error in a hook is stored, the hook returns -1 and C stops calling; the Llama raises it
-  after the decode that hit it (`raise_pending`), so no logits computed from missing weights leak.
+  A Python error in a hook is stored and the hooks do nothing more in that decode (C computes on, over
+  whatever the slots hold); the Llama raises it after the decode that hit it (`raise_pending`), so no
+  logits computed from missing weights leak. Raising empties every slot, once no load is in flight: the
+  next decode loads each layer afresh, and a transient read error voids one decode, not the model.
   One loader thread does the I/O (../transfers.py); the hooks only submit and wait.
 """
 
@@ -67,9 +69,13 @@ class LayerStreamer(Mechanism):
         self.owner = {pool: [None] * n for pool, n in layout.slots.items()}
         self.free = {pool: [True] * n for pool, n in layout.slots.items()}
         self.tickets: dict[tuple[str, int], object] = {}
-        self._before_cb = ffi.callback("hypura_unit_fn", self._before, error=-1, onerror=self._on_error)
-        self._after_cb = ffi.callback("hypura_unit_fn", self._after, error=-1, onerror=self._on_error)
-        self._routed_cb = ffi.callback("hypura_route_fn", self._routed, error=-1, onerror=self._on_error)
+        # 0 on error: C's stream stays usable (a hook answering non-zero stops it for good)
+        self._before_cb = ffi.callback("hypura_unit_fn", self._unless_failed(self._before), error=0,
+                                       onerror=self._on_error)
+        self._after_cb = ffi.callback("hypura_unit_fn", self._unless_failed(self._after), error=0,
+                                      onerror=self._on_error)
+        self._routed_cb = ffi.callback("hypura_route_fn", self._unless_failed(self._routed), error=0,
+                                       onerror=self._on_error)
         hooks = ffi.new("struct hypura_stream_hooks *",
                         {"before": self._before_cb, "after": self._after_cb, "routed": self._routed_cb})
         self.c_stream = lib().hypura_stream_new(hooks)
@@ -135,6 +141,10 @@ class LayerStreamer(Mechanism):
     def _on_error(self, exc_type, exc, tb) -> None:
         if self.error is None:
             self.error = exc
+
+    def _unless_failed(self, hook):
+        """`hook`, doing nothing once this decode failed: its results are void anyway."""
+        return lambda *args: 0 if self.error is not None else hook(*args)
 
     def _before(self, unit: int, _user_data) -> int:
         pool, layer = (GPU_POOL if unit % 2 == 0 else HOST_POOL), unit // 2
@@ -202,7 +212,17 @@ class LayerStreamer(Mechanism):
     def raise_pending(self) -> None:
         if self.error is not None or (self.c_stream != ffi.NULL and lib().hypura_stream_failed(self.c_stream)):
             error = self.error or HypuraError("streaming weights failed")
+            self._empty_slots()
             raise HypuraError(f"weights could not be streamed, the results are void: {error}") from error
+
+    def _empty_slots(self) -> None:
+        """After a failed decode: every load in flight landed or failed, no layer owns a slot, no error stored."""
+        for ticket in self.tickets.values():
+            ticket.done.wait()
+        self.tickets.clear()
+        for pool, n in self.layout.slots.items():
+            self.owner[pool], self.free[pool] = [None] * n, [True] * n
+        self.error = None
 
     def close(self) -> None:
         """After the llama context using the stream is freed."""

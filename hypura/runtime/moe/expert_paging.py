@@ -25,7 +25,8 @@ Protocol
     MADV_POPULATE_WRITE): by fault_in_threads() threads ahead of the copies where cores are spare, else
     by the compute thread, in both cases after the evictions. Only the compute thread touches the
     bookkeeping (evictions while the reads run, the new experts after all landed).
-  - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode.
+  - A failed read raises in the hook: the streamer stores it and `Llama` raises it after the decode. The call's
+    slices leave the process first (none became resident), so failed calls never hold pages outside the budget.
   - Probe (`hypura bench`, between decodes, the same thread): `probe()` reads random disk experts through
     the same ReadPipeline into a scratch buffer (disk_probe.py); nothing resident changes.
 
@@ -194,9 +195,14 @@ class ExpertPager(Mechanism):
         # of ~8 MB a layer: 1.9 ms on the CPU VM); no slice faults in before they made room (RSS stays in).
         # A failed read raises here, on the compute thread
         keep, room = {(layer, e) for e in used}, len(missing) * expert_bytes
-        self._reads.run([self._slice(stack, e, 1) for stack, e in slices],
-                        before_first=lambda i: self._advise(*slices[i], 1, _MADV_POPULATE_WRITE),
-                        meanwhile=lambda: self._evict(keep, room))
+        try:
+            self._reads.run([self._slice(stack, e, 1) for stack, e in slices],
+                            before_first=lambda i: self._advise(*slices[i], 1, _MADV_POPULATE_WRITE),
+                            meanwhile=lambda: self._evict(keep, room))
+        except BaseException:  # slices faulted in before a read failed hold no expert: their pages leave too
+            for stack, e in slices:
+                self._advise(stack, e, 1, _MADV_DONTNEED)
+            raise
         for e in missing:
             self._count_read(layer, e, expert_bytes)
         self.stats.resident_peak = max(self.stats.resident_peak, self.resident_bytes)
