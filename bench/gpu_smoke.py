@@ -7,10 +7,11 @@ each tensor as large as in the full model (a 132 MB FFN matrix, a 113 MB expert 
 have. Budgets force each plan (PLANS); a pinned profile (the H200 design profile) keeps the plans the same on
 any machine, the budgets standing for the smaller GPU and RAM. Every row's greedy text is compared with vanilla
 llama.cpp of the same build, the whole model on the GPU (`llama-completion -ngl 99`), same prompt: the subsets
-fit there, and a streamed layer runs on the GPU the kernels a resident one runs. Where a plan computes weights
-on the CPU at small steps (ggml's CPU kernels, not repacked) the last bits differ; the synthetic models' block
-outputs are scaled down (--block-out-scale) so that no greedy token hangs on them, while a wrong weight still
-moves the text. `hypura bench` rows pass on a clean exit with figures. Writes smoke.md (the table) and
+fit there. Greedy text over random weights hangs on near ties that any change of kernel decides (llama.cpp's own
+micro-batch size moves it), so the models' block outputs are scaled to nothing (--block-out-scale 0.000001): the
+text then follows the embeddings and the head, and a row tells a crash, an abort, a NaN or a lost request, not
+the last bits. Those are the GPU tests' (tests/test_gpu_placement.py, run on the same subsets first: logits
+bitwise against vanilla). `hypura bench` rows pass on a clean exit with figures. Writes smoke.md (the table) and
 smoke.json to --out; exit status 1 when a row fails.
 """
 

@@ -16,15 +16,15 @@ cp /tmp/res/pytest-gpu.txt "$OUT/" 2> /dev/null
 lib=$(cat /tmp/hypura-lib)
 export HYPURA_LIB_DIR=$lib LD_LIBRARY_PATH=$lib PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export XDG_CACHE_HOME=/tmp/xdg-smoke  # no profile or routing of another run
-D=/tmp/smoke-l70.gguf M=/tmp/smoke-q3.gguf DRAFT=/tmp/smoke-l70-draft.gguf
+D=/tmp/smoke-l70e6.gguf M=/tmp/smoke-q3e6.gguf DRAFT=/tmp/smoke-l70e6-draft.gguf
 synth() { [ -f "$2" ] || python3 -m hypura.cli.main synth "$1" "$2" --layers 4 --tokenizer-from .device/tiny-llama.gguf \
-    --block-out-scale 0.05 > "$LOGS/synth-$1.log" 2>&1; }
+    --block-out-scale 0.000001 > "$LOGS/synth-$1.log" 2>&1; }
 t0=$SECONDS
 synth llama3.3-70b $D & synth qwen3-30b-a3b $M & wait
 [ -f $DRAFT ] || python3 -m hypura.cli.main synth --draft-for $D $DRAFT > "$LOGS/synth-draft.log" 2>&1
 echo "models: $((SECONDS - t0)) s ($(du -h $D $M | awk '{print $1}' | paste -sd' '))"
 t0=$SECONDS  # the GPU tests again on the subsets: each bitwise against vanilla, at real tensor sizes
-[ -f $LOGS/pytest-gpu-real-sizes.txt ] || HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$M HYPURA_GPU_TEST_DENSE=$D \
+[ -f $LOGS/pytest-gpu-real-sizes.txt ] && [ $LOGS/pytest-gpu-real-sizes.txt -nt $D ] || HYPURA_GPU_TESTS=1 HYPURA_GPU_TEST_MODEL=$M HYPURA_GPU_TEST_DENSE=$D \
     PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_gpu_placement.py \
     > $LOGS/pytest-gpu-real-sizes.txt 2>&1
 cp $LOGS/pytest-gpu-real-sizes.txt "$OUT/"

@@ -43,10 +43,10 @@ MERGE_GAP = 1 << 20
 READ_BYTES = 16 << 20  # one prefetch read: the scratch each worker reads into
 # registrations of cached pages at once: the kernel pins each page, work that spreads over cores
 PIN_THREADS = 8
-# "1": the mapped weights' pages registered with the GPU (pinned); else pageable, as llama.cpp's mmap leaves them (the
-# GPU copies them at pageable speed). Off until bench/gpu_smoke.sh passes with it on a GPU; read once, at import
+# "0": the mapped weights stay pageable, as llama.cpp's mmap leaves them (the GPU copies them at pageable speed);
+# else their pages are registered with the GPU (pinned). Read once, at import
 PIN_SETTING = "HYPURA_PIN_MAPPED"
-PIN_MAPPED = os.environ.get(PIN_SETTING, "0") == "1"
+PIN_MAPPED = os.environ.get(PIN_SETTING, "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -251,8 +251,8 @@ def _proc(name: bytes, signature: str):
 
 
 def _register_fn():
-    """ggml-cuda's registration of host memory (cudaHostRegister, read-only), None without a GPU or without
-    $HYPURA_PIN_MAPPED=1. It registers only where GGML_CUDA_REGISTER_HOST is set (bindings/library.py sets it);
+    """ggml-cuda's registration of host memory (cudaHostRegister, read-only), None without a GPU or with
+    $HYPURA_PIN_MAPPED=0. It registers only where GGML_CUDA_REGISTER_HOST is set (bindings/library.py sets it);
     llama.cpp's own loads never call it."""
     if not PIN_MAPPED:
         return None
