@@ -161,12 +161,13 @@ class MappedWeights:
                 self._registered.append(self._maps[f][0] + at)
             return True
 
-        workers = min(self.threads, max(1, len(pieces)))
+        chunks = _chunks(pieces) if self.prefetch else []
+        workers = min(self.threads, max(1, len(pieces), len(chunks)))
         with ThreadPoolExecutor(workers, thread_name_prefix="hypura-pin") as pool:
-            if self.prefetch:  # every page in the cache first: a registration faults a cold page in alone
+            if chunks:  # every page in the cache first: a registration faults a cold page in alone
                 reads = _Prefetch(self.paths)
                 try:
-                    list(pool.map(lambda chunk: reads.read(*chunk), _chunks(pieces)))
+                    list(pool.map(lambda chunk: reads.read(*chunk), chunks))
                 finally:
                     reads.close()
             done = list(pool.map(one, pieces)) if register is not None else [True] * len(pieces)
