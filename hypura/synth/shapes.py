@@ -87,6 +87,10 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in [
     ModelShape("qwen3-30b-a3b", "qwen3moe", "30B-A3B", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4,
                n_ff=6144, n_vocab=151936, n_ctx=40960, rope_theta=1e6, norm_eps=1e-6, head_dim=128,
                n_expert=128, n_expert_used=8, n_ff_exp=768, qk_norm=True),
+    # Qwen/Qwen3-235B-A22B: qwen3-30b-a3b's design at 94 blocks, 128 experts of width 1536
+    ModelShape("qwen3-235b-a22b", "qwen3moe", "235B-A22B", n_layer=94, n_embd=4096, n_head=64, n_head_kv=4,
+               n_ff=12288, n_vocab=151936, n_ctx=40960, rope_theta=1e6, norm_eps=1e-6, head_dim=128,
+               n_expert=128, n_expert_used=8, n_ff_exp=1536, qk_norm=True),
 
     # Tiny shapes for tests. n_embd 256 keeps K-quants (256-element blocks along ne[0]) valid;
     # tiny-qwen3moe's expert width 128 exercises llama.cpp's fallbacks (Q4_K->Q5_0, Q6_K->Q8_0).
