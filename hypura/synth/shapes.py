@@ -20,6 +20,39 @@ class Llama3Rope:
 
 
 @dataclass(frozen=True)
+class Mla:
+    """DeepSeek multi-head latent attention (HF config names): q and kv pass through low-rank latents;
+    k_b/v_b are kv_b split per head, as convert_hf_to_gguf writes it for llama.cpp's absorbed MLA."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN rope scaling ({arch}.rope.scaling.*); log_mul: deepseek2's 0.1 * mscale_all_dim, 0 if none."""
+
+    factor: float
+    original_context: int
+    log_mul: float = 0.0
+
+
+@dataclass(frozen=True)
+class Router:
+    """How a MoE router scores experts, where it is not llama.cpp's per-arch default (softmax)."""
+
+    gating: int  # {arch}.expert_gating_func: 1 softmax, 2 sigmoid
+    weights_scale: float = 0.0  # routed_scaling_factor; 0: not written
+    weights_norm: bool = False  # norm_topk_prob
+    n_group: int = 0  # expert groups and groups used per token (deepseek-v3's grouped top-k)
+    n_group_used: int = 0
+    probs_bias: bool = False  # exp_probs_b.bias: per-expert bias added to scores for selection only
+
+
+@dataclass(frozen=True)
 class ModelShape:
     name: str
     arch: str  # GGUF general.architecture
@@ -40,11 +73,21 @@ class ModelShape:
     qkv_bias: bool = False  # qwen2: attn_{q,k,v}.bias
     qk_norm: bool = False  # qwen3: attn_{q,k}_norm
     llama3_rope: Llama3Rope | None = None
+    mla: Mla | None = None  # deepseek2: replaces q/k/v; n_head_kv is then 1 (MQA over the latent)
+    yarn: Yarn | None = None
+    router: Router | None = None
+    n_dense_lead: int = 0  # leading blocks with a dense FFN (n_ff) before the MoE ones
+    n_expert_shared: int = 0  # shared experts of width n_ff_exp, run for every token
     n_layer_full: int = 0  # set by truncated(): the real model's depth
 
     @property
     def n_embd_head(self) -> int:
+        if self.mla:  # what llama.cpp caches per token: the kv latent and the shared rope key
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
         return self.head_dim or self.n_embd // self.n_head
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.n_expert > 0 and i >= self.n_dense_lead
 
     @property
     def n_embd_q(self) -> int:
@@ -90,7 +133,13 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in [
     # Qwen/Qwen3-235B-A22B: qwen3-30b-a3b's design at 94 blocks, 128 experts of width 1536
     ModelShape("qwen3-235b-a22b", "qwen3moe", "235B-A22B", n_layer=94, n_embd=4096, n_head=64, n_head_kv=4,
                n_ff=12288, n_vocab=151936, n_ctx=40960, rope_theta=1e6, norm_eps=1e-6, head_dim=128,
-               n_expert=128, n_expert_used=8, n_ff_exp=1536, qk_norm=True),
+               n_expert=128, n_expert_used=8, n_ff_exp=1536, qk_norm=True),    # deepseek-ai/DeepSeek-V3: MLA, 3 dense blocks then 256 routed experts (top-8 of 4 groups out of 8,
+    # sigmoid scores, selection bias) plus 1 shared expert; MTP block not written (llama.cpp skips it)
+    ModelShape("deepseek-v3", "deepseek2", "671B", n_layer=61, n_embd=7168, n_head=128, n_head_kv=1,
+               n_ff=18432, n_vocab=129280, n_ctx=163840, rope_theta=10000.0, norm_eps=1e-6,
+               n_expert=256, n_expert_used=8, n_ff_exp=2048, n_dense_lead=3, n_expert_shared=1,
+               mla=Mla(1536, 512, 64, 128, 128), yarn=Yarn(40.0, 4096, 0.1),
+               router=Router(2, 2.5, True, 8, 4, probs_bias=True)),
 
     # Tiny shapes for tests. n_embd 256 keeps K-quants (256-element blocks along ne[0]) valid;
     # tiny-qwen3moe's expert width 128 exercises llama.cpp's fallbacks (Q4_K->Q5_0, Q6_K->Q8_0).
@@ -104,6 +153,10 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in [
     ModelShape("tiny-qwen3moe", "qwen3moe", "tiny", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=768,
                n_vocab=4096, n_ctx=2048, rope_theta=1e6, norm_eps=1e-6, head_dim=128,
                n_expert=16, n_expert_used=4, n_ff_exp=128, qk_norm=True),
+    ModelShape("tiny-deepseek2", "deepseek2", "tiny", n_layer=3, n_embd=256, n_head=4, n_head_kv=1, n_ff=512,
+               n_vocab=4096, n_ctx=2048, rope_theta=10000.0, norm_eps=1e-6, n_expert=16, n_expert_used=4,
+               n_ff_exp=256, n_dense_lead=1, n_expert_shared=1, mla=Mla(256, 256, 64, 128, 128),
+               yarn=Yarn(40.0, 4096, 0.1), router=Router(2, 2.5, True, 4, 2, probs_bias=True)),
 ]}
 
 

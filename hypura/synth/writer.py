@@ -188,17 +188,67 @@ def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool,
     if shape.head_dim:  # head dim != n_embd / n_head (qwen3)
         kvs += [KV(K.Attention.KEY_LENGTH.format(arch=a), shape.head_dim, U32),
                 KV(K.Attention.VALUE_LENGTH.format(arch=a), shape.head_dim, U32)]
+    kvs += _mla_kv(shape) + _yarn_kv(shape)
     if shape.n_expert:
         kvs += [KV(K.LLM.EXPERT_COUNT.format(arch=a), shape.n_expert, U32),
                 KV(K.LLM.EXPERT_USED_COUNT.format(arch=a), shape.n_expert_used, U32)]
     if shape.n_ff_exp:
         kvs.append(KV(K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=a), shape.n_ff_exp, U32))
+    kvs += _router_kv(shape)
     if shape.n_expert:  # so that no synthetic hit rate passes for a real model's
         kvs += [KV("hypura.synth.router_skew", routing.skew, F32),
                 KV("hypura.synth.router_layer_corr", routing.layer_corr, F32)]
     if routing.out_scale != 1.0:
         kvs += [KV("hypura.synth.block_out_scale", routing.out_scale, F32)]
     return kvs + tokenizer_kv(shape.n_vocab, tokenizer_from)
+
+
+def _mla_kv(shape: ModelShape) -> list[KV]:
+    """What convert_hf_to_gguf's DeepseekV2Model writes: MLA is stored as MQA over the latent
+    (key_length = kv latent + rope dims), the per-head sizes as the *_mla lengths."""
+    m, a = shape.mla, shape.arch
+    if m is None:
+        return []
+    A, L = gguf.Keys.Attention, gguf.Keys.LLM
+    return [
+        KV(L.VOCAB_SIZE.format(arch=a), shape.n_vocab, U32),
+        KV(L.LEADING_DENSE_BLOCK_COUNT.format(arch=a), shape.n_dense_lead, U32),
+        KV(A.Q_LORA_RANK.format(arch=a), m.q_lora_rank, U32),
+        KV(A.KV_LORA_RANK.format(arch=a), m.kv_lora_rank, U32),
+        KV(A.KEY_LENGTH.format(arch=a), m.kv_lora_rank + m.qk_rope_head_dim, U32),
+        KV(A.VALUE_LENGTH.format(arch=a), m.kv_lora_rank, U32),
+        KV(A.KEY_LENGTH_MLA.format(arch=a), m.qk_nope_head_dim + m.qk_rope_head_dim, U32),
+        KV(A.VALUE_LENGTH_MLA.format(arch=a), m.v_head_dim, U32),
+        KV(gguf.Keys.Rope.DIMENSION_COUNT.format(arch=a), m.qk_rope_head_dim, U32),
+        KV(L.EXPERT_SHARED_COUNT.format(arch=a), shape.n_expert_shared, U32),
+    ]
+
+
+def _yarn_kv(shape: ModelShape) -> list[KV]:
+    y, a, R = shape.yarn, shape.arch, gguf.Keys.Rope
+    if y is None:
+        return []
+    kvs = [KV(R.SCALING_TYPE.format(arch=a), "yarn", STR),
+           KV(R.SCALING_FACTOR.format(arch=a), y.factor, F32),
+           KV(R.SCALING_ORIG_CTX_LEN.format(arch=a), y.original_context, U32)]
+    if y.log_mul:
+        kvs.append(KV(R.SCALING_YARN_LOG_MUL.format(arch=a), y.log_mul, F32))
+    return kvs
+
+
+def _router_kv(shape: ModelShape) -> list[KV]:
+    r, a, L = shape.router, shape.arch, gguf.Keys.LLM
+    if r is None:
+        return []
+    kvs = [KV(L.EXPERT_GATING_FUNC.format(arch=a), r.gating, U32)]
+    if r.weights_scale:
+        kvs.append(KV(L.EXPERT_WEIGHTS_SCALE.format(arch=a), r.weights_scale, F32))
+    if r.weights_norm:
+        kvs.append(KV(L.EXPERT_WEIGHTS_NORM.format(arch=a), True, BOOL))
+    if r.n_group:
+        kvs += [KV(L.EXPERT_GROUP_COUNT.format(arch=a), r.n_group, U32),
+                KV(L.EXPERT_GROUP_USED_COUNT.format(arch=a), r.n_group_used, U32)]
+    return kvs
 
 
 def write_synth(
