@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader, TensorEntry
 
-_EXPERT_RE = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")
+# weights only: gpt-oss's per-expert biases ([E, F], 2-D, ~1 MiB a layer) stay dense "ffn" units
+_EXPERT_RE = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.weight")
 
 # KV cache element size: llama.cpp's default cache type is f16
 KV_BYTES_PER_ELEMENT = 2.0
@@ -117,7 +118,7 @@ def role_of(name: str, tied_output: bool) -> str:
         return "norm"
     if _EXPERT_RE.search(name):
         return "expert"
-    if ".ffn_gate_inp" in name:
+    if ".ffn_gate_inp" in name or ".exp_probs_b" in name:  # exp_probs_b: deepseek-v3's selection bias
         return "router"
     if "_shexp" in name:
         return "shared"

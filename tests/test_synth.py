@@ -60,7 +60,7 @@ def _types(path: Path) -> dict[str, Q]:
 def test_tiny_reads_back(name, tiny_files, readers):
     shape = get_shape(name)
     r = readers[name]
-    planned = plan(shape, get_ftype("q4_k_m"))
+    planned = plan(shape, get_ftype(shape.ftype))
     assert [t.name for t in r.tensors] == [p.spec.name for p in planned]
     for t, p in zip(r.tensors, planned):
         assert Q(t.tensor_type) == p.type, t.name
@@ -72,7 +72,7 @@ def test_tiny_reads_back(name, tiny_files, readers):
     f = r.fields
     arch = shape.arch
     assert f["general.architecture"].contents() == arch
-    assert f["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    assert f["general.file_type"].contents() == get_ftype(shape.ftype).ftype
     assert f[f"{arch}.block_count"].contents() == shape.n_layer
     assert f[f"{arch}.embedding_length"].contents() == shape.n_embd
     assert f[f"{arch}.attention.head_count_kv"].contents() == shape.n_head_kv

@@ -3,10 +3,13 @@ the published models', and small layer subsets that vanilla llama.cpp loads and 
 
 from __future__ import annotations
 
+import gguf
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from hypura.modelfile import read_header, read_kv
 from hypura.synth.writer import write_synth
+from hypura.units import model_units
 
 
 def _kv(path) -> dict[str, object]:
@@ -69,3 +72,44 @@ def test_deepseek_v3_layers_keep_the_dense_lead(tmp_path):
     assert _kv(p)["deepseek2.block_count"] == 4
     assert [f"blk.{i}.ffn_up.weight" in sh for i in range(4)] == [True, True, True, False]
     assert sh["blk.3.ffn_up_exps.weight"] == (256, 2048, 7168)
+
+
+def test_gpt_oss_120b_header(tmp_path):
+    """llama_model_openai_moe's keys and tensors (src/models/openai-moe.cpp), MXFP4 experts as released."""
+    p = write_synth("gpt-oss-120b", tmp_path / "g.gguf", sparse=True).path
+    kv, sh = _kv(p), _shapes(p)
+    types = {t.name: t.ggml_type for t in read_header(p).tensors}
+    a = "gpt-oss."
+    assert kv["general.architecture"] == "gpt-oss" and kv[a + "block_count"] == 36
+    assert kv["general.file_type"] == gguf.LlamaFileType.MOSTLY_MXFP4_MOE
+    assert (kv[a + "embedding_length"], kv[a + "expert_feed_forward_length"]) == (2880, 2880)
+    assert (kv[a + "expert_count"], kv[a + "expert_used_count"]) == (128, 4)
+    assert (kv[a + "attention.head_count"], kv[a + "attention.head_count_kv"]) == (64, 8)
+    assert kv[a + "attention.key_length"] == 64 and kv[a + "attention.sliding_window"] == 128
+    assert kv[a + "rope.scaling.type"] == "yarn" and kv[a + "rope.scaling.factor"] == 32.0
+    assert sh["token_embd.weight"] == sh["output.weight"] == (201088, 2880)
+    assert sh["blk.0.attn_q.weight"] == (64 * 64, 2880) and sh["blk.0.attn_k.bias"] == (8 * 64,)
+    assert sh["blk.0.attn_output.weight"] == (2880, 4096) and sh["blk.0.attn_output.bias"] == (2880,)
+    assert sh["blk.35.attn_sinks.weight"] == (64,) and sh["blk.35.post_attention_norm.weight"] == (2880,)
+    assert "blk.0.ffn_norm.weight" not in sh
+    assert sh["blk.0.ffn_gate_inp.weight"] == (128, 2880) and sh["blk.0.ffn_gate_inp.bias"] == (128,)
+    assert sh["blk.0.ffn_up_exps.weight"] == (128, 2880, 2880) and sh["blk.0.ffn_up_exps.bias"] == (128, 2880)
+    assert sh["blk.0.ffn_down_exps.bias"] == (128, 2880)
+    assert types["blk.0.ffn_down_exps.weight"] == Q.MXFP4 and types["blk.0.attn_q.weight"] == Q.Q8_0
+    assert types["output.weight"] == types["token_embd.weight"] == Q.Q8_0
+    assert types["blk.0.attn_sinks.weight"] == types["blk.0.ffn_up_exps.bias"] == Q.F32
+    assert 58.5 < p.stat().st_size / 2**30 < 59.5  # the released MXFP4 GGUF: 63.4 GB
+
+
+def test_units_of_the_new_tensor_roles(tmp_path):
+    """Shared experts are dense FFN read every token; expert biases and exp_probs_b are not expert slices."""
+    d = model_units(read_header(write_synth("deepseek-v3", tmp_path / "d.gguf", layers=4, sparse=True).path))
+    roles = {u.key: (u.role, u.p) for u in d.units}
+    assert roles["blk.3.ffn_down_shexp.weight"] == ("shared", 1.0)
+    assert roles["blk.3.exp_probs_b.bias"][0] == "router" and roles["blk.0.attn_k_b.weight"][0] == "attn"
+    assert sum(u.layer == 3 and u.role == "expert" for u in d.units) == 256
+    g = model_units(read_header(write_synth("gpt-oss-120b", tmp_path / "g.gguf", layers=2, sparse=True).path))
+    roles = {u.key: (u.role, u.p) for u in g.units}
+    assert roles["blk.1.ffn_up_exps.bias"] == ("ffn", 1.0) and roles["blk.1.attn_sinks.weight"][0] == "attn"
+    experts = [u for u in g.units if u.role == "expert" and u.layer == 1]
+    assert len(experts) == 128 and experts[0].p == 4 / 128

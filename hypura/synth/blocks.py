@@ -53,6 +53,8 @@ def random_blocks(qtype: Q, n_blocks: int, rng: np.random.Generator, std: float 
     if qtype in (Q.F16, Q.F32):
         dtype = np.float16 if qtype == Q.F16 else np.float32
         return rng.normal(0.0, std, n_blocks).astype(dtype).view(np.uint8)
+    if qtype == Q.MXFP4:
+        return _mxfp4_blocks(n_blocks, rng, std)
     try:
         sc = SCALES[qtype]
     except KeyError:
@@ -65,6 +67,18 @@ def random_blocks(qtype: Q, n_blocks: int, rng: np.random.Generator, std: float 
     if sc.m_at >= 0:
         m = (sc.m_per_d * d).astype(np.float16)
         blocks[:, sc.m_at:sc.m_at + 2] = m.view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(-1)
+
+
+# MXFP4 (block_mxfp4: one E8M0 exponent byte, 16 bytes of 4-bit E2M1 codes): w = kvalues_mxfp4[q] * 2^(e-128);
+# the 16 codes {0,1,2,3,4,6,8,12, 0,-1,...,-12} have std 5.85, so e = 128 + log2(std / 5.85)
+MXFP4_CODE_STD = 5.85
+
+
+def _mxfp4_blocks(n_blocks: int, rng: np.random.Generator, std: float) -> np.ndarray:
+    blocks = np.frombuffer(rng.bytes(n_blocks * 17), np.uint8).reshape(n_blocks, 17).copy()
+    e = 128 + np.log2(std / MXFP4_CODE_STD) + rng.uniform(-0.5, 0.5, n_blocks)  # per-block jitter
+    blocks[:, 0] = np.clip(np.rint(e), 1, 254).astype(np.uint8)
     return blocks.reshape(-1)
 
 

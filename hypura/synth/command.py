@@ -33,8 +33,9 @@ whose greedy tokens agree with a target that follows its embeddings (one made wi
               help="--draft-for: how often the draft's greedy token is the target's.")
 @click.option("--layers", type=int, default=None, metavar="N",
               help="Keep only the first N blocks (same per-layer shapes, smaller file); --draft-for: 2.")
-@click.option("--ftype", default="q4_k_m", show_default=True, metavar="|".join(FTYPES),
-              help="File type: tensor types as llama.cpp's quantizer picks them for it.")
+@click.option("--ftype", default=None, metavar="|".join(FTYPES),
+              help="File type: tensor types as llama.cpp's quantizer picks them for it. Default: the "
+                   "shape's published one (q4_k_m; gpt-oss: mxfp4_moe).")
 @click.option("--sparse", is_flag=True,
               help="Header only: the data region is a hole of the right size. Instant, for planner "
                    "tests; all weights read as zero, so the file is not meant to be run.")
@@ -52,7 +53,7 @@ whose greedy tokens agree with a target that follows its embeddings (one made wi
                    "weights. Small values (0.05) keep every layer's hidden state near its token's "
                    "embedding, so routers act on token-specific states: the router knobs then hold at "
                    "every layer, and skew 0 is uniformly random routing.")
-def synth(shape: str, out: Path, layers: int | None, ftype: str, sparse: bool, seed: int,
+def synth(shape: str, out: Path, layers: int | None, ftype: str | None, sparse: bool, seed: int,
           tokenizer_from: Path | None, router_skew: float, router_layer_corr: float, block_out_scale: float,
           draft_for: Path | None, agreement: float) -> None:
     if draft_for is not None:

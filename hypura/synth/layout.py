@@ -59,7 +59,7 @@ def tensor_specs(s: ModelShape) -> list[TensorSpec]:
 
         add(T.ATTN_NORM, (D,), NORM)
         (_mla if s.mla else _attention)(s, add)
-        add(T.FFN_NORM, (D,), NORM)
+        add(T.ATTN_POST_NORM if s.post_attn_norm else T.FFN_NORM, (D,), NORM)
         (_moe if s.is_moe_layer(i) else _dense_ffn)(s, add)
 
     _check_arch(s.arch, specs)
@@ -83,6 +83,10 @@ def _attention(s: ModelShape, add: Add) -> None:
     if s.qk_norm:
         add(T.ATTN_Q_NORM, (H,), NORM)
         add(T.ATTN_K_NORM, (H,), NORM)
+    if s.proj_bias:
+        add(T.ATTN_OUT, (D,), BIAS, "bias")
+    if s.attn_sinks:
+        add(T.ATTN_SINKS, (s.n_head,), BIAS)  # one F32 logit per head
 
 
 def _mla(s: ModelShape, add: Add) -> None:
@@ -115,6 +119,11 @@ def _moe(s: ModelShape, add: Add) -> None:
     add(T.FFN_GATE_EXP, (E, Fe, D), WEIGHT)
     add(T.FFN_UP_EXP, (E, Fe, D), WEIGHT)
     add(T.FFN_DOWN_EXP, (E, D, Fe), WEIGHT)
+    if s.proj_bias:
+        add(T.FFN_GATE_INP, (E,), BIAS, "bias")
+        add(T.FFN_GATE_EXP, (E, Fe), BIAS, "bias")
+        add(T.FFN_UP_EXP, (E, Fe), BIAS, "bias")
+        add(T.FFN_DOWN_EXP, (E, D), BIAS, "bias")
     if s.n_expert_shared:
         Fs = Fe * s.n_expert_shared
         add(T.FFN_GATE_SHEXP, (Fs, D), WEIGHT)

@@ -33,6 +33,7 @@ FTYPES: dict[str, FileType] = {f.name: f for f in [
     FileType("q5_k_m", LlamaFileType.MOSTLY_Q5_K_M, Q.Q5_K),
     FileType("q8_0", LlamaFileType.MOSTLY_Q8_0, Q.Q8_0),
     FileType("f16", LlamaFileType.MOSTLY_F16, Q.F16),
+    FileType("mxfp4_moe", LlamaFileType.MOSTLY_MXFP4_MOE, Q.MXFP4),  # gpt-oss as released
 ]}
 
 _NOT_QUANTIZED = (Q.F32, Q.F16, Q.BF16)
@@ -121,9 +122,12 @@ class _State:
 
 
 def _choose(st: _State, spec: TensorSpec, ftype: FileType, t: Q) -> Q:
-    """llama_tensor_get_type_impl for Q4_K_M / Q5_K_M / Q8_0."""
+    """llama_tensor_get_type_impl for Q4_K_M / Q5_K_M / Q8_0 / MXFP4_MOE."""
     cat = category(spec.name)
     k_m = ftype.ftype in (LlamaFileType.MOSTLY_Q4_K_M, LlamaFileType.MOSTLY_Q5_K_M)
+    if ftype.ftype == LlamaFileType.MOSTLY_MXFP4_MOE:
+        # stacked (3-D) tensors MXFP4, everything else Q8_0, the output head included
+        return Q.MXFP4 if len(spec.shape) == 3 and cat != "output" else Q.Q8_0
 
     if cat == "output" or (st.tied_embeddings and cat == "token_embd"):
         if spec.ne0 % block_size(t) != 0:

@@ -78,6 +78,11 @@ class ModelShape:
     router: Router | None = None
     n_dense_lead: int = 0  # leading blocks with a dense FFN (n_ff) before the MoE ones
     n_expert_shared: int = 0  # shared experts of width n_ff_exp, run for every token
+    n_swa: int = 0  # sliding window of every other block, from block 0 (gpt-oss); 0: none
+    attn_sinks: bool = False  # per-head attention sink logits (gpt-oss)
+    proj_bias: bool = False  # biases on attn_output, the router and the experts (gpt-oss)
+    post_attn_norm: bool = False  # the FFN's input norm is named post_attention_norm (gpt-oss)
+    ftype: str = "q4_k_m"  # the file type when --ftype is not given: how the model is published
     n_layer_full: int = 0  # set by truncated(): the real model's depth
 
     @property
@@ -139,7 +144,12 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in [
                n_ff=18432, n_vocab=129280, n_ctx=163840, rope_theta=10000.0, norm_eps=1e-6,
                n_expert=256, n_expert_used=8, n_ff_exp=2048, n_dense_lead=3, n_expert_shared=1,
                mla=Mla(1536, 512, 64, 128, 128), yarn=Yarn(40.0, 4096, 0.1),
-               router=Router(2, 2.5, True, 8, 4, probs_bias=True)),
+               router=Router(2, 2.5, True, 8, 4, probs_bias=True)),    # openai/gpt-oss-120b: 128 experts of width 2880 in MXFP4 (as released), top-4, q/k/v/o biases,
+    # attention sinks, a 128-token sliding window on even blocks, YaRN
+    ModelShape("gpt-oss-120b", "gpt-oss", "120B", n_layer=36, n_embd=2880, n_head=64, n_head_kv=8,
+               n_ff=2880, n_vocab=201088, n_ctx=131072, rope_theta=150000.0, norm_eps=1e-5, head_dim=64,
+               n_expert=128, n_expert_used=4, n_ff_exp=2880, qkv_bias=True, yarn=Yarn(32.0, 4096),
+               n_swa=128, attn_sinks=True, proj_bias=True, post_attn_norm=True, ftype="mxfp4_moe"),
 
     # Tiny shapes for tests. n_embd 256 keeps K-quants (256-element blocks along ne[0]) valid;
     # tiny-qwen3moe's expert width 128 exercises llama.cpp's fallbacks (Q4_K->Q5_0, Q6_K->Q8_0).
@@ -157,6 +167,10 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in [
                n_vocab=4096, n_ctx=2048, rope_theta=10000.0, norm_eps=1e-6, n_expert=16, n_expert_used=4,
                n_ff_exp=256, n_dense_lead=1, n_expert_shared=1, mla=Mla(256, 256, 64, 128, 128),
                yarn=Yarn(40.0, 4096, 0.1), router=Router(2, 2.5, True, 4, 2, probs_bias=True)),
+    ModelShape("tiny-gpt-oss", "gpt-oss", "tiny", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256,
+               n_vocab=4096, n_ctx=2048, rope_theta=150000.0, norm_eps=1e-5, head_dim=64, n_expert=8,
+               n_expert_used=2, n_ff_exp=256, qkv_bias=True, yarn=Yarn(32.0, 4096), n_swa=128,
+               attn_sinks=True, proj_bias=True, post_attn_norm=True, ftype="mxfp4_moe"),
 ]}
 
 

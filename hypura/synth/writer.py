@@ -189,6 +189,8 @@ def metadata(shape: ModelShape, ftype: FileType, seed: int, sparse: bool,
         kvs += [KV(K.Attention.KEY_LENGTH.format(arch=a), shape.head_dim, U32),
                 KV(K.Attention.VALUE_LENGTH.format(arch=a), shape.head_dim, U32)]
     kvs += _mla_kv(shape) + _yarn_kv(shape)
+    if shape.n_swa:  # llama.cpp's gpt-oss loader: SWA on blocks 0, 2, 4, ... (pattern 2)
+        kvs.append(KV(K.Attention.SLIDING_WINDOW.format(arch=a), shape.n_swa, U32))
     if shape.n_expert:
         kvs += [KV(K.LLM.EXPERT_COUNT.format(arch=a), shape.n_expert, U32),
                 KV(K.LLM.EXPERT_USED_COUNT.format(arch=a), shape.n_expert_used, U32)]
@@ -256,7 +258,7 @@ def write_synth(
     out: str | os.PathLike[str],
     *,
     layers: int | None = None,
-    ftype: str | FileType = "q4_k_m",
+    ftype: str | FileType | None = None,
     sparse: bool = False,
     seed: int = 0,
     tokenizer_from: str | os.PathLike[str] | None = None,
@@ -264,14 +266,15 @@ def write_synth(
     progress: Callable[[int, int], None] | None = None,
 ) -> SynthResult:
     """Write a random-weight GGUF of `shape` to `out` (via a `.part` file renamed at the end).
-    `sparse`: header and tensor infos only, the data region a hole of the right size (reads
-    as zeros: a header for planners and tests, not a model to run). `tokenizer_from`: a GGUF
+    `ftype`: None for the shape's own (how the model is published). `sparse`: header and tensor
+    infos only, the data region a hole of the right size (reads as zeros: a header for planners and
+    tests, not a model to run). `tokenizer_from`: a GGUF
     whose tokenizer to copy instead of the default model's. `routing`: how MoE routers pick experts
     (routing.py)."""
     t0 = time.perf_counter()
     shape = get_shape(shape) if isinstance(shape, str) else shape
     shape = shape.truncated(layers)
-    ftype = get_ftype(ftype) if isinstance(ftype, str) else ftype
+    ftype = get_ftype(ftype or shape.ftype) if not isinstance(ftype, FileType) else ftype
     if not 0 <= seed < 2**32:
         raise HypuraError(f"--seed must be in [0, 2^32), got {seed}")
     out = Path(out)
