@@ -10,19 +10,25 @@ Threading protocol:
   step: a batch of every decoding sequence's next token (and its draft when speculating, speculate.py) and
   prompt chunks (scheduler.py), one `llm.decode_batch`, and a sample for each sequence with logits in it
   (a speculating sequence's samples verify its draft; the rejected tokens' KV cells are removed before the
-  next step). Every Event is emitted from this thread, outside the lock. It sleeps when nothing is queued
-  or running.
+  next step). Every Event is emitted from this thread, outside the lock: a step's events together
+  (`_deliver`), right before the next step's llama_decode, so that a consumer they wake (the server's
+  loop) runs while that decode holds no GIL instead of taking it in the middle of the step's Python
+  work; when no step follows, before the loop sleeps. It sleeps when nothing is queued or running.
 - A failed llama_decode, or weights that could not be streamed, ends the requests of that step with
   finish_reason "error" (their KV freed); the engine keeps serving the others.
 - `metrics()` reads the request counts in one hold of the lock (active is derived from them, so an idle
   engine never shows a request that has not been counted finished) and takes the step lock for
-  llm.stats(), so it waits at most one step. `close()` ends every request (finish_reason "error",
-  "engine closed") and joins the thread; the model stays the caller's (a draft model is the engine's: closed).
+  llm.stats(), so it waits at most one step: a thread waiting for the step lock (`metrics()`, `embed()`)
+  counts itself in `_lock_waiters`, and the loop waits at its top until it got the lock. `close()` ends
+  every request (finish_reason "error", "engine closed") and joins the thread; the model stays the
+  caller's (a draft model is the engine's: closed).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import logging
 import threading
 import time
@@ -84,9 +90,11 @@ class Engine:
         self._batch = Batch(self.step_tokens)
         self._cond = threading.Condition()  # guards _waiting, _cancelled, _closing, _counters' request counts
         self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
+        self._lock_waiters = 0  # other threads waiting for the step lock (metrics, embed): the loop lets them in
         self._waiting: collections.deque[Request] = collections.deque()
         self._cancelled: list[Request] = []  # left the queue before a slot: the engine thread ends them
         self._active: list[Sequence] = []
+        self._outbox: list[Callable[[], None]] = []  # the events (and results) of the step, in order, for _deliver
         self._counters = Counters()
         self._spec: Optional[Speculation] = None
         if config.speculative is not None:
@@ -156,7 +164,7 @@ class Engine:
         if self._kv.n_seq_max <= self.config.parallel:
             raise HypuraError("this engine has no spare sequence for embeddings: load its model with "
                               "spare_seqs=1 (hypura.engine.load does)")
-        with self._step_lock:
+        with self._between_steps():
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")
             # every token of an embedding's batch is an output: no more than the context computes (n_outputs_max)
@@ -182,9 +190,26 @@ class Engine:
         if self._spec is not None:  # what speculates (strings: in the JSON, not among /metrics' numbers)
             s = self.config.speculative
             out["speculative"].update(type=s.type, draft=s.draft_model.name if s.draft_model else None)
-        with self._step_lock:  # the engine thread updates llm's counters during a step
+        with self._between_steps():  # the engine thread updates llm's counters during a step
             out["llm"] = self.llm.stats()
         return out
+
+    @contextlib.contextmanager
+    def _between_steps(self):
+        """The step lock for another thread. The loop waits at its top while one asks for it: a lock released and
+        taken again at once by the same thread is not handed over (POSIX semaphores), so a reader would starve."""
+        with self._cond:
+            self._lock_waiters += 1
+        try:
+            self._step_lock.acquire()
+        finally:
+            with self._cond:
+                self._lock_waiters -= 1
+                self._cond.notify_all()
+        try:
+            yield
+        finally:
+            self._step_lock.release()
 
     def close(self) -> None:
         """End every request, stop the loop and free the engine's llama.cpp objects (not the model)."""
@@ -211,8 +236,11 @@ class Engine:
         reason = "engine closed"
         try:
             while True:
+                if not self._active:  # no step follows at once (a step delivers right before its decode)
+                    self._deliver()
                 with self._cond:
-                    while not (self._closing or self._waiting or self._active or self._cancelled):
+                    while not (self._closing or self._waiting or self._active or self._cancelled) or \
+                            (self._lock_waiters and not self._closing):
                         self._cond.wait()
                     if self._closing:
                         break
@@ -255,13 +283,24 @@ class Engine:
             self._end_waiting(request, "cancelled" if request.cancel_requested else "error", reason)
         for seq in list(self._active):
             self._finish(seq, "cancelled" if seq.request.cancel_requested else "error", reason)
+        self._deliver()
+
+    def _post(self, request: Request, event: Event) -> None:
+        self._outbox.append(functools.partial(request.emit, event))
+
+    def _deliver(self) -> None:
+        """Emit the events and results posted since the last delivery, in order (engine thread)."""
+        outbox, self._outbox = self._outbox, []
+        for emit in outbox:
+            emit()
 
     def _end_waiting(self, request: Request, finish_reason: str, error: Optional[str] = None) -> None:
         queued = time.perf_counter() - request.submitted
         self._count_finish(finish_reason)
-        request.finish(Result(text="", tokens=(), finish_reason=finish_reason, prompt_tokens=len(request.prompt),
-                              cached_tokens=0, queued_s=queued, prompt_s=0.0, decode_s=0.0,
-                              error=error if finish_reason == "error" else None))
+        result = Result(text="", tokens=(), finish_reason=finish_reason, prompt_tokens=len(request.prompt),
+                        cached_tokens=0, queued_s=queued, prompt_s=0.0, decode_s=0.0,
+                        error=error if finish_reason == "error" else None)
+        self._outbox.append(functools.partial(request.finish, result))
 
     def _count_finish(self, reason: str) -> None:
         with self._cond:
@@ -281,7 +320,7 @@ class Engine:
         sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq, self._vocab.vocab)
         sampler.accept_prompt(request.prompt)
         text = TextStream(self._piece, request.params.stop)
-        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog)
+        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog, self._post)
         self._active.append(seq)
         with self._cond:
             self._counters.prompt_tokens += len(request.prompt)
@@ -310,6 +349,7 @@ class Engine:
         for chunk in step.chunks:
             chunk.seq.t_scheduled = chunk.seq.t_scheduled or t0
         first = fill(self._batch, step)
+        self._deliver()  # the last thing before llama_decode, which releases the GIL to the woken consumers
         t_decode = time.perf_counter()
         try:
             rc = self.llm.decode_batch(self._batch, decode=step.decode_only)
@@ -406,7 +446,7 @@ class Engine:
         seq.sampler.close()
         result, last = seq.result(reason, error)
         self._count_finish(reason)
-        seq.request.finish(result, last)
+        self._outbox.append(functools.partial(seq.request.finish, result, last))
 
     def _is_eog(self, token: int) -> bool:
         return self._vocab.is_eog(token)

@@ -15,6 +15,7 @@ logit biases, then mirostat, or the named stages in order and dist (adaptive-p l
 from __future__ import annotations
 
 import ctypes
+import math
 
 import llama_cpp
 import numpy as np
@@ -171,16 +172,29 @@ def greedy_rows(ctx, n_vocab: int, n_outputs: int, rows: list[int]) -> list[int]
     candidates and scan them. The same pick as llama.cpp's greedy sampler: numpy's argmax returns the
     first maximum, as its `>` scan does. A row whose maximum is NaN (numpy picks the first NaN, llama.cpp
     none past index 0) comes back as -1: the caller samples it with llama.cpp."""
-    m = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n_outputs, n_vocab))
+    m = _logits_view(ctx, n_outputs, n_vocab)
     if len(rows) != n_outputs:
         m = m[rows]
-    picks = m.argmax(axis=1)
-    out = picks.tolist()
-    nan = np.isnan(m[np.arange(len(rows)), picks])
-    if nan.any():
-        for k in np.flatnonzero(nan).tolist():
+    out = m.argmax(axis=1).tolist()
+    for k, token in enumerate(out):  # a scalar check a row: a step's rows are few, and fancy indexing costs more
+        if math.isnan(m[k, token]):
             out[k] = -1
     return out
+
+
+_view: tuple = (None, None)  # ((address, rows, n_vocab), the array over llama.cpp's logits buffer there)
+
+
+def _logits_view(ctx, n_outputs: int, n_vocab: int) -> np.ndarray:
+    """The last decode's logits matrix, a view kept while llama.cpp's buffer stays where it is (it moves only
+    when it grows): numpy's as_array costs ~70 us a step once a decode has swept the caches (engine thread)."""
+    global _view
+    key = (ctypes.cast(llama_cpp.llama_get_logits(ctx), ctypes.c_void_p).value, n_outputs, n_vocab)
+    view = _view  # one read: engines of other models replace it from their threads
+    if view[0] != key:
+        buffer = (ctypes.c_float * (n_outputs * n_vocab)).from_address(key[0])
+        view = _view = (key, np.frombuffer(buffer, dtype=np.float32).reshape(n_outputs, n_vocab))
+    return view[1]
 
 
 def token_logprob(ctx, batch_index: int, token: int, top_n: int) -> TokenLogprob:

@@ -4,7 +4,7 @@ its sampler and its text, and the rules that end it. Engine thread only."""
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from hypura.engine.request import Request
 from hypura.engine.sampler import Sampler
@@ -14,13 +14,14 @@ from hypura.engine.types import Event, Result, TokenLogprob
 
 class Sequence:
     def __init__(self, request: Request, slot: int, cached: int, sampler: Sampler, text: TextStream,
-                 n_ctx: int, is_eog):
+                 n_ctx: int, is_eog, post: Callable[[Request, Event], None]):
         self.request, self.slot, self.sampler, self.text = request, slot, sampler, text
         self.prompt = request.prompt
         self.cached = cached  # prompt tokens whose KV came from another sequence (shared prefix)
         self.n_past = cached  # tokens of this sequence in the KV cache
         self.n_ctx = n_ctx
         self._is_eog = is_eog
+        self._post = post  # the engine delivers the step's events together (engine.py)
         self.generated: list[int] = []
         self.next_token: Optional[int] = None  # sampled, to be decoded by the next step
         self.t_scheduled: Optional[float] = None  # its first step began
@@ -52,7 +53,7 @@ class Sequence:
         self.generated.append(token)
         self.t_first = self.t_first or now
         self.t_last = now
-        self.request.emit(Event(text=self.text.push(token), token=token, logprob=logprob))
+        self._post(self.request, Event(text=self.text.push(token), token=token, logprob=logprob))
         if self.text.stopped:
             self.finish_reason = "stop"
         elif len(self.generated) == p.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:

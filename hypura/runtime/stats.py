@@ -105,7 +105,8 @@ class RunStats:
         if s:
             s.timeline.clear()
             s.split_marks(0)  # drop what an earlier call left
-        t0_us = lib().ggml_time_us()
+        # a C call releases the GIL (another thread may take it till its next wait): only where split marks need it
+        t0_us = lib().ggml_time_us() if s else 0
         t0 = time.perf_counter()
         yield
         dt = time.perf_counter() - t0

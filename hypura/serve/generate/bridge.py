@@ -6,9 +6,10 @@ Protocol, for one request:
    only queues the request (QueueFull, PromptTooLong and EngineClosed surface here, before any byte
    of the response is sent, so they become a 4xx).
 2. The engine thread calls `on_event(Event)` for every event, in order. The callback does one thing:
-   `loop.call_soon_threadsafe(queue.put_nowait, event)`. It never blocks the engine and never touches
-   asyncio state from the wrong thread. If the loop is already closed (server shutting down) the event
-   is dropped.
+   it posts the event to the loop's mailbox (mailbox.py), which wakes the loop once for all the events
+   of a step and hands each to its stream's asyncio queue on the loop. It never blocks the engine and
+   never touches asyncio state from the wrong thread. If the loop is already closed (server shutting
+   down) the event is dropped.
 3. The route iterates `events()` on the loop. The iterator ends after the final event (finish_reason
    set); then `result()` gives the engine's Result (durations, token counts) without waiting: the
    engine sets it before it emits the final event.
@@ -24,13 +25,14 @@ import asyncio
 from typing import AsyncIterator, Optional
 
 from hypura.engine import Event, Result, SamplingParams
+from hypura.serve.generate.mailbox import mailbox
 
 
 class EngineStream:
     """One submitted request, seen from the asyncio loop."""
 
     def __init__(self, engine, tokens: list[int], params: SamplingParams):
-        self._loop = asyncio.get_running_loop()
+        self._mailbox = mailbox()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.finished = False
         self.final: Optional[Event] = None
@@ -38,11 +40,11 @@ class EngineStream:
         self.request = engine.submit(tokens, params, on_event=self._on_event)
 
     def _on_event(self, event: Event) -> None:  # the engine thread
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-            self._loop.call_soon_threadsafe(self._started.set)
-        except RuntimeError:  # the loop is closed: nobody is left to read the event
-            pass
+        self._mailbox.post(self, event)
+
+    def _deliver(self, event: Event) -> None:  # the loop
+        self._queue.put_nowait(event)
+        self._started.set()
 
     async def started(self) -> None:
         """Wait for the first event (requests submitted after it reuse this prompt's KV)."""
