@@ -25,6 +25,10 @@ class FakeRequest:
     def cancel(self):
         self.cancelled.set()
 
+    @property
+    def done(self):
+        return self._done.is_set()
+
     def result(self, timeout=None):
         if not self._done.wait(timeout):
             raise TimeoutError("not finished")

@@ -71,4 +71,5 @@ class Sequence:
         return Result(text=self.text.text, tokens=tuple(self.generated), finish_reason=reason,
                       prompt_tokens=len(self.prompt), cached_tokens=self.cached,
                       queued_s=start - self.request.submitted, prompt_s=prompt_end - start,
-                      decode_s=decode_s, error=error), last
+                      decode_s=decode_s, error=error,
+                      ttft_s=None if self.t_prompt_done is None else self.t_prompt_done - self.request.submitted), last

@@ -110,10 +110,23 @@ class Result:
     prompt_s: float  # evaluating the prompt (its chunks' steps)
     decode_s: float  # from the first generated token to the last
     error: Optional[str] = None
+    ttft_s: Optional[float] = None  # from submit() to its first sampled token (None: it never got one)
 
     @property
     def completion_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def prompt_tok_s(self) -> Optional[float]:
+        """The prompt tokens evaluated (not reused) a second, None when none were or no time was measured."""
+        evaluated = self.prompt_tokens - self.cached_tokens
+        return evaluated / self.prompt_s if evaluated > 0 and self.prompt_s > 0 else None
+
+    @property
+    def decode_tok_s(self) -> Optional[float]:
+        """Tokens generated a second after the first (its time is the prompt's); None below two tokens."""
+        n = self.completion_tokens
+        return (n - 1) / self.decode_s if n > 1 and self.decode_s > 0 else None
 
 
 class QueueFull(HypuraError):

@@ -24,6 +24,7 @@ from hypura.serve.generate import embed_routes
 from hypura.serve.http import metrics
 from hypura.serve.http.errors import ApiError, error_response, is_openai_path
 from hypura.serve.http.guard import Guard
+from hypura.serve.http.request_log import RequestMetrics
 from hypura.serve.http.streaming import ClientGone
 from hypura.serve.models.registry import Registry
 from hypura.serve.ollama import routes as ollama_routes
@@ -40,6 +41,7 @@ class ServerState:
     ready: bool = False  # every model loaded
     error: Optional[str] = None  # why loading failed
     http: Optional[metrics.HttpCounts] = None
+    requests: RequestMetrics = field(default_factory=RequestMetrics)  # each engine request's figures, per model
 
 
 async def health(request: Request):
@@ -54,7 +56,7 @@ async def prometheus(request: Request):
     state: ServerState = request.app.state.server
     # engine.metrics() reads the engine's counters under its lock: off the loop
     per_model = await asyncio.to_thread(lambda: {e.name: e.engine.metrics() for e in state.registry})
-    return PlainTextResponse(metrics.render(per_model, state.http, state.ready),
+    return PlainTextResponse(metrics.render(per_model, state.http, state.ready, state.requests),
                              media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

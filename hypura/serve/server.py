@@ -142,7 +142,8 @@ class Server:
         self.engine_starter = engine_starter
         self.sock = bind(settings.host, settings.port)
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(create_app(self.state), log_level=log_level, lifespan="off",
+        # access_log off: the Guard writes each request's one line, with what the engine did for it
+        config = uvicorn.Config(create_app(self.state), log_level=log_level, lifespan="off", access_log=False,
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S,
                                 http=functools.partial(lifecycle.HeaderDeadline, timeout_s=settings.timeout_s))
         self.uvicorn = _Uvicorn(config)

@@ -16,7 +16,7 @@ from hypura.chat_template import TemplateError, TemplateRejected
 from hypura.engine import EngineClosed, PromptTooLong, QueueFull, SamplingParams
 from hypura.errors import HypuraError
 from hypura.serve.generate.bridge import EngineStream
-from hypura.serve.http import lifecycle
+from hypura.serve.http import lifecycle, request_log
 from hypura.serve.http.errors import ApiError
 from hypura.serve.models import prompt_tokens
 from hypura.serve.models.registry import ModelEntry
@@ -123,7 +123,7 @@ def sampling(**fields) -> SamplingParams:
 
 def submit(job: Job) -> EngineStream:
     try:
-        return EngineStream(job.entry.engine, job.tokens, job.params)
+        stream = EngineStream(job.entry.engine, job.tokens, job.params)
     except QueueFull:
         raise ApiError(429, "the server is busy: too many requests are waiting; retry shortly",
                        "rate_limit_exceeded", {"Retry-After": RETRY_AFTER_S}) from None
@@ -133,3 +133,5 @@ def submit(job: Job) -> EngineStream:
         raise ApiError(503, "the server is shutting down") from None
     except HypuraError as e:  # what else the engine refuses in a request
         raise ApiError(400, str(e)) from None
+    request_log.add(job.entry.name, stream)  # its costs go into the request's log line and /metrics
+    return stream

@@ -2,22 +2,25 @@
 and deadline, 503 while loading, request counts.
 
 A plain ASGI wrapper (not Starlette's BaseHTTPMiddleware, which would buffer streamed responses and
-hide the client's disconnect from the routes). Its refusals answer in the shape of the API called.
+hide the client's disconnect from the routes). Its refusals answer in the shape of the API called. Once an
+answer has ended it writes the request's one log line (request_log.py; uvicorn's access log is off).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hypura.serve.http import lifecycle
+from hypura.serve.http import lifecycle, request_log
 from hypura.serve.http.errors import ApiError, error_response, is_openai_path
 from hypura.serve.http.origins import Origins, cors_headers, preflight_headers
 
+log = logging.getLogger("hypura.serve")
 OPEN_PATHS = frozenset({"/health"})  # reachable without the API key (load balancers, probes)
 OPEN_WHILE_LOADING = frozenset({"/", "/health", "/metrics", "/api/version"})
 
@@ -41,6 +44,7 @@ class Guard:
             return
         path = scope["path"]
         status = []
+        started, record = time.monotonic(), request_log.opened()
         headers = dict(scope["headers"])
         origin = headers.get(b"origin", b"").decode("latin-1")
         cors = cors_headers(origin) if origin and self.origins.origin_allowed(origin) else []
@@ -68,6 +72,17 @@ class Guard:
             await self.app(scope, bounded, counting_send)
         finally:
             self.state.http.count(path, status[0] if status else 499)  # 499: the client left before an answer
+            self._log(scope, status[0] if status else 499, time.monotonic() - started, record)
+
+    def _log(self, scope: Scope, status: int, seconds: float, record: list) -> None:
+        """The request's one line, and its engine requests' figures into /metrics."""
+        ended = request_log.results(record)
+        for model, result in ended:
+            if result is not None:
+                self.state.requests.add(model, result)
+        client = scope.get("client")
+        log.info("%s", request_log.line(f"{client[0]}:{client[1]} " if client else "", scope["method"], scope["path"],
+                                        status, seconds, ended))
 
     def _where_from(self, headers: dict, origin: str):
         """403 for a Host this server does not answer to or a web page's Origin not allowed (no work done)."""

@@ -3,7 +3,9 @@
 The engine's `metrics()` (requests, tokens, tok/s, queue length, active sequences, and the Llama's
 stats: bytes per tier, stall, expert hit rates) is a nested dict; every number in it becomes one
 sample, named by its path (`hypura_engine_<key>_<key>...`) and labelled with the model, so a new
-engine counter shows up here without a change. The server adds its HTTP request counts.
+engine counter shows up here without a change. The server adds its HTTP request counts and each
+request's figures (`hypura_request_...`: queue wait, time to first token, prompt and decode rates as
+summaries, reused tokens: request_log.py).
 """
 
 from __future__ import annotations
@@ -47,14 +49,16 @@ def _number(value: float) -> str:
     return repr(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
-def render(engine_metrics: dict[str, dict], http: HttpCounts, ready: bool) -> str:
-    """`engine_metrics`: model name -> engine.metrics()."""
+def render(engine_metrics: dict[str, dict], http: HttpCounts, ready: bool, requests=None) -> str:
+    """`engine_metrics`: model name -> engine.metrics(); `requests`: request_log.RequestMetrics."""
     lines = ["# HELP hypura_ready 1 once every model is loaded", "# TYPE hypura_ready gauge",
              f"hypura_ready {int(ready)}",
              "# HELP hypura_http_requests_total HTTP requests answered, by route and status",
              "# TYPE hypura_http_requests_total counter"]
     for (route, status), n in sorted(http.counts.items()):
         lines.append(f'hypura_http_requests_total{{route="{_label(route)}",status="{status}"}} {n}')
+    if requests is not None:
+        lines += requests.render(_label)
     samples: dict[str, list[str]] = {}
     for model, tree in engine_metrics.items():
         seen = set()

@@ -156,7 +156,9 @@ def _metrics(result, started: float) -> dict:
     return {"done_reason": r.finish_reason, "total_duration": int((time.monotonic() - started) * NS),
             "load_duration": 0,  # a load on demand happens before the request starts (the gate)
             "prompt_eval_count": r.prompt_tokens, "prompt_eval_duration": int(r.prompt_s * NS),
-            "eval_count": r.completion_tokens, "eval_duration": int(r.decode_s * NS)}
+            "eval_count": r.completion_tokens, "eval_duration": int(r.decode_s * NS),
+            # beyond Ollama's fields: the prompt tokens reused from the KV cache (a conversation's earlier turns)
+            "hypura": {"cached_tokens": r.cached_tokens}}
 
 
 def load_answer(model: str, chat: bool, reason: str = "load") -> JSONResponse:
