@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -105,34 +102,3 @@ def one_error_line(rc: int, err: str, name: str) -> str:
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and name in lines[0], err[-3000:]
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(proc: subprocess.Popen, url: str, limit_s: float = 120) -> None:
-    """Until the server at `url` answers /health 200 (fails if it exits first)."""
-    import httpx
-
-    deadline = time.monotonic() + limit_s
-    while True:
-        assert proc.poll() is None, f"the server exited with status {proc.returncode}"
-        assert time.monotonic() < deadline, f"not ready in {limit_s} s"
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen) -> int:
-    """Ctrl-C, as a user stops a server; its exit status."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(timeout=60)
-    finally:
-        proc.kill()

@@ -4,6 +4,9 @@ process, on 127.0.0.1 and a free port."""
 from __future__ import annotations
 
 import contextlib
+import signal
+import socket
+import subprocess
 import threading
 import time
 
@@ -79,3 +82,34 @@ def health_probed(url: str, every: float = 0.05):
     finally:
         stop.set()
         prober.join()
+
+
+# --- a `hypura serve` process -------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(proc: subprocess.Popen, url: str, limit_s: float = 120) -> None:
+    """Until the server at `url` answers /health 200 (fails if it exits first)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        assert proc.poll() is None, f"the server exited with status {proc.returncode}"
+        assert time.monotonic() < deadline, f"not ready in {limit_s} s"
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen) -> int:
+    """Ctrl-C, as a user stops a server; its exit status."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        proc.kill()

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from injected_faults import change_file, free_port, stop, wait_ready
+from injected_faults import change_file
+from serve_helpers import free_port, stop, wait_ready
 
 CHANGES = ["written", "truncated"]
 

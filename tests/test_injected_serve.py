@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from injected_faults import budget, faulted_env, free_port, held, stop, streams_layers, wait_ready
+from injected_faults import budget, faulted_env, held, streams_layers
+from serve_helpers import free_port, stop, wait_ready
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")

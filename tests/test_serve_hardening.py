@@ -17,6 +17,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from serve_fakes import MODEL, FakeEngine, ndjson_lines, sse_events, start_fake  # noqa: E402
+from serve_helpers import free_port, wait_ready  # noqa: E402
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": False}
 
@@ -271,23 +272,13 @@ def test_sigterm_ends_open_streams_and_exits_within_the_grace(tmp_path):
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "hypura.cli.main", "serve", "--port", str(port), "-np", "2",
                              "-c", "256", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "HYPURA_API_KEY": ""})
     url, results = f"http://127.0.0.1:{port}", {}
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "not ready"
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.ConnectError:
-                pass
-            time.sleep(0.1)
+        wait_ready(proc, url, 90)
         model = httpx.get(url + "/api/tags").json()["models"][0]["name"]
         # a reply that runs to the context (~6 s on one quiet thread): still streaming when SIGTERM comes
         ask = "Write the numbers from 1 to 1000, separated by commas."
