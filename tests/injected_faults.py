@@ -87,6 +87,13 @@ def change_file(path: Path, how: str) -> None:
     os.utime(path, ns=(0, 1))  # a write within the clock's tick still moves the stamp
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """`path` replaced by `data` as a copy lands: written beside it, renamed over it (a new inode)."""
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_bytes(data)
+    os.replace(fresh, path)
+
+
 def held(pid: int) -> tuple[int, int, int]:
     """(RSS bytes, open descriptors, threads) of process `pid`."""
     with open(f"/proc/{pid}/status") as f:

@@ -6,6 +6,7 @@ an error body, the log has no traceback, and the server still answers /v1/models
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 
-from injected_faults import change_file
+from injected_faults import change_file, replace_file
 from serve_helpers import free_port, stop, wait_ready
 
 CHANGES = ["written", "truncated"]
@@ -37,7 +38,7 @@ from hypura.errors import ModelFileError
 
 path, plan, how = sys.argv[1:]
 sys.path.insert(0, {tests!r})
-from injected_faults import change_file
+from injected_faults import change_file, replace_file
 from pathlib import Path
 
 llm = hypura.Llama(path, plan=plan, n_ctx=256, n_threads=1, verbose=False)
@@ -81,8 +82,25 @@ Server(settings, log_level="info").run()
 """
 
 
-@pytest.mark.parametrize("how", CHANGES)
-def test_the_server_answers_an_error_and_serves_on(tiny_llama, mapped_plan, tmp_path, how):
+def _streamed_until_changed(client, name: str, path, how: str) -> dict:
+    """A streamed completion whose file is changed once two chunks came (decoding): its last chunk."""
+    chunks = []
+    with client.stream("POST", "/v1/completions", json={"model": name, "prompt": "Once upon a time",
+                                                        "max_tokens": 240, "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[len("data: "):]))
+                if len(chunks) == 2:
+                    change_file(path, how)
+    return chunks[-1]
+
+
+@pytest.mark.parametrize("how", CHANGES + ["replaced"])
+def test_the_server_answers_an_error_then_loads_the_file_again(tiny_llama, mapped_plan, tmp_path, how):
+    """A request decoding when the file changes gets an error body; the next request loads the file again: the
+    same text where it holds the same bytes, an error body naming it while it is cut, the same text once it is
+    restored (a new inode). The other model is served throughout."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("starlette")
     a, b, log = tmp_path / "a.gguf", tmp_path / "b.gguf", tmp_path / "serve.log"
@@ -103,14 +121,30 @@ def test_the_server_answers_an_error_and_serves_on(tiny_llama, mapped_plan, tmp_
                 return client.post("/v1/completions", json={"model": name, "prompt": "Once upon a time",
                                                             "max_tokens": 16, "temperature": 0})
 
-            want = complete(names[0]).json()["choices"][0]["text"]
-            change_file(a, how)
-            r = complete(names[0])
-            assert r.status_code == 500 and f"{a} changed while in use" in r.json()["error"]["message"], r.text
+            def text(name):
+                r = complete(name)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+
+            want = text(names[0])
+            if how == "written":  # mid-decode: the request in flight ends with an error (unless it ran ahead)
+                last = _streamed_until_changed(client, names[0], a, how)
+                message = last.get("error", {}).get("message", "")
+                assert f"{a} changed while in use" in message or last["choices"][0]["finish_reason"], last
+            elif how == "truncated":  # between requests: a decode reading a page cut off the mapping is SIGBUS
+                change_file(a, how)
+            else:  # a new inode: the mapping keeps the old file, so the load is not void
+                replace_file(a, tiny_llama.read_bytes())
+            if how == "truncated":
+                r = complete(names[0])
+                assert r.status_code == 500 and str(a) in r.json()["error"]["message"], r.text
+                assert text(names[1]) == want
+                replace_file(a, tiny_llama.read_bytes())
+            assert text(names[0]) == want
+            assert text(names[1]) == want
             assert client.get("/v1/models").status_code == 200
-            r = complete(names[1])
-            assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
     finally:
         status = stop(proc)
     text = log.read_text()
     assert status == 0 and "Traceback" not in text, text[-3000:]
+    assert f"{a} changed since it was loaded" in text, text[-3000:]

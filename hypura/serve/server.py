@@ -163,8 +163,7 @@ class Server:
                 log.info("loaded %s as %s in %.1f s", offer.path, entry.name, entry.load_s)
                 if entry.template_error:
                     log.warning("%s: %s (chat routes will answer 500)", entry.name, entry.template_error)
-            if not self.kept:
-                self.state.registry.start_janitor()
+            self.state.registry.start_janitor()  # idle models on demand, and models whose file changed
             self.state.ready = True
             names = ", ".join(o.name for o in self.state.registry.offers())
             log.info("ready: %s", names if self.kept else f"offering {names or 'no model'} (loaded on demand)")

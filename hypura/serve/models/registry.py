@@ -17,6 +17,9 @@ Concurrency protocol (threads: uvicorn's event loop, one loader thread, one jani
     Entries with leases or waiters are never unloaded.
   - `release` (event loop): drops the lease and sets `expires` (now + keep_alive); the janitor unloads
     entries past `expires` with neither leases nor waiters. keep_alive 0 expires at once.
+  - A loaded model whose file changed since its load (another inode, size or mtime: replaced, cut or written)
+    is retired by the `acquire` that finds it: out of `entries` (the request loads the file again, a kept
+    model as kept), into `_retired` until its leases end; the janitor, or the next load, closes it.
   - `close` (shutdown): queued loads are cancelled (their waiters get 503), a load under way is closed
     as soon as it ends, and every entry is closed.
 """
@@ -29,6 +32,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -84,10 +88,15 @@ class ModelEntry:
     leases: int = 0  # requests using it now
     expires: float = math.inf  # time.monotonic() when it is unloaded, idle
     vocab: Vocab = Vocab(max_token_bytes=64)  # what bounds tokenizing a prompt (prompt_tokens.py)
+    file_id: Optional[tuple] = None  # the file as it was when the load began (file_identity)
+    retired: bool = False  # its file changed: no new leases, closed once its requests end
 
     @property
     def name(self) -> str:
         return self.info.name
+
+    def file_changed(self) -> bool:
+        return self.file_id is not None and file_identity(self.path) != self.file_id
 
     def options(self, given: dict) -> dict:
         """A request's options over the model's defaults, as Ollama applies its params layer."""
@@ -117,6 +126,8 @@ class Registry:
         self._offers: dict[str, Offer] = {}
         self._broken: dict[str, str] = {}  # name -> why it cannot be loaded (one line)
         self._aliases: dict[str, str] = {}
+        self._kept: set[str] = set()  # names loaded at start (serve -m): loaded again as kept
+        self._retired: list[ModelEntry] = []  # file changed while loaded: closed once their leases end
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._mem = threading.Lock()
@@ -173,6 +184,9 @@ class Registry:
         offer = self.find(name)
         with self._lock:
             entry = self.entries.get(offer.name)
+            if entry is not None and entry.file_changed():  # one stat: a replaced file is served as it is now
+                self._retire(entry)
+                entry = None
             if entry is not None:
                 entry.leases += 1
                 return entry
@@ -210,8 +224,25 @@ class Registry:
         keep = self.settings.keep_alive if keep_alive is None and self.settings else keep_alive
         with self._lock:
             entry.leases -= 1
-            entry.expires = time.monotonic() + (math.inf if keep is None else keep)
+            if not entry.retired:
+                entry.expires = time.monotonic() + (math.inf if keep is None else keep)
             self._idle.notify_all()
+
+    def _retire(self, entry: ModelEntry) -> None:
+        """Under `_lock`: `entry`'s file changed; the next lease loads it again."""
+        log.warning("%s: %s changed since it was loaded: loading it again", entry.name, entry.path)
+        del self.entries[entry.name]
+        entry.retired = True
+        self._retired.append(entry)
+        self._idle.notify_all()
+
+    def _close_retired(self) -> None:
+        """Close the retired entries no request uses any more (under `_mem`)."""
+        with self._lock:
+            done = [e for e in self._retired if e.leases == 0]
+            self._retired = [e for e in self._retired if e.leases > 0]
+        for entry in done:
+            self._unload(entry, "its file changed")
 
     def unload(self, name: Optional[str]) -> bool:
         """keep_alive 0 with nothing to generate: unload now if idle (else when its requests end). False when
@@ -238,25 +269,37 @@ class Registry:
         self.offer(offer)
         with self._lock:
             self.entries[entry.name] = entry
+            self._kept.add(entry.name)
+        return entry
+
+    def _open(self, offer: Offer) -> ModelEntry:
+        """Load `offer` (under `_mem`): a kept model as at start, else within the room make_room leaves."""
+        from hypura.serve.models.room import make_room
+
+        if offer.name in self._kept:  # its file changed: loaded again as the server loaded it at start
+            log.info("loading %s again", offer.name)
+            entry = open_model(offer.path, self.settings, self.start_engine, offer.name)
+            entry.info, entry.params = offer.info, offer.params
+            return entry
+        room = make_room(self, offer)
+        for gone in room.unloaded:
+            self._unload(gone, f"to make room for {offer.name}")
+        lines = []
+        settings = room.settings_for(self.settings, lambda line: (lines.append(line), log.info("%s", line)))
+        log.info("loading %s: %s", offer.name, room.describe())
+        entry = open_model(offer.path, settings, self.start_engine, offer.name)
+        entry.info, entry.params, entry.pinned = offer.info, offer.params, False
+        entry.plan = room.chosen(entry, lines)
+        entry.footprint = room.footprint(entry)
         return entry
 
     def _load(self, offer: Offer) -> ModelEntry:
-        from hypura.serve.models.room import make_room
-
         try:
             with self._mem:
                 if self._closing:
                     raise ApiError(503, "the server is stopping")
-                room = make_room(self, offer)
-                for gone in room.unloaded:
-                    self._unload(gone, f"to make room for {offer.name}")
-                lines = []
-                settings = room.settings_for(self.settings, lambda line: (lines.append(line), log.info("%s", line)))
-                log.info("loading %s: %s", offer.name, room.describe())
-                entry = open_model(offer.path, settings, self.start_engine, offer.name)
-                entry.info, entry.params, entry.pinned = offer.info, offer.params, False
-                entry.plan = room.chosen(entry, lines)
-                entry.footprint = room.footprint(entry)
+                self._close_retired()
+                entry = self._open(offer)
                 with self._lock:
                     closing = self._closing
                     if not closing:
@@ -279,8 +322,8 @@ class Registry:
 
     def loaded(self) -> tuple[list[ModelEntry], list[ModelEntry]]:
         """(the entries loaded now, those of them that may be unloaded now, least recently used first)."""
-        with self._lock:
-            return list(self.entries.values()), self.idle()
+        with self._lock:  # retired entries still in use hold their memory too
+            return list(self.entries.values()) + self._retired, self.idle()
 
     def take_idle(self, entries: list[ModelEntry]) -> list[ModelEntry]:
         """Take those of `entries` still idle out of the registry (a request may have leased one meanwhile: it
@@ -315,10 +358,11 @@ class Registry:
                     return
                 now = time.monotonic()
                 due = [e for e in self.idle() if e.expires <= now]
-                if not due:  # until the next idle one expires, or `release` and loads notify
+                if not due and not any(e.leases == 0 for e in self._retired):  # until the next idle one expires, or `release` and loads notify
                     self._idle.wait(min([60.0] + [e.expires - now for e in self.idle()]))
                     continue
             with self._mem:
+                self._close_retired()
                 with self._lock:
                     due = [e for e in self.idle() if e.expires <= time.monotonic()]
                     for e in due:
@@ -336,7 +380,8 @@ class Registry:
         else:
             self._mem.release()
         with self._lock:
-            entries, self.entries = list(self.entries.values()), {}
+            entries, self.entries = list(self.entries.values()) + self._retired, {}
+            self._retired = []
         for entry in entries:
             entry.close()
 
@@ -360,6 +405,7 @@ def _device_bytes(llm) -> int:
 def open_model(path: Path, settings: ServeSettings, start_engine: Callable, name: Optional[str] = None) -> ModelEntry:
     """Load `path` with its engine (`start_engine(path, settings) -> (llm, engine)`) and read what the
     routes report about it. The chat template is parsed now, so a broken one is reported at load."""
+    file_id = file_identity(path)  # before the load: a change during it is a change too
     started = time.monotonic()
     llm, engine = start_engine(path, settings)
     load_s = time.monotonic() - started
@@ -373,7 +419,18 @@ def open_model(path: Path, settings: ServeSettings, start_engine: Callable, name
     return ModelEntry(info=model_info(path, llm.header, name), path=path, engine=engine, llm=llm, template=template,
                       template_error=template_error, n_ctx=int(engine.n_ctx_per_seq), n_vocab=int(llm.n_vocab()),
                       loaded_at=datetime.now(timezone.utc), load_s=load_s, size_vram=_device_bytes(llm),
+                      file_id=file_id,
                       **({"vocab": read_vocab(llm)} if hasattr(llm, "context") else {}))  # stand-ins have none
+
+
+def file_identity(path: Path) -> Optional[tuple]:
+    """What tells a file replaced, cut or written from the one loaded: (device, inode, size, mtime); None when
+    it cannot be read."""
+    try:
+        s = os.stat(path)
+    except OSError:
+        return None
+    return s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns
 
 
 def offer_of(stored, header) -> Offer:
