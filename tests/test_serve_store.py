@@ -44,7 +44,7 @@ class Loads:
     """An engine starter of fakes that records each load, and may hold one model's load until released."""
 
     def __init__(self):
-        self.started, self.engines, self.hold, self.fail, self.free = [], {}, {}, set(), {}
+        self.started, self.engines, self.hold, self.fail, self.free, self.fits = [], {}, {}, set(), {}, {}
         self.token_s = 0.002
 
     def __call__(self, path, settings):
@@ -56,6 +56,7 @@ class Loads:
             assert gate.wait(20), "a held load was never released"
         fit = settings.llama_kwargs.get("fit")
         self.free[path.name] = fit.free if fit is not None else None  # what the load is planned within
+        self.fits[path.name] = fit
         engine = FakeEngine(n_ctx=settings.n_ctx, token_s=self.token_s)
         self.engines.setdefault(path.name, []).append(engine)
         return FakeLlama(path), engine
@@ -177,6 +178,50 @@ def test_two_models_one_at_a_time(store, loads, monkeypatch, caplog):
             assert loads.engines[smol.name][0].closed
             assert "unloaded smol:latest (to make room for gemma3:270m)" in caplog.text
             assert "loading gemma3:270m: alone; unloaded smol:latest for it" in caplog.text
+    finally:
+        server.stop()
+
+
+def test_two_models_beside_each_other_below_the_margin_as_a_load_alone_holds_them(store, loads, monkeypatch, caplog):
+    """Free memory that holds both only below the default path's RAM margin: the second loads beside the first,
+    as a direct load holds it in what the first leaves (llama.cpp's placement, plan/auto.py fits_in_order),
+    instead of unloading the first for a margin no unloading can keep."""
+    from dataclasses import replace
+
+    from hypura.plan.decision import Ask, decide
+    from hypura.profile.measure import planning_profile
+
+    if free.totals().gpu is not None:
+        pytest.skip("with a GPU the room keeps the margins alone (serve/models/room.py)")
+    smol, gemma = resolve_model("smol").path, resolve_model("gemma3:270m").path
+    ram = _need(smol)[1] + _need(gemma)[1] + (16 << 20)
+    assert ram < knobs.RAM_MARGIN
+    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram}")
+    server = serve(loads)
+    try:
+        with _ready(server) as c, caplog.at_level("INFO", logger="hypura.serve"):
+            assert _generate(c, "smol").status_code == 200
+            assert _generate(c, "gemma3:270m").status_code == 200
+            assert sorted(_loaded(c)) == ["gemma3:270m", "smol:latest"]
+            assert not loads.engines[smol.name][0].closed
+            assert "loading gemma3:270m: beside smol:latest;" in caplog.text and "below the RAM margin" in caplog.text
+    finally:
+        server.stop()
+    fit = loads.fits[gemma.name]
+    assert fit.free.ram == ram - _need(smol)[1]
+    # the load alone in that memory: llama.cpp's placement, below the margin, as the server holds it
+    alone = replace(fit, ram_margin=knobs.RAM_MARGIN, say=None, measure_profile=False)
+    d = decide(read_header(gemma), Ask(n_ctx=PARALLEL * N_CTX, fit=alone), alone.free,
+               lambda: planning_profile(measure=False))
+    assert d.plan is None and d.fits and "below the 2.0 GiB RAM margin" in d.line
+    # less than both hold: the first is unloaded for the second, as before
+    monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram - min(_need(smol)[1], _need(gemma)[1])}")
+    server = serve(loads)
+    try:
+        with _ready(server) as c:
+            assert _generate(c, "smol").status_code == 200
+            assert _generate(c, "gemma3:270m").status_code == 200
+            assert _loaded(c) == ["gemma3:270m"]
     finally:
         server.stop()
 

@@ -142,6 +142,12 @@ def free_caps(free: FreeMemory, fit: Fit, on_gpu: bool) -> tuple[int, int]:
     return max(0, (free.gpu or 0) - fit.gpu_margin) if on_gpu else 0, max(0, free.ram - fit.ram_margin)
 
 
+def fits_in_order(fit: Fit) -> list[Fit]:
+    """The memory the default path tries, in order (module docstring, step 3): the free memory less the margins,
+    then, where nothing fits there, the free RAM itself. The server's room for a model follows the same order."""
+    return [fit] + ([dataclasses.replace(fit, ram_margin=0)] if fit.ram_margin else [])
+
+
 def fits_free(need: tuple[int, int], free: FreeMemory, fit: Fit, on_gpu: bool) -> bool:
     """(GPU bytes, RAM bytes) that llama.cpp's placement takes fit the free memory less the margins."""
     gpu_cap, ram_cap = free_caps(free, fit, on_gpu)
@@ -164,13 +170,14 @@ def default_path(header, n_ctx: int, n_ubatch: int, use_gpu: bool, fit: Fit, fre
     llama_cpp.Llama runs in what is free loads, never refused for a margin of Hypura's own."""
     args = (header, n_ctx, n_ubatch, use_gpu)
     rest = (free, unified, profile, plan_within, always_plan, reserve, finish)
+    first, *then = fits_in_order(fit)
     try:
-        return _default_path(*args, fit, *rest)
+        return _default_path(*args, first, *rest)
     except HypuraError as refused:
-        if not fit.ram_margin:
+        if not then:
             raise
         try:
-            plan, c, line, fits = _default_path(*args, dataclasses.replace(fit, ram_margin=0), *rest)
+            plan, c, line, fits = _default_path(*args, then[0], *rest)
         except HypuraError:
             raise refused from None  # it says the margin the user can change
     return plan, c, (f"{line}; below the {fmt_size(fit.ram_margin)} RAM margin the default path keeps free: "

@@ -4,7 +4,9 @@ memory the new one is planned within (hypura.Llama's default path, given that me
 A model that would run as llama.cpp places it (every layer on the GPU, or in RAM without one) in what
 the loaded models leave is loaded beside them; otherwise idle models are unloaded, least recently used
 first, until it would, or none is idle; then the planner places it within what is left (disk for the
-rest). --max-loaded bounds the count first. Free memory is measured, with the models loaded here added
+rest). "What they leave" is the default path's, in its order (plan/auto.py fits_in_order): the free memory
+less the margins, then, where no unloading makes room within them, the free memory itself, as a direct load
+would hold it (without a GPU; with one, the margins alone). --max-loaded bounds the count first. Free memory is measured, with the models loaded here added
 back for those unloaded; under $HYPURA_FREE_MEMORY (a fixed figure) the models that stay are taken off.
 """
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from hypura.modelfile import read_header
 from hypura.plan import knobs
-from hypura.plan.auto import Fit, fits_free, resident_need, summary
+from hypura.plan.auto import Fit, fits_free, fits_in_order, resident_need, summary
 from hypura.plan.cost import GPU, RAM
 from hypura.plan.decision import unified_memory
 from hypura.profile.free import FreeMemory, free_memory
@@ -29,19 +31,22 @@ class Room:
     staying: tuple[str, ...]
     unloaded: tuple  # ModelEntry: taken out of the registry, to close before loading
     need: tuple[int, int]  # (GPU, RAM) bytes at full speed, as llama.cpp would hold it
+    within: Fit = Fit()  # the margins it fits within (fits_in_order): none where only the free memory holds it
 
     def settings_for(self, settings, say):
         """The server's settings with this room as the default path's free memory, its line to `say`."""
         fit = settings.llama_kwargs.get("fit")
         fit = fit if isinstance(fit, Fit) else Fit(enabled=fit is not False)
-        kwargs = {**settings.llama_kwargs, "fit": dataclasses.replace(fit, free=self.free, say=say)}
+        fit = dataclasses.replace(fit, free=self.free, say=say, ram_margin=min(fit.ram_margin, self.within.ram_margin))
+        kwargs = {**settings.llama_kwargs, "fit": fit}
         return dataclasses.replace(settings, llama_kwargs=kwargs)
 
     def describe(self) -> str:
         beside = f"beside {', '.join(self.staying)}" if self.staying else "alone"
         gone = f"; unloaded {', '.join(e.name for e in self.unloaded)} for it" if self.unloaded else ""
+        below = "" if self.within.ram_margin else ", below the RAM margin, as a load alone would hold it"
         return (f"{beside}{gone}; {self.free.describe()} for it, {fmt_size(sum(self.need))} needed at full "
-                "speed")
+                f"speed{below}")
 
     def footprint(self, entry) -> tuple[int, int]:
         """(GPU, RAM) bytes the loaded model holds: its plan's, or as llama.cpp holds it where it fitted."""
@@ -83,14 +88,19 @@ def make_room(registry, offer) -> Room:
     header = read_header(offer.path)
     need = resident_need(header, settings.parallel * settings.ctx_per_seq(header), knobs.N_UBATCH, on_gpu,
                          on_gpu and unified_memory())
-    loaded, candidates = registry.loaded()
-    chosen = []
-    while True:
-        staying = [e for e in loaded if e not in chosen]
-        fits = fits_free(need, _room(measured, loaded, staying, measured.source), fit, on_gpu)
-        if (fits and len(staying) < settings.max_loaded) or not candidates:
+    loaded, idle = registry.loaded()
+    # the fewest unloads that make room, the margins kept where they can be. With a GPU, the margins alone
+    # (the placement on GPU machines stays as it was until measured there)
+    for within in fits_in_order(fit) if not on_gpu else [fit]:
+        candidates, chosen = list(idle), []
+        while True:
+            staying = [e for e in loaded if e not in chosen]
+            fits = fits_free(need, _room(measured, loaded, staying, measured.source), within, on_gpu)
+            if (fits and len(staying) < settings.max_loaded) or not candidates:
+                break
+            chosen.append(candidates.pop(0))
+        if fits:
             break
-        chosen.append(candidates.pop(0))
     gone = registry.take_idle(chosen)
     staying = [e for e in loaded if e not in gone]
     if len(staying) >= settings.max_loaded:
@@ -100,4 +110,5 @@ def make_room(registry, offer) -> Room:
         source = f"measured, with {len(gone)} unloaded for it" if gone else "measured"
     else:
         source = f"{measured.source}, less {len(staying)} loaded here" if staying else measured.source
-    return Room(_room(measured, loaded, staying, source), tuple(e.name for e in staying), tuple(gone), need)
+    within = within if fits else fit  # nowhere: the planner, within the margins first (default_path)
+    return Room(_room(measured, loaded, staying, source), tuple(e.name for e in staying), tuple(gone), need, within)
