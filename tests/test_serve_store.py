@@ -216,14 +216,7 @@ def test_two_models_beside_each_other_below_the_margin_as_a_load_alone_holds_the
     assert d.plan is None and d.fits and "below the 2.0 GiB RAM margin" in d.line
     # less than both hold: the first is unloaded for the second, as before
     monkeypatch.setattr(free, "OVERRIDE", f"gpu=0,ram={ram - min(_need(smol)[1], _need(gemma)[1])}")
-    server = serve(loads)
-    try:
-        with _ready(server) as c:
-            assert _generate(c, "smol").status_code == 200
-            assert _generate(c, "gemma3:270m").status_code == 200
-            assert _loaded(c) == ["gemma3:270m"]
-    finally:
-        server.stop()
+    assert _loaded_after(loads, "smol", "gemma3:270m") == ["gemma3:270m"]
 
 
 def test_planned_within_what_a_busy_model_leaves(store, loads, monkeypatch, caplog):
@@ -246,15 +239,20 @@ def test_planned_within_what_a_busy_model_leaves(store, loads, monkeypatch, capl
         server.stop()
 
 
-def test_max_loaded(store, loads):
-    server = serve(loads, max_loaded=1)
+def _loaded_after(loads, *names, **settings) -> list[str]:
+    """The models loaded once a request for each of `names` was answered, in turn, by a fresh server."""
+    server = serve(loads, **settings)
     try:
         with _ready(server) as c:
-            assert _generate(c, "smol").status_code == 200
-            assert _generate(c, "someone/smol:tiny").status_code == 200
-            assert _loaded(c) == ["someone/smol:tiny"]
+            for name in names:
+                assert _generate(c, name).status_code == 200
+            return _loaded(c)
     finally:
         server.stop()
+
+
+def test_max_loaded(store, loads):
+    assert _loaded_after(loads, "smol", "someone/smol:tiny", max_loaded=1) == ["someone/smol:tiny"]
 
 
 def test_loaded_model_served_while_another_loads(store, loads):
