@@ -6,6 +6,7 @@ one line each while the others serve. Engines are the route tests' fakes except 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 
@@ -234,6 +235,36 @@ def test_planned_within_what_a_busy_model_leaves(store, loads, monkeypatch, capl
             busy.join(10)
             assert loads.free[gemma.name].ram == pinned - _need(smol)[1]  # what smol, staying, leaves
             assert "loading gemma3:270m: beside smol:latest;" in caplog.text
+            assert sorted(_loaded(c)) == ["gemma3:270m", "smol:latest"]
+    finally:
+        server.stop()
+
+
+def test_a_model_whose_file_changed_is_loaded_again(store, loads, caplog):
+    """A loaded model's file replaced (a new inode): its next request loads it again and the old copy is closed; a
+    file that no longer loads answers 500 naming it while the other model is served; restored, it loads again."""
+    smol = resolve_model("smol").path
+    good = smol.read_bytes()
+
+    def replace(data: bytes) -> None:  # a new inode: the blob's hard link to the test model is left alone
+        fresh = smol.with_name(smol.name + ".new")
+        fresh.write_bytes(data)
+        os.replace(fresh, smol)
+
+    server = serve(loads)
+    try:
+        with _ready(server) as c, caplog.at_level("INFO", logger="hypura.serve"):
+            assert _generate(c, "smol").status_code == 200
+            replace(good)
+            assert _generate(c, "smol").status_code == 200
+            assert loads.started.count(smol) == 2 and loads.engines[smol.name][0].closed
+            assert f"{smol} changed since it was loaded" in caplog.text
+            replace(good[: len(good) // 2])
+            r = _generate(c, "smol")
+            assert r.status_code == 500 and str(smol) in r.json()["error"], r.text
+            assert _generate(c, "gemma3:270m").status_code == 200
+            replace(good)
+            assert _generate(c, "smol").status_code == 200
             assert sorted(_loaded(c)) == ["gemma3:270m", "smol:latest"]
     finally:
         server.stop()
