@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypura.serve.http.errors import ApiError, bad_request, error_response, is_openai_path
 from hypura.serve.keep_alive import KeepAliveError, parse_keep_alive
+from hypura.serve.models.registry import LEASED
 from hypura.serve.ollama import routes as ollama_routes
 
 log = logging.getLogger("hypura.serve")
@@ -49,6 +50,7 @@ class ModelGate:
                 await answer(scope, receive, send)
                 return
             entry = await self.registry.acquire(model)
+            scope[LEASED] = entry  # the route serves the entry leased here (Registry.get)
         except ApiError as e:
             await error_response(e, is_openai_path(path))(scope, receive, send)
             return

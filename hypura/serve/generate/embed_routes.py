@@ -78,7 +78,7 @@ async def _vectors(entry, inputs: list[list[int]], normalise: bool) -> list[np.n
 async def ollama_embed(request: Request):
     started = time.monotonic()
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model"))
+    entry = request.app.state.registry.get(fields.string(body, "model"), request.scope)
     inputs = _fit(entry, await _tokens(entry, _texts(body.get("input"), "input")),
                   fields.boolean(body, "truncate", True))
     vectors = await _vectors(entry, inputs, normalise=True)
@@ -89,7 +89,7 @@ async def ollama_embed(request: Request):
 
 async def ollama_embeddings(request: Request):
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model"))
+    entry = request.app.state.registry.get(fields.string(body, "model"), request.scope)
     prompt = fields.string(body, "prompt", required=True)
     inputs = _fit(entry, await _tokens(entry, [prompt]), truncate=True)
     return JSONResponse({"embedding": (await _vectors(entry, inputs, normalise=False))[0].astype(np.float32).tolist()})
@@ -97,7 +97,7 @@ async def ollama_embeddings(request: Request):
 
 async def openai_embeddings(request: Request):
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model"))
+    entry = request.app.state.registry.get(fields.string(body, "model"), request.scope)
     encoding = fields.string(body, "encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise bad_request("'encoding_format' must be float or base64")

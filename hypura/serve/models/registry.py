@@ -19,7 +19,8 @@ Concurrency protocol (threads: uvicorn's event loop, one loader thread, one jani
     entries past `expires` with neither leases nor waiters. keep_alive 0 expires at once.
   - A loaded model whose file changed since its load (another inode, size or mtime: replaced, cut or written)
     is retired by the `acquire` that finds it: out of `entries` (the request loads the file again, a kept
-    model as kept), into `_retired` until its leases end; the janitor, or the next load, closes it.
+    model as kept), into `_retired` until its leases end; the janitor, or the next load, closes it. The gate
+    hands each route the entry it leased (`scope[LEASED]`), so a request never serves another copy.
   - `close` (shutdown): queued loads are cancelled (their waiters get 503), a load under way is closed
     as soon as it ends, and every entry is closed.
 """
@@ -50,6 +51,7 @@ from hypura.store import names
 
 log = logging.getLogger("hypura.serve")
 
+LEASED = "hypura.model"  # the ASGI scope key under which the gate hands a route the entry it leased
 LOAD_WAIT_S = 600  # a request waits this long for its model's load (a 70B from disk takes minutes on slow disks)
 
 
@@ -167,8 +169,11 @@ class Registry:
         raise ApiError(404, f"model '{name[:200]}' not found (this server has: {known})", "model_not_found")
 
     # --- loaded models ----------------------------------------------------------------------------
-    def get(self, name: Optional[str]) -> ModelEntry:
-        """The loaded model `name` names (routes run after `acquire` loaded it)."""
+    def get(self, name: Optional[str], scope: Optional[dict] = None) -> ModelEntry:
+        """The model a route serves: the entry the gate leased for this request (`scope[LEASED]`: it stays the
+        request's while a changed file is loaded again), else the loaded model `name` names."""
+        if scope is not None and scope.get(LEASED) is not None:
+            return scope[LEASED]
         offer = self.find(name)
         entry = self.entries.get(offer.name)
         if entry is None:

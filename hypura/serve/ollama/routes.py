@@ -172,7 +172,7 @@ def load_answer(model: str, chat: bool, reason: str = "load") -> JSONResponse:
 async def generate(request: Request):
     started = time.monotonic()
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model"))
+    entry = request.app.state.registry.get(fields.string(body, "model"), request.scope)
     _refuse_unsupported(body)
     if fields.string(body, "template"):
         raise bad_request("'template' overrides are not supported: the model's own chat template applies")
@@ -213,7 +213,7 @@ async def generate(request: Request):
 async def chat(request: Request):
     started = time.monotonic()
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model"))
+    entry = request.app.state.registry.get(fields.string(body, "model"), request.scope)
     _refuse_unsupported(body)
     messages = _messages(body)
     stream = fields.boolean(body, "stream", True)

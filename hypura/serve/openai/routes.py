@@ -145,7 +145,7 @@ def _think(body: dict):
 
 async def chat_completions(request: Request):
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model"))
+    entry = request.app.state.registry.get(fields.string(body, "model"), request.scope)
     _refuse_unsupported(body)
     messages = _messages(body)
     stream, include_usage = fields.boolean(body, "stream", False), _stream_options(body)
@@ -194,7 +194,7 @@ def _chat_deltas(delta, logprobs=None) -> list[dict]:
 
 async def completions(request: Request):
     body = await fields.json_body(request)
-    entry = request.app.state.registry.get(fields.string(body, "model"))
+    entry = request.app.state.registry.get(fields.string(body, "model"), request.scope)
     _refuse_unsupported(body)
     if fields.integer(body, "best_of", 1) != 1:
         raise bad_request("'best_of' other than 1 is not supported")
