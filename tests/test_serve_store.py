@@ -389,7 +389,8 @@ def test_room_takes_only_the_models_still_idle():
     meanwhile (Registry.loaded, Registry.take_idle: the registry's lock stays its own)."""
     from types import SimpleNamespace
 
-    from hypura.serve.models.registry import ModelEntry, Registry
+    from hypura.serve.models.entry import ModelEntry
+    from hypura.serve.models.registry import Registry
 
     def entry(name: str, expires: float) -> ModelEntry:
         closed = SimpleNamespace(close=lambda: None)

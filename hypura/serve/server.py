@@ -29,7 +29,8 @@ from hypura.modelfile import read_header
 from hypura.serve.app import ServerState, create_app
 from hypura.serve.http import lifecycle
 from hypura.serve.models.model_info import model_info
-from hypura.serve.models.registry import Offer, Registry, offer_of
+from hypura.serve.models.entry import Offer, offer_of
+from hypura.serve.models.registry import Registry
 from hypura.serve.settings import ServeSettings
 
 log = logging.getLogger("hypura.serve")

@@ -19,7 +19,7 @@ from hypura.serve.generate.bridge import EngineStream
 from hypura.serve.http import lifecycle, request_log
 from hypura.serve.http.errors import ApiError
 from hypura.serve.models import prompt_tokens
-from hypura.serve.models.registry import ModelEntry
+from hypura.serve.models.entry import ModelEntry
 
 RETRY_AFTER_S = "1"  # a queue slot frees when any running request ends: ask for a quick retry
 PROMPT_DEADLINE_S = 30.0  # rendering and tokenizing one prompt, bounded as they are, end well before this

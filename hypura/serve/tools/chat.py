@@ -15,7 +15,7 @@ from typing import Optional
 
 from hypura.serve.generate.generation import chat_prompt
 from hypura.serve.http.errors import bad_request
-from hypura.serve.models.registry import ModelEntry
+from hypura.serve.models.entry import ModelEntry
 from hypura.serve.tools import Tool, as_object, selected
 from hypura.serve.tools.formats import GENERIC, ToolFormat, describe, detect
 from hypura.serve.tools.stream import THINK_CLOSE, THINK_OPEN, ReplyStream
