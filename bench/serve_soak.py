@@ -4,7 +4,8 @@ request's outcome counted, what each server holds sampled.
     python3 bench/serve_soak.py [--minutes 60] [--clients 16] [--seed 0] [--json FILE]
 
 Two `hypura serve` processes on 127.0.0.1 (free ports), one thread each (`-t 1`):
-  - "smollm2": SmolLM2-135M as the default path places it, -np 4;
+  - "smollm2": a copy of SmolLM2-135M as the default path places it, -np 4, the copy replaced by another (the
+    same bytes, a new inode) at random (mean --replace-s): the server loads it again under its clients;
   - "streamed": a synthetic tiny-llama under a --ram budget that streams its layers from disk at every token,
     with tests/eio_shim.c preloaded: its reads of the model file fail with EIO while a trigger file exists. A
     thread creates and removes the trigger at random (exponential intervals, mean --fault-s).
@@ -24,6 +25,7 @@ import argparse
 import collections
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ from injected_faults import budget, build_shim, faulted_env, held, streams_layer
 from serve_helpers import free_port, stop, wait_ready  # noqa: E402
 
 SAMPLE_S = 10
+IDLE_S = 10  # after the last client: then what each server holds, idle
 MAX_EXAMPLES = 50  # failures kept whole in the JSON; the rest are counted
 N_CTX = 2048  # per sequence: a ~1k-token prompt and its reply
 LONG = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog near the river bank." for i in range(70))
@@ -159,6 +162,15 @@ def fault_loop(trigger: Path, mean_s: float, stop_at: threading.Event, rng: rand
     trigger.unlink(missing_ok=True)
 
 
+def replace_loop(path: Path, source: Path, mean_s: float, stop_at: threading.Event, rng: random.Random,
+                 count: list) -> None:
+    while not stop_at.wait(rng.expovariate(1 / mean_s)):
+        fresh = path.with_name(path.name + ".new")
+        shutil.copyfile(source, fresh)
+        fresh.replace(path)  # a new inode under the same name
+        count[0] += 1
+
+
 def sample_loop(servers: dict, stop_at: threading.Event, samples: collections.deque, started: float) -> None:
     while True:
         row = {"s": round(time.monotonic() - started, 1)}
@@ -193,6 +205,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--fault-s", type=float, default=5.0, help="mean seconds between fault toggles")
+    ap.add_argument("--replace-s", type=float, default=300.0,
+                    help="mean seconds between replacements of SmolLM2's file (0: never)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
@@ -202,20 +216,22 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="serve-soak-") as tmp:
         tmp = Path(tmp)
-        tiny, trigger = tmp / "tiny-llama.gguf", tmp / "faults-on"
+        tiny, trigger, smol = tmp / "tiny-llama.gguf", tmp / "faults-on", tmp / "smollm2.gguf"
+        shutil.copyfile(default_model_path(), smol)
         write_synth("tiny-llama", tiny)
         shim = build_shim(tmp)
         env = {**faulted_env(shim, tiny, trigger=trigger), "HYPURA_API_KEY": ""}
         servers = {}
         try:
-            servers["smollm2"] = start_server("smollm2", ["-m", str(default_model_path()), "-np", "4"],
+            servers["smollm2"] = start_server("smollm2", ["-m", str(smol), "-np", "4"],
                                               {**env, "LD_PRELOAD": ""}, tmp / "smollm2.log")
             servers["smollm2"]["routes"] = ["/v1/completions", "/v1/chat/completions", "/api/generate", "/api/chat"]
             ram = budget(tiny, 2 * N_CTX, streams_layers)  # the plan holds both sequences' context
             servers["streamed"] = start_server("streamed", ["-m", str(tiny), "--ram", ram, "-np", "2"], env,
                                                tmp / "streamed.log")
             servers["streamed"]["routes"] = ["/v1/completions", "/api/generate"]  # no chat template in a synth
-            result = soak(args, servers, trigger)
+            servers["smollm2"]["file"] = smol
+            result = soak(args, servers, trigger, default_model_path())
         finally:
             status = {name: stop(s["proc"]) for name, s in servers.items()}
         logs = {name: s["log"].read_text(errors="replace") for name, s in servers.items()}
@@ -223,16 +239,17 @@ def main() -> int:
     result["tracebacks"] = {name: text.count("Traceback") for name, text in logs.items()}
     result["log_tails"] = {name: text[-2000:] for name, text in logs.items() if "Traceback" in text}
     totals = result["totals"]
-    # RSS from the first sample past a quarter of the run (at most a minute: warm-up), to the last
+    # RSS from the first sample past a quarter of the run (at most a minute: warm-up) to the server's, idle after
     warm = min(60.0, args.minutes * 15)
     rss = {name: [row[name]["rss_mib"] for row in result["samples"] if row.get(name) and row["s"] >= warm]
            for name in servers}
-    drift = ", ".join(f"{n} RSS {v[0]:.0f} -> {v[-1]:.0f} MiB (max {max(v):.0f}) from {warm:.0f} s"
-                      for n, v in rss.items() if v)
+    drift = ", ".join(f"{n} RSS {v[0]:.0f} -> {result['idle_after'][n]['rss_mib']:.0f} MiB idle (max {max(v):.0f}) "
+                      f"from {warm:.0f} s" for n, v in rss.items() if v)
     bad = totals["failure"] or any(result["tracebacks"].values()) or any(status.values())
     result["summary"] = (f"serve soak {args.minutes:g} min, {args.clients} clients: {sum(totals.values())} requests, "
                          f"{totals['answered']} answered, {totals['error']} error bodies, {totals['cancelled']} "
-                         f"cancelled, {totals['failure']} failures; {result['fault_toggles']} fault toggles; {drift}; "
+                         f"cancelled, {totals['failure']} failures; {result['fault_toggles']} fault toggles, "
+                         f"{result['file_replacements']} file replacements; {drift}; "
                          f"tracebacks {sum(result['tracebacks'].values())}, exit {sorted(set(status.values()))}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -241,13 +258,16 @@ def main() -> int:
     return 1 if bad else 0
 
 
-def soak(args, servers: dict, trigger: Path) -> dict:
-    tally, samples, toggles = Tally(), collections.deque(maxlen=100_000 // SAMPLE_S), [0]
+def soak(args, servers: dict, trigger: Path, source: Path) -> dict:
+    tally, samples, toggles, replaced = Tally(), collections.deque(maxlen=100_000 // SAMPLE_S), [0], [0]
     stop_at, started = threading.Event(), time.monotonic()
     deadline = started + args.minutes * 60
     helpers = [threading.Thread(target=sample_loop, args=(servers, stop_at, samples, started)),
                threading.Thread(target=fault_loop, args=(trigger, args.fault_s, stop_at,
                                                          random.Random(args.seed), toggles))]
+    if args.replace_s > 0:
+        helpers.append(threading.Thread(target=replace_loop, args=(servers["smollm2"]["file"], source, args.replace_s,
+                                                                   stop_at, random.Random(args.seed + 1), replaced)))
     clients = [threading.Thread(target=client_loop, args=(i, servers, deadline, tally, args.seed))
                for i in range(args.clients)]
     for t in helpers + clients:
@@ -257,17 +277,23 @@ def soak(args, servers: dict, trigger: Path) -> dict:
     stop_at.set()
     for t in helpers:
         t.join()
+    time.sleep(IDLE_S)  # the copies of a replaced file close once their requests end
+    idle = {name: dict(zip(("rss_mib", "fds", "threads"), held(s["proc"].pid))) for name, s in servers.items()}
+    for row in idle.values():
+        row["rss_mib"] = round(row["rss_mib"] / 2**20, 1)
     totals = collections.Counter({"answered": 0, "error": 0, "cancelled": 0, "failure": 0})
     for key, n in tally.counts.items():
         totals[key[-1]] += n
     return {
         "scenario": "serve-soak", "date": time.strftime("%Y-%m-%d"), "minutes": args.minutes,
-        "clients": args.clients, "fault_mean_s": args.fault_s, "seed": args.seed,
-        "command": f"python3 bench/serve_soak.py --minutes {args.minutes:g} --clients {args.clients}",
+        "clients": args.clients, "fault_mean_s": args.fault_s, "replace_mean_s": args.replace_s, "seed": args.seed,
+        "command": (f"python3 bench/serve_soak.py --minutes {args.minutes:g} --clients {args.clients} "
+                    f"--fault-s {args.fault_s:g} --replace-s {args.replace_s:g}"),
         "servers": {n: {"model": s["model"], "routes": s["routes"]} for n, s in servers.items()},
-        "seconds": round(time.monotonic() - started, 1), "fault_toggles": toggles[0], "totals": dict(totals),
+        "seconds": round(time.monotonic() - started, 1), "fault_toggles": toggles[0], "file_replacements": replaced[0],
+        "totals": dict(totals),
         "slowest_s": tally.slowest, "by_request": {" ".join(k): n for k, n in sorted(tally.counts.items())},
-        "failures": tally.examples, "samples": list(samples),
+        "failures": tally.examples, "samples": list(samples), "idle_after": idle,
     }
 
 
