@@ -213,7 +213,6 @@ class Llama(llama_cpp.Llama):
     plan = _loaded("plan")
     fit_decision = _loaded("fit_decision")  # what the default path or the budgets chose; None where placement was given
     placement = _loaded("placement")  # tensor name -> Placement
-    device_choice = _loaded("device_choice")
     draft_found = _loaded("draft_found")  # the draft "auto" found (a Path), else None
 
     @property

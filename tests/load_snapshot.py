@@ -219,6 +219,7 @@ def _fake_machine(machine: str, record: dict):
     patch(rpc, "measure_device", measure_device)
     patch(rpc, "probe_registered", lambda *a, **k: None)
     patch(runtime_devices, "device_array", device_array)
+    patch(load_module, "device_array", device_array)
     patch(load_module, "load_model", load_model)
     patch(load_module, "new_context", new_context)
     patch(load_params.Host, "here", classmethod(lambda cls: cls(bool(profile.gpus), 8, 16)))

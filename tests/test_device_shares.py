@@ -128,7 +128,7 @@ def test_rpc_servers_and_a_gpu(l70):
 def test_bench_reads_llama_cpps_flags_back_from_hypura_clis_devices_line(l70):
     """bench/rpc_cpu.py gives vanilla the split hypura-cli chose from its `hypura: devices:` line: read back, the
     line gives the flags DeviceShares.flags writes, for a split over devices and for one that uses none."""
-    from hypura.runtime.devices import describe
+    from hypura.plan.split import describe
 
     spec = importlib.util.spec_from_file_location("rpc_cpu", Path(__file__).parents[1] / "bench" / "rpc_cpu.py")
     bench = importlib.util.module_from_spec(spec)

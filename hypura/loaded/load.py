@@ -28,7 +28,8 @@ from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
 from hypura.plan.decision import Ask, Decision, Routing, decide
 from hypura.plan.microbatch import outputs_needed
-from hypura.runtime.devices import DeviceAsk, DeviceChoice, choose as choose_devices
+from hypura.plan.ask import DeviceAsk
+from hypura.runtime.devices import device_array, measure as measure_devices, register as register_devices
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
 from hypura.runtime.overrides import overrides_policy
 from hypura.runtime.runtime import Runtime, as_model_pointer
@@ -84,10 +85,17 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
         raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
     placed = ask.placement_policy is not None or ask.override_tensor is not None
     at = _Loading(path, header, k, overrides, fit, ask.gpu_mem, ask.ram)
-    devices = _devices(at, ask, placed or ask.plan is not None or ask.expert_cache is not None or not fit.enabled)
-    if devices.shares is not None:  # the split took the budgets: the decision is llama.cpp's placement
-        at.gpu_mem = at.ram = None
-    decision, found = _decide(at, ask, placed or bool(ask.rpc_servers) or ask.devices is not None or ask.split)
+    # llama.cpp's device registry: the RPC servers given now are probed as they are added, a device list checked
+    devices = DeviceAsk.of(ask.rpc_servers, ask.devices, ask.rpc_mem, split=ask.split,
+                           tensor_split=k["tensor_split"] is not None,
+                           layer_split=overrides.get("model_params", {}).get("split_mode", k["split_mode"])
+                           == llama_cpp.LLAMA_SPLIT_MODE_LAYER)
+    rpc = register_devices(devices, at.fit.say)
+    decision, found = _decide(at, ask, placed, devices, rpc)
+    if decision.shares is not None:  # the split: llama.cpp's layer split over the devices, as llama-completion's flags
+        k.update(decision.split_fields())
+        overrides.setdefault("model_params", {})["n_gpu_layers"] = decision.shares.n_gpu_layers
+        overrides.setdefault("context_params", {})["n_ctx"] = decision.shares.n_ctx
     k.update(decision.params.keywords())  # the context, its batches and the threads (hypura.plan.load_params)
     context = overrides.setdefault("context_params", {})
     if "n_ctx" in context:
@@ -103,8 +111,8 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
     runtime.own(stack.close)  # first at close: before the layer stream and expert caches
     try:
         with runtime.loading() as hooks:
-            loaded = _load(at, stack, runtime, devices, runtime.params.merged())
-        loaded.decision, loaded.draft_found = decision, found
+            loaded = _load(at, stack, runtime, decision, runtime.params.merged())
+        loaded.draft_found = found
         loaded.placement = {name: p for name, (_, p) in hooks.placed.items()}
         runtime.attach(as_model_pointer(loaded.model.model))
         if runtime.mapped is not None and at.say is not None:
@@ -116,20 +124,7 @@ def load(path, ask: LoadAsk = LoadAsk()) -> LoadedModel:
     return loaded
 
 
-def _devices(at: _Loading, ask: LoadAsk, placed: bool) -> DeviceChoice:
-    """The devices the model loads onto (hypura.runtime.devices): llama.cpp's default unless RPC servers or a
-    device list are given; RPC servers are placement as given to the decision (llama.cpp's, or the split)."""
-    from hypura.profile.rpc import parse_servers, probe_registered
-
-    wanted = DeviceAsk(ask.rpc_servers, None if ask.devices is None else list(ask.devices),
-                       None if ask.rpc_mem is None else list(ask.rpc_mem), ask.split)
-    # servers an earlier load registered stay llama.cpp's devices; those given now are probed as they are added
-    probe_registered(wanted.devices, but=parse_servers(ask.rpc_servers) if ask.rpc_servers else ())
-    return choose_devices(at.header, wanted, at.k, at.overrides, placed=placed, ram=at.ram, gpu_mem=at.gpu_mem,
-                          say=at.say, warn=at.fit.say, profile=lambda: ask.profile or at.machine)
-
-
-def _decide(at: _Loading, ask: LoadAsk, placed: bool) -> tuple[Decision, object]:
+def _decide(at: _Loading, ask: LoadAsk, placed: bool, devices: DeviceAsk, rpc: tuple[str, ...]) -> tuple[Decision, object]:
     """The one decision (hypura.plan.decision) and the draft found for it (None unless one was asked for and
     kept); its line said where verbose."""
     from hypura.profile.free import free_memory
@@ -146,12 +141,13 @@ def _decide(at: _Loading, ask: LoadAsk, placed: bool) -> tuple[Decision, object]
                   placement=placed, expert_cache=ask.expert_cache is not None, fit=fit,
                   n_batch=context.get("n_batch", k["n_batch"]), n_threads=k["n_threads"],
                   n_threads_batch=k["n_threads_batch"], param_overrides=at.overrides, parallel=ask.parallel,
-                  spare_seqs=ask.spare_seqs)
+                  spare_seqs=ask.spare_seqs, devices=devices)
     machine = ask.profile or (lambda: at.machine)
+    measured = functools.cache(lambda: measure_devices(rpc))  # only where a split is planned, once
 
     def decide_beside(beside: Optional[Beside]) -> Decision:
         return decide(header, dataclasses.replace(request, beside=beside), lambda: fit.free or free_memory(),
-                      machine, routing=lambda: Routing(*routing_frequencies(header)))
+                      machine, routing=lambda: Routing(*routing_frequencies(header)), devices=measured)
 
     draft, found_path = ask.draft_beside, None
     if is_auto(draft):  # a draft from the stores, planned beside; kept where the cost model predicts a gain
@@ -169,7 +165,7 @@ def _decide(at: _Loading, ask: LoadAsk, placed: bool) -> tuple[Decision, object]
     return decision, found_path
 
 
-def _load(at: _Loading, stack: contextlib.ExitStack, runtime: Runtime, devices: DeviceChoice,
+def _load(at: _Loading, stack: contextlib.ExitStack, runtime: Runtime, decision: Decision,
           fields: dict) -> LoadedModel:
     """llama.cpp's model and context, built as llama_cpp.Llama builds them from keywords `k`, with Hypura's
     `fields` set over its params structs (hypura.runtime.params), owned by `stack`."""
@@ -180,9 +176,9 @@ def _load(at: _Loading, stack: contextlib.ExitStack, runtime: Runtime, devices: 
     if numa != llama_cpp.GGML_NUMA_STRATEGY_DISABLED:
         llama_cpp.llama_numa_init(numa)
     arrays = model_params(k)  # the struct and the arrays it points into, alive as long as the model
-    device_array = devices.array()  # alive as long as the params that point at it
-    if device_array is not None:
-        arrays.params.devices = int(ffi.cast("uintptr_t", device_array))
+    devices = device_array(decision.devices)  # alive as long as the params that point at it
+    if devices is not None:
+        arrays.params.devices = int(ffi.cast("uintptr_t", devices))
     set_fields(arrays.params, fields["model_params"])
     log = LogCapture()  # llama.cpp says why a load failed only in its log
     try:
@@ -198,7 +194,7 @@ def _load(at: _Loading, stack: contextlib.ExitStack, runtime: Runtime, devices: 
             raise clearer from None
         raise
     return LoadedModel(at.path, at.header, k, runtime, stack, model, Context(owner, model.n_vocab()), arrays,
-                       (device_array,), cparams, devices)
+                       (devices,), cparams, decision)
 
 
 def _load_lora(loaded: LoadedModel) -> None:

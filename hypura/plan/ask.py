@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Iterable, Mapping, Optional, Union
 
 from hypura.plan import knobs
 from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
 from hypura.plan.budget import RateOverrides
 from hypura.plan.plan import Plan
+from hypura.sizes import parse_size
 
 # llama-cpp-python's default n_batch (llama_cpp.Llama's keyword)
 N_BATCH = 512
@@ -25,6 +26,36 @@ class Planner:
     disk: bool = True  # False: never stream from disk
     overrides: RateOverrides = RateOverrides()
     solver: str = "optimizer"
+
+
+@dataclass(frozen=True)
+class DeviceAsk:
+    """The devices asked for: RPC servers (llama-cpp-python's `rpc_servers`, "host:port,..."), llama.cpp's `--device`
+    names ("none": nothing offloaded), a budget per RPC device, and `split`: the split over this machine's GPUs too
+    where no RPC server is given (several GPUs; without it they load as one). Nothing given: llama.cpp's default
+    devices (the one-GPU path)."""
+
+    rpc_servers: Union[str, tuple[str, ...], None] = None
+    names: Optional[tuple[str, ...]] = None  # --device
+    rpc_mem: Optional[tuple[int, ...]] = None
+    split: bool = False
+    tensor_split: bool = False  # llama.cpp's -ts given: its split stands
+    layer_split: bool = True  # llama.cpp's -sm layer, the split Hypura plans (row or none: as given)
+    disk: bool = False  # the host's layers may stream from disk: planned (inspect), not loaded yet
+
+    @classmethod
+    def of(cls, rpc_servers=None, names: Optional[Iterable[str]] = None,
+           rpc_mem: Union[str, Iterable[Union[int, str]], None] = None, **rest) -> "DeviceAsk":
+        """Sizes parsed ("2GiB,1GiB" or a list), lists made tuples."""
+        if isinstance(rpc_mem, str):
+            rpc_mem = rpc_mem.split(",")
+        return cls(rpc_servers if isinstance(rpc_servers, (str, type(None))) else tuple(rpc_servers),
+                   None if names is None else tuple(names),
+                   tuple(parse_size(m) for m in rpc_mem) if rpc_mem else None, **rest)
+
+    @property
+    def given(self) -> bool:
+        return bool(self.rpc_servers) or self.names is not None or self.split
 
 
 @dataclass(frozen=True)
@@ -53,6 +84,7 @@ class Ask:
     n_batch: int = N_BATCH
     n_threads: Optional[int] = None  # None: chosen (load_params.py)
     n_threads_batch: Optional[int] = None
+    devices: DeviceAsk = DeviceAsk()
     # llama.cpp's params fields the caller set ({"model_params": {...}, "context_params": {...}}): they stand,
     # except where they contradict what a plan needs (load_params.py)
     param_overrides: Mapping[str, Mapping[str, object]] = field(default_factory=dict)

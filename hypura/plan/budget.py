@@ -38,6 +38,14 @@ def budgets_for(profile: MachineProfile, gpu_mem: str | int | None = None, ram: 
     return Budgets(gpu=g, ram=r, unified=bool(gpu and gpu.unified), disk=disk)
 
 
+def per_gpu(gpu_mem: str | int | None, n_gpus: int) -> list[int] | None:
+    """A budget for each of `n_gpus` GPUs (the split over devices): "SIZE,SIZE,..." one each, one size each GPU's."""
+    if gpu_mem is None:
+        return None
+    sizes = [parse_size(m) for m in str(gpu_mem).split(",")]
+    return sizes * n_gpus if len(sizes) == 1 else sizes
+
+
 @dataclass(frozen=True)
 class RateOverrides:
     """Hand-given rates in GB/s (decimal), replacing the profile's: plan for a machine you describe."""

@@ -135,7 +135,7 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     result.update(model=str(a.model), machine={"host": platform.node(), "python": sys.version.split()[0]},
                   budgets={"gpu_mem": a.gpu_mem, "ram": a.ram}, flash_attn=a.flash_attn,
                   expert_cache=dataclasses.asdict(cache) if cache else None)
-    shares = llm.device_choice.shares
+    shares = llm.decision.shares
     if shares is not None:  # the split over the RPC servers: its own bound (hypura.plan.shares)
         say(f"split    {shares.flags()}: predicted {shares.tok_s:.2f} tok/s decode (limit: {shares.limit})")
         result["split"] = {"devices": list(shares.device_names()), "layers": [n for n in shares.layers if n],
