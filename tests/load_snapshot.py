@@ -63,7 +63,7 @@ def _machines():
 
 
 def _cases() -> list[dict]:
-    """Each: model, machine, front end (load: LoadAsk.of's keywords; llama: hypura.Llama's; serve: the engine's
+    """Each: model, machine, front end (load: Ask.of's keywords; llama: hypura.Llama's; serve: the engine's
     keywords for `parallel` sequences; cli: hypura-cli's argv) and what it is given."""
     out = []
 
@@ -277,18 +277,18 @@ def _load_case(case: dict, models: dict) -> dict:
 
 def _run_front(front: str, path: str, given: dict) -> None:
     if front == "load":
-        from hypura.loaded import LoadAsk, load
+        from hypura.loaded import Ask, load
 
-        load(path, LoadAsk.of(verbose=False, **given))
+        load(path, Ask.of(verbose=False, **given))
     elif front == "llama":
         from hypura import Llama
 
         Llama(path, verbose=False, **given)
     elif front == "serve":
         from hypura.engine.loader import engine_llama_kwargs
-        from hypura.loaded import LoadAsk, load
+        from hypura.loaded import Ask, load
 
-        load(path, LoadAsk.of(**engine_llama_kwargs(**given)))
+        load(path, Ask.of(**engine_llama_kwargs(**given)))
     elif front == "cli":
         from hypura.cli.completion.arg import parse
         from hypura.cli.completion.common_init import load_model

@@ -141,7 +141,7 @@ def decide(header, ask: Ask, free: Source, profile: Source,
         line = f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}"
         return applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
     llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
-    if ask.placement or ask.expert_cache or llama_places or not ask.fit.enabled or free is None:
+    if ask.placement or ask.expert_cache is not None or llama_places or not ask.fit.enabled or free is None:
         return applied(None, ask.n_ctx)
     mem = free_now()
     on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None

@@ -35,7 +35,7 @@ def splits(ask: Ask) -> bool:
     """The decision plans the split: RPC servers or `split`, nothing placed otherwise (module docstring)."""
     d = ask.devices
     return ((bool(d.rpc_servers) or d.split) and d.names is None and not ask.placement and ask.plan is None
-            and not ask.expert_cache and ask.fit.enabled and ask.n_gpu_layers == -1 and not d.tensor_split
+            and ask.expert_cache is None and ask.fit.enabled and ask.n_gpu_layers == -1 and not d.tensor_split
             and d.layer_split)
 
 
