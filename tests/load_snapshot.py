@@ -157,7 +157,7 @@ def _fake_machine(machine: str, record: dict):
     from hypura.plan import load_params
     from hypura.profile import devices, free, measure, rpc
     from hypura.profile.rpc import RpcDevice
-    from hypura.runtime import devices as runtime_devices, plan_policy
+    from hypura.runtime import device_list as runtime_devices, plan_policy
     from hypura.runtime import runtime as runtime_module
 
     profile, mem, listed = _machines()[machine]

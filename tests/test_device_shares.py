@@ -13,14 +13,14 @@ import pytest
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import knobs, model_units
-from hypura.plan.shares import ACT_BYTES, DeviceTier, Host, device_tiers, plan_shares
+from hypura.plan.shares import ACT_BYTES, DeviceTier, HostTier, device_tiers, plan_shares
 from hypura.profile import resolve_profile
 from hypura.profile.rpc import RpcDevice
 from hypura.synth import writer
 
 GiB = 1 << 30
 H200 = resolve_profile("h200-design")
-HOST = Host(ram=24 * GiB, cpu_read=60e9, disk_read=5e9)
+HOST = HostTier(ram=24 * GiB, cpu_read=60e9, disk_read=5e9)
 
 
 @pytest.fixture(scope="module")

@@ -221,7 +221,7 @@ def test_cli_with_a_dead_server_fails_in_one_line(smollm2_path):
 
 
 def _device_message(name: str) -> str:
-    from hypura.runtime.devices import offload_devices
+    from hypura.runtime.device_list import offload_devices
 
     there = offload_devices()  # this machine's, named in the message whatever they are
     return (f"invalid device: {name} (" + (f"available: {', '.join(there)}" if there else "no device to offload to here")

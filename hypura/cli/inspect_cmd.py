@@ -161,7 +161,7 @@ def _show_split(header, profile, *, this_machine: bool, rpc, rpc_mem, gpu_mem, r
     from hypura.plan.shares import describe_shares
     from hypura.plan.split import Devices
     from hypura.profile.rpc import measure_device
-    from hypura.runtime.devices import measure, register
+    from hypura.runtime.device_list import measure, register
 
     devices = DeviceAsk.of(rpc, None, rpc_mem, split=True, disk=disk)
     names = register(devices)

@@ -27,7 +27,7 @@ from hypura.modelfile import read_header
 from hypura.plan.beside import Beside
 from hypura.plan.decision import Ask, Decision, Routing, decide
 from hypura.plan.microbatch import outputs_needed
-from hypura.runtime.devices import device_array, measure as measure_devices, register as register_devices
+from hypura.runtime.device_list import device_array, measure as measure_devices, register as register_devices
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
 from hypura.runtime.overrides import overrides_policy
 from hypura.runtime.runtime import Runtime, as_model_pointer

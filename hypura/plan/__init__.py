@@ -44,7 +44,7 @@ from hypura.plan.plan import Plan, TensorPlacement, build_plan
 from hypura.plan.search import greedy, optimize
 from hypura.plan.solve import PlanSettings
 from hypura.plan.steps import turn_seconds
-from hypura.profile.model import MachineProfile
+from hypura.profile.machine import MachineProfile
 from hypura.units import ModelUnits, model_units
 
 SOLVERS = {"optimizer": optimize, "greedy": greedy}

@@ -30,9 +30,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from hypura.errors import HypuraError
 from hypura.plan import knobs, plan_model
 from hypura.plan.ask import Ask, Planner
-from hypura.plan.auto import check_budgets, default_path, free_caps, plan_unset_context, summary
+from hypura.plan.auto import default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
-from hypura.plan.budget import budgets_for, fmt_size
+from hypura.plan.budget import budgets_for, check_budgets, fmt_size
 from hypura.plan.load_params import Host, LoadParams, load_params
 from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan
@@ -41,7 +41,7 @@ from hypura.plan.solve import PlanSettings
 from hypura.plan.split import Devices, describe, plan_split, splits
 from hypura.tiers.names import GPU, RAM
 from hypura.profile.free import FreeMemory
-from hypura.profile.model import MachineProfile
+from hypura.profile.machine import MachineProfile
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.plan import knobs
 from hypura.plan.ask import Ask
-from hypura.plan.budget import per_gpu
-from hypura.plan.shares import DeviceShares, Host, device_tiers, plan_shares
-from hypura.sizes import parse_size
+from hypura.plan.budget import host_ram, per_gpu
+from hypura.plan.shares import DeviceShares, HostTier, device_tiers, plan_shares
 from hypura.units import model_units
 
 
@@ -45,11 +43,8 @@ def plan_split(header, ask: Ask, devices: Devices, profile, free_ram: Optional[i
     if devices.gpu_free is not None:
         profile = dataclasses.replace(profile, gpus=tuple(
             dataclasses.replace(g, mem_free=devices.gpu_free.get(g.index, g.mem_free)) for g in profile.gpus))
-    if ask.ram is not None:
-        ram = parse_size(ask.ram)
-    else:
-        ram = max(0, (free_ram if free_ram is not None else profile.host.ram_available) - knobs.RAM_MARGIN)
-    host = Host(ram, profile.cpu.decode_bw, profile.disk.read_bw, ask.devices.disk)
+    ram = host_ram(ask.ram, free_ram if free_ram is not None else profile.host.ram_available)
+    host = HostTier(ram, profile.cpu.decode_bw, profile.disk.read_bw, ask.devices.disk)
     # an unset context: llama.cpp's --fit-ctx default, or the training context where that is smaller
     n_ctx = ask.n_ctx or min(int(header.get("context_length", 0) or ask.fit.min_ctx), ask.fit.min_ctx)
     tiers = device_tiers(profile, devices.rpc, gpu_mem=per_gpu(ask.gpu_mem, len(profile.gpus)),
