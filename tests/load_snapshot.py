@@ -157,7 +157,7 @@ def _fake_machine(machine: str, record: dict):
     from hypura.plan import load_params
     from hypura.profile import devices, free, measure, rpc
     from hypura.profile.rpc import RpcDevice
-    from hypura.runtime import device_list as runtime_devices, plan_policy
+    from hypura.runtime import device_list, plan_policy
     from hypura.runtime import runtime as runtime_module
 
     profile, mem, listed = _machines()[machine]
@@ -218,7 +218,7 @@ def _fake_machine(machine: str, record: dict):
     patch(rpc, "add_servers", add_servers)
     patch(rpc, "measure_device", measure_device)
     patch(rpc, "probe_registered", lambda *a, **k: None)
-    patch(runtime_devices, "device_array", device_array)
+    patch(device_list, "device_array", device_array)
     patch(load_module, "device_array", device_array)
     patch(load_module, "load_model", load_model)
     patch(load_module, "new_context", new_context)
