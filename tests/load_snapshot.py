@@ -223,6 +223,7 @@ def _fake_machine(machine: str, record: dict):
     patch(load_module, "load_model", load_model)
     patch(load_module, "new_context", new_context)
     patch(load_params.Host, "here", classmethod(lambda cls: cls(bool(profile.gpus), 8, 16)))
+    patch(load_params.Host, "profiled", classmethod(lambda cls, p: cls(p.gpu is not None, 8, 16)))
     try:
         yield profile
     finally:
