@@ -51,6 +51,8 @@ class Counters:
     prefill: Phase = field(default_factory=Phase)
     decode: Phase = field(default_factory=Phase)
     failed_steps: int = 0  # llama_decode failed or weights could not be streamed
+    preempted: int = 0  # sequences that gave their KV back for others, to be recomputed (admission.py)
+    recomputed_tokens: int = 0  # tokens such sequences evaluated again
     spec: Optional[SpecCounters] = None  # with speculative decoding on
 
     def step(self, seconds: float, prompt_tokens: int, generated: int) -> None:
@@ -68,6 +70,7 @@ class Counters:
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "generated_tokens": self.generated_tokens,
             "steps": self.prefill.steps + self.decode.steps, "failed_steps": self.failed_steps,
+            "preempted": self.preempted, "recomputed_tokens": self.recomputed_tokens,
             "prefill": self.prefill.as_dict(), "decode": self.decode.as_dict(),
             "prefill_tok_s": self.prefill.as_dict()["tok_s"], "decode_tok_s": self.decode.as_dict()["tok_s"],
         }

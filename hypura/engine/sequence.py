@@ -1,5 +1,6 @@
 """A request while it holds a slot: its prompt's progress through the KV cache, the tokens it generated,
-its sampler and its text, and the rules that end it. Engine thread only."""
+its sampler and its text, and the rules that end it. A preempted one (admission.py) keeps all but its slot
+and KV, and evaluates its prompt and generated tokens again when it is admitted again. Engine thread only."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class Sequence:
                  n_ctx: int, is_eog, post: Callable[[Request, Event], None]):
         self.request, self.slot, self.sampler, self.text = request, slot, sampler, text
         self.prompt = request.prompt
+        self.feed = request.prompt  # evaluated before its next sample: the prompt (after a preemption, and the reply)
         self.cached = cached  # prompt tokens whose KV came from another sequence (shared prefix)
         self.n_past = cached  # tokens of this sequence in the KV cache
         self.n_ctx = n_ctx
@@ -32,7 +34,16 @@ class Sequence:
 
     @property
     def prefilling(self) -> bool:
-        return self.n_past < len(self.prompt)
+        return self.n_past < len(self.feed)
+
+    def detach(self) -> None:
+        """Preempted: its KV is gone; evaluating its prompt and reply again brings back where it was."""
+        self.slot, self.n_past, self.next_token = None, 0, None
+        self.feed = self.prompt + self.generated
+
+    def attach(self, slot: int, reused: int) -> None:
+        """Admitted again into `slot`, the first `reused` tokens of its feed already in that slot's KV."""
+        self.slot, self.n_past = slot, reused
 
     @property
     def tokens_left(self) -> int:
