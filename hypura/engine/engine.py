@@ -6,7 +6,8 @@ Threading protocol:
   (QueueFull beyond EngineConfig.max_queue) and wakes the loop. `cancel()` marks the request and wakes
   the loop; a request still waiting leaves the queue at once. Both hold the lock for bookkeeping only.
 - The engine thread, between steps: ends cancelled requests (llama_memory_seq_rm frees their KV), gives
-  free slots to waiting requests (oldest first; shared prefix copied, see prefix_cache.py), then runs one
+  free slots to waiting requests (oldest first; shared prefix copied, see prefix_cache.py; with kv_unified
+  while their cells fit, and the youngest preempted where a step's cells run out: admission.py), then runs one
   step: a batch of every decoding sequence's next token (and its draft when speculating, speculate.py) and
   prompt chunks (scheduler.py), one `llm.decode_batch`, and a sample for each sequence with logits in it
   (a speculating sequence's samples verify its draft; the rejected tokens' KV cells are removed before the
