@@ -71,6 +71,7 @@ def test_a_sequence_may_hold_the_whole_cache_and_no_more(llm, alone):
     assert m["cells"]["used"] == len(tokens) + 15  # its KV stays cached: the last token was never decoded
 
 
+@pytest.mark.slow
 def test_a_request_that_does_not_fit_waits_in_the_queue_then_completes(llm, alone):
     long, want_long = alone[LONG]
     other = llm.tokenize((SYSTEM + SYSTEM + "Count: 30, 31, 32, 33,").encode())
@@ -79,7 +80,8 @@ def test_a_request_that_does_not_fit_waits_in_the_queue_then_completes(llm, alon
     # without the prefix cache the two share no cells: 141 + 16 held back for the first, 127 + 16 for the
     # second, more than 256
     with running(llm, parallel=PARALLEL, kv_unified=True, prefix_cache=False) as engine:
-        first = engine.submit(long, _greedy(24), on_event=lambda ev: seen.append(engine.metrics()) if not seen else None)
+        first = engine.submit(long, _greedy(24),
+                              on_event=lambda ev: seen.append(engine.metrics()) if not seen else None)
         second = engine.submit(other, _greedy(24))
         results = [first.result(120), second.result(120)]
         m = engine.metrics()
@@ -93,6 +95,7 @@ def test_a_request_that_does_not_fit_waits_in_the_queue_then_completes(llm, alon
     assert m["queue"] == [] and m["cells"]["head_blocked"] == 0 and m["preempted"] == 0
 
 
+@pytest.mark.slow
 def test_fewer_cells_than_the_clients_ask_each_answered_in_full_through_preemption(llm, alone):
     """Three clients ask 87 + 48, 76 + 48 and 72 + 48 cells of 256: the first two are admitted together and
     grow until the cache is full; the younger is preempted, recomputed once the older is done, and the third
@@ -128,3 +131,50 @@ def test_a_prefix_shared_with_a_running_sequence_is_reused(llm, alone):
     assert results[1].cached_tokens > 30 and m["preempted"] == 0
     for text, r in zip(SHORT[:2], results):
         assert_same_tokens(r.tokens, alone[text][1].first(16), 16)
+
+
+@pytest.mark.slow
+def test_a_preempted_request_cancelled_while_it_waits_ends_with_what_it_streamed(llm, alone):
+    """The second of two clients that fill the cache is preempted; cancelled then, from the first one's
+    stream, its result is the tokens it had streamed, finish_reason "cancelled"."""
+    cancelled = []
+    with running(llm, parallel=PARALLEL, kv_unified=True, prefix_cache=False) as engine:
+        def on_first(ev):
+            resumed = [q for q in engine.metrics()["queue"] if q["resumed"]]
+            if resumed and not cancelled:
+                cancelled.append(resumed[0]["id"])
+                second.cancel()
+        on_event, tokens, _ = _streamed()
+        first = engine.submit(alone[SHORT[0]][0], _greedy(), on_event=on_first)
+        second = engine.submit(alone[SHORT[1]][0], _greedy(), on_event=on_event)
+        results = first.result(300), second.result(300)
+        m = engine.metrics()
+    assert cancelled == [second.id] and m["preempted"] == 1
+    assert results[0].finish_reason == "length" and len(results[0].tokens) == N
+    assert results[1].finish_reason == "cancelled" and 0 < len(results[1].tokens) < N
+    assert tokens == list(results[1].tokens)
+    assert m["requests"]["active"] == 0 and m["requests"]["queued"] == 0 and m["cells"]["running"] == 0
+
+
+@pytest.mark.slow
+def test_speculation_beside_shared_cells_keeps_the_greedy_text(smollm2_path, alone):
+    """n-gram drafts ride the steps while cells last and are dropped where they do not; the youngest is still
+    preempted and recomputed, and every answer is its greedy text alone."""
+    from hypura.engine import EngineConfig, load
+    from hypura.speculative.settings import SpecSettings
+
+    spec = SpecSettings(type="ngram-simple", ngram_size_n=3, n_min=4, n_max=4)
+    llm, engine = load(smollm2_path, PARALLEL, SHARE, config=EngineConfig(kv_unified=True, prefix_cache=False,
+                                                                           speculative=spec),
+                       n_threads=1, n_threads_batch=1)
+    try:
+        requests = [engine.submit(alone[t][0], _greedy()) for t in SHORT]
+        results = [r.result(300) for r in requests]
+        m = engine.metrics()
+    finally:
+        engine.close()
+        llm.close()
+    assert m["preempted"] >= 1 and m["speculative"]["passes"] > 0
+    for text, r in zip(SHORT, results):
+        assert r.finish_reason == "length" and len(r.tokens) == N
+        assert_same_tokens(r.tokens, alone[text][1], 40)

@@ -45,6 +45,10 @@ class CellAdmission:
         self.kv, self.slots, self.n_cells, self.reserve = kv, slots, n_cells, reserve
         self.blocked = False  # the queue's head waits for cells (not for a slot)
 
+    def as_dict(self) -> dict:
+        c = self.slots.cells
+        return {"total": self.n_cells, "used": c.used, "running": c.running, "head_blocked": int(self.blocked)}
+
     def claimed(self, active: list) -> int:
         """Cells the running sequences hold, the rest of their prompts, and their reserves."""
         return self.slots.cells.running + sum(len(s.feed) - s.n_past + min(self.reserve, s.tokens_left)

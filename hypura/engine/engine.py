@@ -42,12 +42,12 @@ from hypura.engine.admission import CellAdmission, place
 from hypura.engine.batch import fill, greedy_picks
 from hypura.engine.config import EngineConfig
 from hypura.engine.embed import embed
-from hypura.engine.metrics import Counters, SpecCounters
+from hypura.engine.metrics import Counters, SpecCounters, places
 from hypura.engine.prefix_cache import Choice, Slots
 from hypura.engine.request import Request
 from hypura.engine.sampler import Sampler, check_grammar, token_logprob
 from hypura.engine.scheduler import Step, plan_step
-from hypura.engine.sequence import Sequence
+from hypura.engine.sequence import Sequence, tokens_left
 from hypura.engine.sizes import sizes
 from hypura.engine.speculate import Speculation
 from hypura.engine.text import TextStream
@@ -69,7 +69,7 @@ class Engine:
         self.n_vocab = self._vocab.n_tokens
         size = sizes(llm, config)
         self.n_ctx_per_seq, self.step_tokens = size.n_ctx_per_seq, size.step_tokens
-        self._slots = Slots(config.parallel, cross_copy=size.unified, cache=config.prefix_cache, in_place=config.kv_unified)
+        self._slots = Slots(config.parallel, size.unified, config.prefix_cache, in_place=config.kv_unified)
         self._cells = CellAdmission(self._kv, self._slots, self._kv.n_ctx()) if config.kv_unified else None
         self._preempted: dict[Request, Sequence] = {}  # waiting again, to be recomputed (admission.py)
         self._batch = Batch(self.step_tokens)
@@ -152,6 +152,8 @@ class Engine:
         with self._between_steps():
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")
+            if self._cells is not None:  # the spare sequence's cells, taken from cached slots where needed
+                self._cells.evict(max(map(len, inputs)))
             # every token of an embedding's batch is an output: no more than the context computes (n_outputs_max)
             rows = min(self.step_tokens, self.llm.context_params.n_outputs_max or self.step_tokens)
             return embed(self.llm, self.config.parallel, inputs, rows)
@@ -168,16 +170,11 @@ class Engine:
 
     def metrics(self) -> dict:
         with self._cond:  # one snapshot: total = finished + active + queued (active: out of the queue, not finished)
-            queued, now = len(self._waiting), time.perf_counter()
+            queued = len(self._waiting)
             active = self._counters.submitted - sum(self._counters.finished.values()) - queued
-            out = self._counters.as_dict(active=active, queued=queued)
-            # each waiting request's place (0: next), in a list: /metrics labels it by request id
-            out["queue"] = [{"id": r.id, "position": i, "waited_s": now - r.submitted, "resumed": r in self._preempted}
-                            for i, r in enumerate(self._waiting)]
+            out = self._counters.as_dict(active, queued) | {"queue": places(self._waiting, self._preempted)}
             if self._cells is not None:
-                c = self._slots.cells
-                out["cells"] = {"total": self._cells.n_cells, "used": c.used, "running": c.running,
-                                "head_blocked": int(self._cells.blocked)}
+                out["cells"] = self._cells.as_dict()
         out.update(parallel=self.config.parallel, n_ctx_per_seq=self.n_ctx_per_seq, step_tokens=self.step_tokens,
                    kv_unified=int(self.config.kv_unified))
         if self._spec is not None:  # what speculates (strings: in the JSON, not among /metrics' numbers)
@@ -344,8 +341,8 @@ class Engine:
                 request = self._waiting[0]
                 seq = self._preempted.get(request)
                 feed = request.prompt if seq is None else seq.feed
-                left = seq.tokens_left if seq else self.n_ctx_per_seq - len(feed)
-                left = min(left, request.params.max_tokens) if request.params.max_tokens >= 0 else left
+                generated = len(seq.generated) if seq else 0
+                left = tokens_left(request.params, self.n_ctx_per_seq, len(request.prompt), generated)
                 choice = self._slots.choose(feed)
                 if not self._cells.fits(self._active, feed, choice, left):
                     return
@@ -354,13 +351,14 @@ class Engine:
 
     def _plan(self, drafts: dict) -> Step:
         """The next step; kv_unified: within the cells, the youngest sequences preempted until it fits."""
-        if self._cells is None or len(self._active) == 1:
+        if self._cells is None:
             return plan_step(self._active, self.step_tokens, drafts)
-        while (step := self._cells.plan(self._active, self.step_tokens, drafts)) is None:
+        while (step := self._cells.plan(self._active, self.step_tokens, drafts)) is None and len(self._active) > 1:
             self._preempt(self._active[-1])
             drafts = {s: d for s, d in drafts.items() if s in self._active}
-            if len(self._active) == 1:
-                return plan_step(self._active, self.step_tokens, drafts)
+        if step is None:  # alone, it fits the whole cache (its limit): nothing cached stays in its way
+            self._cells.evict(self._cells.n_cells)
+            step = plan_step(self._active, self.step_tokens, drafts)
         return step
 
     def _preempt(self, seq: Sequence) -> None:

@@ -4,6 +4,7 @@ a step's time runs from building its batch to the last sampled token's event).""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -74,3 +75,10 @@ class Counters:
             "prefill": self.prefill.as_dict(), "decode": self.decode.as_dict(),
             "prefill_tok_s": self.prefill.as_dict()["tok_s"], "decode_tok_s": self.decode.as_dict()["tok_s"],
         }
+
+
+def places(waiting, resumed) -> list[dict]:
+    """Each waiting request's place in the queue (0: next), in a list: /metrics labels it by request id."""
+    now = time.perf_counter()
+    return [{"id": r.id, "position": i, "waited_s": now - r.submitted, "resumed": r in resumed}
+            for i, r in enumerate(waiting)]

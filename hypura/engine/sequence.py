@@ -48,9 +48,7 @@ class Sequence:
     @property
     def tokens_left(self) -> int:
         """Tokens it may still generate: before max_tokens, and before its context is full (on_token's rules)."""
-        room = self.n_ctx - len(self.prompt) - len(self.generated)
-        p = self.request.params
-        return room if p.max_tokens == -1 else min(room, p.max_tokens - len(self.generated))
+        return tokens_left(self.request.params, self.n_ctx, len(self.prompt), len(self.generated))
 
     def on_token(self, token: int, logprob: Optional[TokenLogprob] = None) -> None:
         """Take a sampled token: emit its text, or end the request (finish_reason set)."""
@@ -84,3 +82,9 @@ class Sequence:
                       queued_s=start - self.request.submitted, prompt_s=prompt_end - start,
                       decode_s=decode_s, error=error,
                       ttft_s=None if self.t_prompt_done is None else self.t_prompt_done - self.request.submitted), last
+
+
+def tokens_left(params, n_ctx: int, n_prompt: int, n_generated: int) -> int:
+    """Tokens a request may still generate: before max_tokens, and before its context is full."""
+    room = n_ctx - n_prompt - n_generated
+    return room if params.max_tokens == -1 else min(room, params.max_tokens - n_generated)
