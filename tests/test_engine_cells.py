@@ -28,7 +28,7 @@ def test_cells_shared_by_a_copied_prefix_are_counted_once_and_freed_with_their_l
 
 
 def test_slots_keep_the_cells_beside_the_tokens():
-    slots = Slots(3, cross_copy=True, cache=True)
+    slots = Slots(3, cross_copy=True, cache=True, shared_cells=True)
     slots.take(0, [1, 2, 3])
     slots.extend(0, [4, 5])
     slots.release(0, keep=True)
@@ -38,13 +38,15 @@ def test_slots_keep_the_cells_beside_the_tokens():
     assert slots.cached() == [0]
     slots.evict(0)
     assert slots.kv[0] == [] and slots.cells.used == 6 and slots.cached() == []
-
+    off = Slots(2, cross_copy=True, cache=True)  # kv_unified off: nothing counts them
+    off.take(0, [1, 2, 3])
+    assert off.cells.used == 0
 
 def test_in_place_a_cached_slot_that_loses_nothing_is_taken_only_with_the_switch():
     """kv_unified: a cached slot whose KV is all in the new prompt (a conversation going on), or whose prompt was
     this prompt (a reply made again), is taken in place: its old cells are not kept beside the new sequence."""
-    def cached(in_place):
-        slots = Slots(3, cross_copy=True, cache=True, in_place=in_place)
+    def cached(shared_cells):
+        slots = Slots(3, cross_copy=True, cache=True, shared_cells=shared_cells)
         slots.take(0, [1, 2], prompt_len=3)  # prompt [1, 2, 3] with [1, 2] reused
         slots.extend(0, [3, 50, 51])  # its last prompt token and its reply, evaluated
         slots.release(0, keep=True)
@@ -83,7 +85,7 @@ class _seq:  # a Sequence as admission and the scheduler read it (hashable: draf
 
 def _admission(n_cells=64, running=(), cached=()):
     """Slots 0.. running (each holding n cells), then cached slots, in a cache of n_cells."""
-    slots = Slots(4, cross_copy=True, cache=True, in_place=True)
+    slots = Slots(4, cross_copy=True, cache=True, shared_cells=True)
     for s, n in enumerate(running):
         slots.take(s, [s] * n)
     for s, n in enumerate(cached, start=len(running)):
@@ -108,6 +110,14 @@ def test_a_request_is_admitted_when_its_prompt_and_reserve_fit_beside_what_runni
     # a prompt still to evaluate is claimed before its cells are filled
     b = _seq(1, [7] * 30, 10)
     assert adm.claimed([a, b]) == 20 + RESERVE_TOKENS + 20 + RESERVE_TOKENS
+    # a sequence past its prompt (n_past counts its reply) claims its cells and its reserve, nothing less
+    adm, _ = _admission(64, running=[30])
+    d = _seq(0, [0] * 20, 30, next_token=5, left=4)
+    assert adm.claimed([d]) == 30 + 4
+    # a preempted sequence comes back only when all it may still generate fits too
+    assert adm.fits([], [9] * 40, new, 100, resumed=True)  # alone: always
+    assert adm.fits([d], [9] * 10, new, 20, resumed=True) and not adm.fits([d], [9] * 10, new, 21, resumed=True)
+    assert adm.fits([d], [9] * 10, new, 21)  # a new one reserves RESERVE_TOKENS only
 
 
 def test_a_step_takes_the_cells_running_sequences_leave_evicting_cached_slots_least_recently_used_first():

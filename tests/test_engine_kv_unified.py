@@ -178,3 +178,23 @@ def test_speculation_beside_shared_cells_keeps_the_greedy_text(smollm2_path, alo
     for text, r in zip(SHORT, results):
         assert r.finish_reason == "length" and len(r.tokens) == N
         assert_same_tokens(r.tokens, alone[text][1], 40)
+
+
+@pytest.mark.slow
+def test_with_a_shared_system_prompt_a_preempted_sequence_is_not_preempted_again_and_again(llm, alone):
+    """The third client shares the first's system prompt (its cells): the cache holds all three until they
+    grow, then the youngest are preempted; each comes back once it may finish beside the others, not sooner."""
+    from hypura.engine import Engine, EngineConfig
+
+    engine = Engine(llm.loaded, EngineConfig(parallel=PARALLEL, kv_unified=True))
+    try:
+        requests = [engine.submit(alone[t][0], _greedy()) for t in SHORT]  # queued together, then started
+        engine.start()
+        results = [r.result(300) for r in requests]
+        m = engine.metrics()
+    finally:
+        engine.close()
+    assert 1 <= m["preempted"] <= len(SHORT) and m["cached_tokens"] > 30
+    for text, r in zip(SHORT, results):
+        assert r.finish_reason == "length" and len(r.tokens) == N
+        assert_same_tokens(r.tokens, alone[text][1], 40)

@@ -18,9 +18,15 @@ between steps, holding the step lock; the waiting queue is the engine's, changed
   running sequence (the last admitted) is **preempted**: its KV is removed, and it goes back to the front of
   the queue with its prompt and the tokens it generated as the prompt to evaluate again. Its sampler, text
   and events stay as they were: when it is admitted again, the prefill of that prompt samples the token that
-  the next decode would have, and the client's stream goes on without a gap or a repeat. A llama_decode that
+  the next decode would have, and the client's stream goes on without a gap or a repeat. It is admitted
+  again only when its prompt and all it may still generate fit beside the running sequences (or nothing
+  runs): sooner, the sequences that filled the cache would likely preempt it again, each time recomputing
+  its whole prompt and reply for a few tokens more. A llama_decode that
   finds no cells anyway (status 1: the count here is llama.cpp's for a plain cache, not for a sliding-window
-  one) preempts the youngest sequence too and runs the step again.
+  one) preempts the youngest sequence too and runs the step again. A preempted request cancelled while it
+  waits ends with what it had streamed.
+
+`place` (both modes) puts a sequence into the slot chosen for it, with the prefix it reuses.
 
 Off (the default), a sequence holds n_ctx / parallel cells, a request is admitted when a slot is free, and
 prompts longer than a sequence's share are refused, as before: a unified cache shared this way changes what
@@ -51,13 +57,15 @@ class CellAdmission:
 
     def claimed(self, active: list) -> int:
         """Cells the running sequences hold, the rest of their prompts, and their reserves."""
-        return self.slots.cells.running + sum(len(s.feed) - s.n_past + min(self.reserve, s.tokens_left)
+        return self.slots.cells.running + sum(max(len(s.feed) - s.n_past, 0) + min(self.reserve, s.tokens_left)
                                               for s in active)
 
-    def fits(self, active: list, feed: list[int], choice: Choice, tokens_left: int) -> bool:
-        """Whether a sequence of prompt `feed`, placed by `choice`, may join `active` now (above)."""
+    def fits(self, active: list, feed: list[int], choice: Choice, tokens_left: int, resumed: bool = False) -> bool:
+        """Whether a sequence of prompt `feed`, placed by `choice`, may join `active` now (above); a resumed one
+        (preempted before) reserves all it may still generate."""
         shared = choice.reuse if choice.source is not None and self.slots.active[choice.source] else 0
-        need = len(feed) - shared + min(self.reserve, max(tokens_left, 1))
+        reserve = tokens_left if resumed else min(self.reserve, tokens_left)
+        need = len(feed) - shared + max(reserve, 1)
         self.blocked = bool(active) and self.claimed(active) + need > self.n_cells
         return not self.blocked
 

@@ -4,7 +4,8 @@ Each slot's KV is a list of cell ids, one per position 0..len-1. A prefix copied
 (llama_memory_seq_cp in a unified cache) is the same cells, so a cell may belong to several slots; it is
 free again once no slot holds it (llama_memory_seq_rm). `used` is what llama.cpp's cache holds; `running`
 what the slots of running sequences hold (the rest belongs to cached slots only, freed when one is evicted).
-Pure bookkeeping, engine thread only: prefix_cache.Slots keeps it beside each slot's tokens.
+Pure bookkeeping, engine thread only: prefix_cache.Slots keeps it beside each slot's tokens where the
+sequences share the cells (EngineConfig.kv_unified), and an Uncounted one otherwise (nothing reads it).
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ class Cells:
         _add(self._refs, shared)
         if self._active[dst]:
             _add(self._running, shared)
+
+
+class Uncounted:
+    """Cells nothing reads (EngineConfig.kv_unified off): no work a step."""
+
+    used = running = 0
+
+    def set_active(self, slot: int, active: bool) -> None:
+        pass
+
+    def extend(self, slot: int, n: int) -> None:
+        pass
+
+    def cut(self, slot: int, n: int) -> None:
+        pass
+
+    def share(self, dst: int, src: int, n: int) -> None:
+        pass
 
 
 def _add(counter: collections.Counter, cells: list[int]) -> None:

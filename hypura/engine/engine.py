@@ -69,7 +69,7 @@ class Engine:
         self.n_vocab = self._vocab.n_tokens
         size = sizes(llm, config)
         self.n_ctx_per_seq, self.step_tokens = size.n_ctx_per_seq, size.step_tokens
-        self._slots = Slots(config.parallel, size.unified, config.prefix_cache, in_place=config.kv_unified)
+        self._slots = Slots(config.parallel, size.unified, config.prefix_cache, shared_cells=config.kv_unified)
         self._cells = CellAdmission(self._kv, self._slots, self._kv.n_ctx()) if config.kv_unified else None
         self._preempted: dict[Request, Sequence] = {}  # waiting again, to be recomputed (admission.py)
         self._batch = Batch(self.step_tokens)
@@ -344,7 +344,7 @@ class Engine:
                 generated = len(seq.generated) if seq else 0
                 left = tokens_left(request.params, self.n_ctx_per_seq, len(request.prompt), generated)
                 choice = self._slots.choose(feed)
-                if not self._cells.fits(self._active, feed, choice, left):
+                if not self._cells.fits(self._active, feed, choice, left, resumed=seq is not None):
                     return
                 self._waiting.popleft()
             self._admit(request, choice)

@@ -8,12 +8,12 @@ copied into it with llama_memory_seq_cp instead of being evaluated again. With a
 copy shares the cells (no bytes move). Without one, llama.cpp copies only whole streams, so a prompt
 reuses only the KV already in the slot it takes: the cached slot with the longest common prefix.
 
-With `in_place` (EngineConfig.kv_unified), a cached slot is taken in place (its KV cut after the shared
+With `shared_cells` (EngineConfig.kv_unified), the cells each slot holds are counted (cells.py), and a cached slot is taken in place (its KV cut after the shared
 prefix) when it loses nothing worth keeping: all its KV is in the new prompt (a conversation going on), or
 its prompt was this prompt (a request made again, whose reply is replaced). Kept beside the new sequence
 instead, its cells would stay in the unified cache, and every step attends over all the cells up to the
 highest one in use (llama.cpp's n_kv): one SmolLM2-135M client decoded 4-7 % slower beside three cached
-slots of 130 tokens each. The cells each slot holds are counted in cells.py.
+slots of 130 tokens each.
 Pure bookkeeping: the engine applies the choice to llama.cpp's memory.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from hypura.engine.cells import Cells
+from hypura.engine.cells import Cells, Uncounted
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -45,14 +45,15 @@ class Choice:
 
 
 class Slots:
-    def __init__(self, n: int, cross_copy: bool, cache: bool, in_place: bool = False):
+    def __init__(self, n: int, cross_copy: bool, cache: bool, shared_cells: bool = False):
         self.kv: list[list[int]] = [[] for _ in range(n)]  # tokens in each slot's KV, positions 0..len-1
-        self.cells = Cells(n)  # the cells those tokens are in (shared prefixes share them)
+        # the cells those tokens are in (shared prefixes share them), counted where admission reads them
+        self.cells = Cells(n) if shared_cells else Uncounted()
         self.prompt_len = [0] * n  # of each slot's KV, the tokens its request's prompt gave (the rest: its reply)
         self.active = [False] * n
         self._used = [0] * n  # when each slot was last released (a counter): least recently used goes first
         self._clock = 0
-        self.cross_copy, self.cache, self.in_place = cross_copy, cache, in_place
+        self.cross_copy, self.cache, self.shared_cells = cross_copy, cache, shared_cells
 
     @property
     def free(self) -> int:
@@ -70,7 +71,7 @@ class Slots:
         sources = range(len(self.kv)) if self.cross_copy else idle
         reuse, source = max(((min(common_prefix(self.kv[s], prompt), limit), s) for s in sources),
                             key=lambda rs: (rs[0], -rs[1]))
-        if reuse > 0 and (not self.cross_copy or (self.in_place and self._spent(source, prompt))):
+        if reuse > 0 and (not self.cross_copy or (self.shared_cells and self._spent(source, prompt))):
             return Choice(source, source, reuse)  # in place (without cross copies only the slot's own KV is kept)
         empty = [s for s in idle if not self.kv[s]]
         slot = empty[0] if empty else min(idle, key=lambda s: self._used[s])
