@@ -17,6 +17,4 @@ from hypura.loaded.load import load
 from hypura.loaded.model import LoadedModel
 from hypura.plan.ask import Ask
 
-LoadAsk = Ask  # the name the engine's loader still imports
-
-__all__ = ["Ask", "Context", "LoadAsk", "LoadedModel", "load"]
+__all__ = ["Ask", "Context", "LoadedModel", "load"]
