@@ -52,7 +52,7 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
     if config.speculative is not None:  # a draft model loads after the model, in the room its decision kept
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)
     llm = load_model(model_path, Ask.of(**engine_llama_kwargs(parallel, n_ctx_per_seq,
-                                                                  config.speculative is not None, **llama_kwargs)))
+                                                              config.speculative is not None, **llama_kwargs)))
     try:
         # auto: the draft the decision found, n-gram drafting where the plan makes it pay, or none
         config = dataclasses.replace(config, speculative=resolve(config.speculative, llm))
