@@ -54,7 +54,7 @@ for i in range(n):
     top2 = np.partition(logits, -2)[-2:]
     out.append(int(np.argmax(logits)))
     gaps.append(float(top2[1] - top2[0]))
-s = llm.device_choice.shares
+s = llm.decision.shares
 print(json.dumps({"tokens": out, "gaps": gaps,
                   "split": None if s is None else {"host_layers": s.host_layers, "layers": list(s.layers),
                   "devices": list(s.device_names()), "predicted_tok_s": s.tok_s, "limit": s.limit, "flags": s.flags(),

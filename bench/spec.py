@@ -49,7 +49,7 @@ DEFAULT_PROMPT = "The history of the printing press begins"
 
 
 def _load(path, args, **kw):
-    from hypura.loaded import LoadAsk, load
+    from hypura.loaded import Ask, load
     from hypura.speculative.tree import context_params
 
     budgets = {k: v for k, v in (("gpu_mem", args.gpu_mem), ("ram", args.ram)) if v}
@@ -65,7 +65,7 @@ def _load(path, args, **kw):
             budgets["gpu_mem"] = parse_size(args.gpu_mem) + Beside.of(read_header(args.draft[0])).nbytes(args.ctx)
     if max(args.tree):  # a tree's branches are sequences of one KV cache (chains run in it too)
         kw.setdefault("param_overrides", {"context_params": context_params(max(args.tree))})
-    return load(str(path), LoadAsk.of(n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
+    return load(str(path), Ask.of(n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
                                       verbose=False, **budgets, **kw))
 
 

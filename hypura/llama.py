@@ -28,7 +28,7 @@ from llama_cpp import LlamaTokenizer
 from hypura.bindings.batch import Batch
 from hypura.bindings.chat_formats import chat_formats
 from hypura.bindings.llama_params import threads
-from hypura.loaded import LoadAsk, LoadedModel, load
+from hypura.loaded import Ask, LoadedModel, load
 from hypura.plan.auto import Fit
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
 from hypura.runtime.placement import PlacementPolicy
@@ -141,8 +141,8 @@ class Llama(llama_cpp.Llama):
             param_overrides = {name: dict(fields) for name, fields in (param_overrides or {}).items()}
             for key, value in tree.items():
                 param_overrides.setdefault("context_params", {}).setdefault(key, value)
-        self.loaded = loaded = load(model_path, LoadAsk(
-            llama=kwargs, override_tensor=override_tensor, placement_policy=placement_policy, gpu_mem=gpu_mem, ram=ram,
+        self.loaded = loaded = load(model_path, Ask.of(
+            **kwargs, override_tensor=override_tensor, placement_policy=placement_policy, gpu_mem=gpu_mem, ram=ram,
             plan=plan, param_overrides=param_overrides, on_route=on_route, expert_cache=expert_cache, fit=fit,
             profile=profile, draft_beside=draft_beside or draft_path(draft), rpc_servers=rpc_servers, devices=devices,
             rpc_mem=rpc_mem, split=split, parallel=max(parallel, getattr(draft, "branches", 1)),  # a DraftTree's
@@ -213,7 +213,6 @@ class Llama(llama_cpp.Llama):
     plan = _loaded("plan")
     fit_decision = _loaded("fit_decision")  # what the default path or the budgets chose; None where placement was given
     placement = _loaded("placement")  # tensor name -> Placement
-    device_choice = _loaded("device_choice")
     draft_found = _loaded("draft_found")  # the draft "auto" found (a Path), else None
 
     @property

@@ -13,7 +13,8 @@ import pytest
 import hypura
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
-from hypura.plan.auto import Fit, check_budgets
+from hypura.plan.auto import Fit
+from hypura.plan.budget import check_budgets
 from hypura.plan.decision import Ask, decide as decide_for
 from hypura.profile.free import FreeMemory, cgroup_limit, parse_override
 from greedy import COUNTING, assert_same_text, greedy

@@ -16,7 +16,7 @@ from hypura.cachefile import write_atomic
 from hypura.errors import HypuraError
 from hypura.plan import Plan, plan_model
 from hypura.profile import compute, load_profile, measure, store
-from hypura.profile.model import CpuCompute
+from hypura.profile.machine import CpuCompute
 from hypura.runtime.moe.coactivation import CoactivationPredictor
 
 from conftest import PINNED_PROFILE

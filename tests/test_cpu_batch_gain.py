@@ -11,7 +11,7 @@ import pytest
 from hypura.modelfile import read_header
 from hypura.plan.cost import CPU, Rates, batch_compute_s, decode_seconds
 from hypura.profile import compute, knobs, store
-from hypura.profile.model import CpuCompute
+from hypura.profile.machine import CpuCompute
 from hypura.synth import writer
 
 BLOCK_BW, FLOPS = 10e9, 100e9  # the made-up machine: its blocks' one-token rate and its prefill rate

@@ -13,14 +13,14 @@ import pytest
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import knobs, model_units
-from hypura.plan.shares import ACT_BYTES, DeviceTier, Host, device_tiers, plan_shares
+from hypura.plan.shares import ACT_BYTES, DeviceTier, HostTier, device_tiers, plan_shares
 from hypura.profile import resolve_profile
 from hypura.profile.rpc import RpcDevice
 from hypura.synth import writer
 
 GiB = 1 << 30
 H200 = resolve_profile("h200-design")
-HOST = Host(ram=24 * GiB, cpu_read=60e9, disk_read=5e9)
+HOST = HostTier(ram=24 * GiB, cpu_read=60e9, disk_read=5e9)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_rpc_servers_and_a_gpu(l70):
 def test_bench_reads_llama_cpps_flags_back_from_hypura_clis_devices_line(l70):
     """bench/rpc_cpu.py gives vanilla the split hypura-cli chose from its `hypura: devices:` line: read back, the
     line gives the flags DeviceShares.flags writes, for a split over devices and for one that uses none."""
-    from hypura.runtime.devices import describe
+    from hypura.plan.split import describe
 
     spec = importlib.util.spec_from_file_location("rpc_cpu", Path(__file__).parents[1] / "bench" / "rpc_cpu.py")
     bench = importlib.util.module_from_spec(spec)

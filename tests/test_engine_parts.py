@@ -96,7 +96,7 @@ def test_without_cross_copies_a_prompt_reuses_only_its_own_slot_and_without_a_ca
 
 
 def _seq(prompt, n_past, next_token=None):
-    return types.SimpleNamespace(prompt=prompt, n_past=n_past, next_token=next_token, slot=0,
+    return types.SimpleNamespace(prompt=prompt, feed=prompt, n_past=n_past, next_token=next_token, slot=0,
                                  prefilling=n_past < len(prompt))
 
 

@@ -35,6 +35,7 @@ ONE_THREAD = {"n_threads": 1, "n_threads_batch": 1}
 class _Seq:
     def __init__(self, prompt, n_past, next_token=None, slot=0):
         self.prompt, self.n_past, self.next_token, self.slot = prompt, n_past, next_token, slot
+        self.feed = prompt
         self.prefilling = n_past < len(prompt)
 
 

@@ -266,7 +266,7 @@ def test_solve_time(model, shape):
         budgets, rates = budgets_for(profile, gpu), rates_for(profile)
         t0 = time.perf_counter()
         optimize(mu, budgets, rates, PlanSettings())
-        assert time.perf_counter() - t0 < 2.0
+        assert time.perf_counter() - t0 < 10.0  # ~0.3 s; a search gone exponential takes minutes (a shared CI core)
 
 
 def test_plan_json_round_trip_and_tensor_lookup(model, tmp_path):

@@ -221,7 +221,7 @@ def test_cli_with_a_dead_server_fails_in_one_line(smollm2_path):
 
 
 def _device_message(name: str) -> str:
-    from hypura.runtime.devices import offload_devices
+    from hypura.runtime.device_list import offload_devices
 
     there = offload_devices()  # this machine's, named in the message whatever they are
     return (f"invalid device: {name} (" + (f"available: {', '.join(there)}" if there else "no device to offload to here")
@@ -297,10 +297,10 @@ local.close()
 # RPC devices of 290 MiB each and 460 MiB here: none holds SmolLM2 (92 MiB) beside its 256 MiB compute buffer alone
 llm = Llama(model, n_ctx=256, n_threads=1, n_gpu_layers=-1, verbose=False, logits_all=True, ram="460MiB",
             rpc_servers=servers, rpc_mem=["290MiB", "290MiB"])
-s = llm.device_choice.shares
+s = llm.decision.shares
 got, _ = greedy(llm)
 print(json.dumps({"want": want, "gaps": gaps, "got": got, "host": s.host_layers, "layers": s.layers,
-                  "devices": llm.device_choice.devices}))
+                  "devices": llm.decision.devices}))
 llm.close()
 """
 

@@ -71,9 +71,10 @@ def test_skew_concentrates_the_selections(traces, n_threads):
     uniform, skewed = _trace(traces["uniform"], n_threads), _trace(traces["skewed"], n_threads)
     assert len(uniform.selections(0)) == N_TOKENS
     # layer 0: what the embeddings reach directly (deeper layers add the synthetic forward pass's own
-    # skew, see hypura/synth/routing.py); measured 0.31 uniform, 0.48 with skew 2
-    assert _top_quarter_share(uniform.frequencies(0)) < 0.36
-    assert _top_quarter_share(skewed.frequencies(0)) > 0.42
+    # skew, see hypura/synth/routing.py). Over seeds 0-2: 0.30-0.40 uniform (the prompt repeats tokens),
+    # 0.45-0.53 with skew 2, and skew 2 at least 0.11 above uniform at each seed
+    share, skewed_share = _top_quarter_share(uniform.frequencies(0)), _top_quarter_share(skewed.frequencies(0))
+    assert share < 0.42 and skewed_share > share + 0.08, (share, skewed_share)
 
 
 def test_layer_correlation_repeats_experts(traces, n_threads):

@@ -4,7 +4,6 @@
     errors.py        Hypura's errors as llama-cli-style failures: one line, non-zero exit
     profile_cmd.py   `hypura profile`: measure this machine, or show the cached measurement
     inspect_cmd.py   `hypura inspect MODEL`: the placement plan, from the GGUF header only
-    split_cmd.py     `hypura inspect --split / --rpc`: the layers split over the devices and the host
     plan_plot.py     `inspect --plot`: placement by layer and tier as a PNG
     list_cmd.py      `hypura list`: the models in the stores; with --plan, what Hypura would do with each
     bench_cmd.py     `hypura bench`'s flags (the measuring is hypura.speed)

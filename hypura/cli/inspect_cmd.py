@@ -102,11 +102,8 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
     # this machine's: its cached profile with the CPU's rates on this model where they were measured
     profile = machine_profile(profile_spec) if profile_spec else planning_profile(model, say=None, measure=False)
     if rpc or split:
-        from hypura.cli.split_cmd import show_split
-
-        show_split(header, profile, rpc=rpc, rpc_mem=rpc_mem, gpu_mem=gpu_mem, ram=ram,
-                   n_ctx=ctx_size or min(int(header.get("context_length", 0) or fit_ctx), fit_ctx),
-                   n_ubatch=ubatch_size, disk=not no_disk, this_machine=not profile_spec)
+        _show_split(header, profile, this_machine=not profile_spec, rpc=rpc, rpc_mem=rpc_mem, gpu_mem=gpu_mem, ram=ram,
+                    n_ctx=ctx_size, fit_ctx=fit_ctx, n_ubatch=ubatch_size, disk=not no_disk)
         return
     planner = Planner(kv_bytes_per_element=KV_TYPES[kv_type], disk=not no_disk, solver=solver,
                       overrides=RateOverrides(gpu_bw=gpu_bw, cpu_bw=cpu_bw, link_bw=link_bw, disk_bw=disk_bw,
@@ -154,3 +151,27 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
 
         plot_plan(plan, plot)
         click.echo(f"plot written to {plot}")
+
+
+def _show_split(header, profile, *, this_machine: bool, rpc, rpc_mem, gpu_mem, ram, n_ctx: int, fit_ctx: int,
+                n_ubatch: int, disk: bool) -> None:
+    """--split / --rpc: the RPC servers registered and measured, then the split the load makes (the same decision),
+    each device's share."""
+    from hypura.plan.ask import DeviceAsk
+    from hypura.plan.shares import describe_shares
+    from hypura.plan.split import Devices
+    from hypura.profile.rpc import measure_device
+    from hypura.runtime.device_list import measure, register
+
+    devices = DeviceAsk.of(rpc, None, rpc_mem, split=True, disk=disk)
+    names = register(devices)
+    # another machine's profile: its GPUs' free memory as recorded (and no library asked of this one's)
+    measured = measure(names) if this_machine else Devices(tuple(measure_device(name) for name in names))
+    for r in measured.rpc:
+        click.echo(f"rpc      {r.name} at {r.endpoint}: {r.mem_free / 2**30:.1f} of {r.mem_total / 2**30:.1f} GiB "
+                   f"free, link {r.link_bw / 1e9:.2f} GB/s, round trip {r.latency_s * 1e3:.2f} ms")
+    ask = Ask(gpu_mem=gpu_mem, ram=ram, n_ctx=n_ctx, n_ubatch=n_ubatch, fit=Fit(min_ctx=fit_ctx), devices=devices)
+    shares = decide(header, ask, free_memory() if this_machine else None, profile, devices=measured).shares
+    click.echo(f"split    {header.path.name} over {len(shares.devices)} device(s) and the host, -c {shares.n_ctx}")
+    for line in describe_shares(shares):
+        click.echo(line)

@@ -65,6 +65,11 @@ def speculative(spec: dict, models_dir=None):
               help="Requests that may wait for a sequence; beyond them the server answers 429.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Reuse the KV of a prompt's prefix shared with an earlier request (a chat's earlier turns).")
+@click.option("-kvu", "--kv-unified", is_flag=True, default=False,
+              help="The sequences present share the KV cache's cells (as llama-server's -kvu): one may hold up to "
+                   "the whole cache (-np x -c, within the training context); a request waits until its cells "
+                   "fit, and the youngest sequence is preempted and recomputed where they run out. Off: each "
+                   "sequence holds -c.")
 @click.option("-t", "--threads", type=click.IntRange(1), default=None,
               help="CPU threads for steps of one token per sequence (default: hypura.Llama's, physical cores).")
 @click.option("-tb", "--threads-batch", type=click.IntRange(1), default=None,
@@ -76,7 +81,7 @@ def speculative(spec: dict, models_dir=None):
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ctx, gpu_mem, ram, api_key,
-          allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, threads, threads_batch,
+          allowed_hosts, cors_origins, timeout_s, max_queue, prefix_cache, kv_unified, threads, threads_batch,
           rpc, rpc_mem, log_level, **spec) -> None:
     """Serve models over Ollama's API (/api/...) and OpenAI's (/v1/...), on 127.0.0.1:11434 by default.
 
@@ -109,7 +114,8 @@ def serve(models, models_dir, keep_alive, max_loaded, host, port, parallel, n_ct
                              max_loaded=max_loaded or DEFAULT_MAX_LOADED,
                              host=host, port=port,
                              parallel=parallel, n_ctx=n_ctx, gpu_mem=gpu_mem, ram=ram, api_key=api_key,
-                             max_queue=max_queue, prefix_cache=prefix_cache, allowed_hosts=allowed_hosts,
+                             max_queue=max_queue, prefix_cache=prefix_cache, kv_unified=kv_unified,
+                             allowed_hosts=allowed_hosts,
                              cors_origins=cors_origins, timeout_s=timeout_s, speculative=speculative(spec, models_dir),
                              llama_kwargs={**_threads(threads, threads_batch),
                                            **({"rpc_servers": rpc, "rpc_mem": rpc_mem.split(",") if rpc_mem else None}

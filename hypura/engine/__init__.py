@@ -17,10 +17,13 @@
     loader.py        load(): the model loaded for `parallel` sequences (hypura.loaded.load), an Engine on it
     engine.py        Engine: one thread owning the context, running steps while there is work
     request.py       the handle submit() returns: events, result, cancel, from any thread
+    sizes.py         what the loaded context gives the engine: the tokens a sequence holds, a step's tokens
     prefix_cache.py  slots and the tokens each one's KV holds; a new prompt's slot and reusable prefix
+    cells.py         the KV cells each slot holds (a shared prefix's counted once)
+    admission.py     a sequence put in its slot; kv_unified: admission by cells, waiting, preemption by recompute
     sequence.py      a request in a slot: prompt progress, generated tokens, sampler, the rules that end it
     scheduler.py     what one step carries under a token budget: decode tokens first, then prompt chunks
-    batch.py         a step written into the llama_batch
+    batch.py         a step written into the llama_batch; the greedy sequences' tokens read from its logits
     sampler.py       a request's llama.cpp sampler chain (hypura-cli's too)
     speculate.py     every decoding sequence's draft, verified in the same step
     text.py          generated tokens as text, released once final (split UTF-8, stop strings)

@@ -1,9 +1,11 @@
 """A step written into the engine's llama_batch (hypura.bindings.batch): each token with its position and its
-sequence's id (the slot), and an output flag only where a token is sampled (or a drafted one verified)."""
+sequence's id (the slot), and an output flag only where a token is sampled (or a drafted one verified); after
+the decode, the greedy sequences' tokens read from its logits at once."""
 
 from __future__ import annotations
 
 from hypura.bindings.batch import Batch
+from hypura.engine.sampler import greedy_rows
 from hypura.engine.scheduler import Step
 
 
@@ -32,3 +34,18 @@ def fill(batch: Batch, step: Step) -> list[int]:
             logits[first[-1] + k] = 1
     b.n_tokens = i
     return first
+
+
+def greedy_picks(ctx, n_vocab: int, step: Step, first: list[int]) -> dict[int, int]:
+    """The tokens of the step's plain greedy sequences, by batch index, from one argmax over the logits matrix
+    (sampler.greedy_rows); the other sequences sample with their llama.cpp chain."""
+    rows, indices, n_out = [], [], 0
+    for chunk, start in zip(step.chunks, first):
+        for k in chunk.outputs:
+            if chunk.seq.sampler.greedy:
+                rows.append(n_out)
+                indices.append(start + k)
+            n_out += 1
+    if not rows:
+        return {}
+    return dict(zip(indices, greedy_rows(ctx, n_vocab, n_out, rows)))

@@ -24,6 +24,10 @@ class EngineConfig:
     # prefix of any slot's KV into a new sequence instead of evaluating it again
     prefix_cache: bool = True
     n_ctx_per_seq: Optional[int] = None  # cap a sequence below what the context gives it (None: no cap)
+    # the sequences present share the KV cache's cells (llama-server's --kv-unified): a sequence may hold the
+    # whole cache, requests wait for cells and the youngest is preempted and recomputed where they run out
+    # (admission.py). Off: each sequence holds n_ctx / parallel, as measured on GPUs so far
+    kv_unified: bool = False
     # each decoding sequence drafts tokens verified in the step (speculate.py); None: one token a step
     speculative: Optional[SpecSettings] = None
 

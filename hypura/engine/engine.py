@@ -6,7 +6,8 @@ Threading protocol:
   (QueueFull beyond EngineConfig.max_queue) and wakes the loop. `cancel()` marks the request and wakes
   the loop; a request still waiting leaves the queue at once. Both hold the lock for bookkeeping only.
 - The engine thread, between steps: ends cancelled requests (llama_memory_seq_rm frees their KV), gives
-  free slots to waiting requests (oldest first; shared prefix copied, see prefix_cache.py), then runs one
+  free slots to waiting requests (oldest first; shared prefix copied, see prefix_cache.py; with kv_unified
+  while their cells fit, and the youngest preempted where a step's cells run out: admission.py), then runs one
   step: a batch of every decoding sequence's next token (and its draft when speculating, speculate.py) and
   prompt chunks (scheduler.py), one `llm.decode_batch`, and a sample for each sequence with logits in it
   (a speculating sequence's samples verify its draft; the rejected tokens' KV cells are removed before the
@@ -37,20 +38,21 @@ from typing import Callable, Optional
 import llama_cpp
 
 from hypura.bindings.batch import Batch
-from hypura.engine.batch import fill
+from hypura.engine.admission import CellAdmission, place
+from hypura.engine.batch import fill, greedy_picks
 from hypura.engine.config import EngineConfig
 from hypura.engine.embed import embed
-from hypura.engine.metrics import Counters, SpecCounters
-from hypura.engine.prefix_cache import Slots
+from hypura.engine.metrics import Counters, SpecCounters, places
+from hypura.engine.prefix_cache import Choice, Slots
 from hypura.engine.request import Request
-from hypura.engine.sampler import Sampler, check_grammar, greedy_rows, token_logprob
+from hypura.engine.sampler import Sampler, check_grammar, token_logprob
 from hypura.engine.scheduler import Step, plan_step
-from hypura.engine.sequence import Sequence
+from hypura.engine.sequence import Sequence, tokens_left
+from hypura.engine.sizes import sizes
 from hypura.engine.speculate import Speculation
 from hypura.engine.text import TextStream
 from hypura.engine.types import EngineClosed, Event, PromptTooLong, QueueFull, Result, SamplingParams
 from hypura.errors import HypuraError
-from hypura.speculative.verify import keep_accepted
 
 log = logging.getLogger("hypura.engine")
 
@@ -65,28 +67,11 @@ class Engine:
         self._kv = llm.context
         self._vocab = llm.vocab
         self.n_vocab = self._vocab.n_tokens
-        n_seq = self._kv.n_seq_max
-        if n_seq < config.parallel:
-            raise HypuraError(f"the model's context holds {n_seq} sequences, fewer than parallel {config.parallel}: load "
-                              "it with parallel=N (hypura.engine.load does)")
-        outputs, spec = llm.context_params.n_outputs_max, config.speculative
-        if spec is not None and 0 < outputs < config.parallel * spec.pass_rows:  # llama.cpp would abort mid-step
-            raise HypuraError(f"the model's context computes at most {outputs} outputs a step, fewer than verifying "
-                              f"{config.parallel} sequences' drafts: load it with engine_llama_kwargs(..., "
-                              "speculative=True) (hypura.engine.load does)")
-        unified = bool(llm.context_params.kv_unified)
-        # a unified cache is shared by all sequences; each stream of a split one holds its sequence only
-        per_seq = self._kv.n_ctx() // config.parallel if unified else self._kv.n_ctx_seq
-        self.n_ctx_per_seq = min(per_seq, config.n_ctx_per_seq or per_seq)
-        if self.n_ctx_per_seq < 2:
-            raise HypuraError(f"a context of {self._kv.n_ctx()} leaves {per_seq} tokens to each of "
-                              f"{config.parallel} sequences: give a larger n_ctx")
-        n_batch = self._kv.n_batch
-        self.step_tokens = config.step_tokens or n_batch
-        if self.step_tokens > n_batch or self.step_tokens < config.parallel:
-            raise HypuraError(f"step_tokens {self.step_tokens} must lie within parallel {config.parallel} and the "
-                              f"context's n_batch {n_batch}")
-        self._slots = Slots(config.parallel, cross_copy=unified, cache=config.prefix_cache)
+        size = sizes(llm, config)
+        self.n_ctx_per_seq, self.step_tokens = size.n_ctx_per_seq, size.step_tokens
+        self._slots = Slots(config.parallel, size.unified, config.prefix_cache, shared_cells=config.kv_unified)
+        self._cells = CellAdmission(self._kv, self._slots, self._kv.n_ctx()) if config.kv_unified else None
+        self._preempted: dict[Request, Sequence] = {}  # waiting again, to be recomputed (admission.py)
         self._batch = Batch(self.step_tokens)
         self._cond = threading.Condition()  # guards _waiting, _cancelled, _closing, _counters' request counts
         self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
@@ -100,7 +85,7 @@ class Engine:
         if config.speculative is not None:
             # the decode part of a step stays one micro-batch: a second one is a second pass over the weights
             self._spec = Speculation(config.speculative, llm, min(self.step_tokens, self._kv.n_ubatch),
-                                     config.parallel, self.n_ctx_per_seq)
+                                     config.parallel, min(size.share, self.n_ctx_per_seq))  # its cache: as ours
             self._counters.spec = SpecCounters()
         self._closing = False
         self._stopped: Optional[str] = None  # why the loop ended (None while it may run)
@@ -167,6 +152,8 @@ class Engine:
         with self._between_steps():
             if self._stopped or self._closing:
                 raise EngineClosed("the engine was closed")
+            if self._cells is not None:  # the spare sequence's cells, taken from cached slots where needed
+                self._cells.evict(max(map(len, inputs)))
             # every token of an embedding's batch is an output: no more than the context computes (n_outputs_max)
             rows = min(self.step_tokens, self.llm.context_params.n_outputs_max or self.step_tokens)
             return embed(self.llm, self.config.parallel, inputs, rows)
@@ -185,8 +172,11 @@ class Engine:
         with self._cond:  # one snapshot: total = finished + active + queued (active: out of the queue, not finished)
             queued = len(self._waiting)
             active = self._counters.submitted - sum(self._counters.finished.values()) - queued
-            out = self._counters.as_dict(active=active, queued=queued)
-        out.update(parallel=self.config.parallel, n_ctx_per_seq=self.n_ctx_per_seq, step_tokens=self.step_tokens)
+            out = self._counters.as_dict(active, queued) | {"queue": places(self._waiting, self._preempted)}
+            if self._cells is not None:
+                out["cells"] = self._cells.as_dict()
+        out.update(parallel=self.config.parallel, n_ctx_per_seq=self.n_ctx_per_seq, step_tokens=self.step_tokens,
+                   kv_unified=int(self.config.kv_unified))
         if self._spec is not None:  # what speculates (strings: in the JSON, not among /metrics' numbers)
             s = self.config.speculative
             out["speculative"].update(type=s.type, draft=s.draft_model.name if s.draft_model else None)
@@ -245,20 +235,24 @@ class Engine:
                     if self._closing:
                         break
                     cancelled, self._cancelled = self._cancelled, []
-                    admit = [self._waiting.popleft() for _ in range(min(self._slots.free, len(self._waiting)))]
+                    # by cells, the queue is served under the step lock (_admit_by_cells)
+                    n = 0 if self._cells else min(self._slots.free, len(self._waiting))
+                    admit = [self._waiting.popleft() for _ in range(n)]
                 for request in cancelled:
                     self._end_waiting(request, "cancelled")
                 with self._step_lock:
                     self._drop_cancelled()
                     for request in admit:
                         self._admit(request)
+                    if self._cells is not None:
+                        self._admit_by_cells()
                     if self._active:
                         t0 = time.perf_counter()
                         drafts, draft_s = self._spec.drafts(self._active) if self._spec else ({}, 0.0)
                         if self._spec is not None and self._spec.aside:
                             with self._cond:
                                 self._counters.spec.aside_steps += 1
-                        self._step(plan_step(self._active, self.step_tokens, drafts), t0, draft_s)
+                        self._step(self._plan(drafts), t0, draft_s)
         except BaseException as e:  # a bug: every request learns of it, and submit() refuses new ones
             log.exception("the engine loop failed")
             reason = f"engine failed: {type(e).__name__}: {e}"
@@ -295,6 +289,10 @@ class Engine:
             emit()
 
     def _end_waiting(self, request: Request, finish_reason: str, error: Optional[str] = None) -> None:
+        seq = self._preempted.pop(request, None)
+        if seq is not None:  # preempted: what it generated before is its result
+            self._finish(seq, finish_reason, error)
+            return
         queued = time.perf_counter() - request.submitted
         self._count_finish(finish_reason)
         result = Result(text="", tokens=(), finish_reason=finish_reason, prompt_tokens=len(request.prompt),
@@ -310,52 +308,85 @@ class Engine:
         for seq in [s for s in self._active if s.request.cancel_requested]:
             self._finish(seq, "cancelled")
 
-    def _admit(self, request: Request) -> None:
+    def _admit(self, request: Request, choice: Optional[Choice] = None) -> None:
         if request.cancel_requested:  # cancelled on its way out of the queue
             self._end_waiting(request, "cancelled")
             return
-        choice = self._slots.choose(request.prompt)
-        slot, reuse = choice.slot, self._reuse(choice)
-        self._slots.take(slot, request.prompt[:reuse])
+        seq = self._preempted.pop(request, None)
+        feed = request.prompt if seq is None else seq.feed
+        choice = choice or self._slots.choose(feed)
+        reuse = place(self._kv, self._slots, choice, feed, len(request.prompt))
+        if seq is not None:  # preempted before: evaluate its prompt and reply again (admission.py)
+            seq.attach(choice.slot, reuse)
+            self._active.append(seq)
+            with self._cond:
+                self._counters.recomputed_tokens += len(feed) - reuse
+            return
         sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq, self._vocab.vocab)
         sampler.accept_prompt(request.prompt)
         text = TextStream(self._piece, request.params.stop)
-        seq = Sequence(request, slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog, self._post)
+        seq = Sequence(request, choice.slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog, self._post)
         self._active.append(seq)
         with self._cond:
             self._counters.prompt_tokens += len(request.prompt)
             self._counters.cached_tokens += reuse
 
-    def _reuse(self, choice) -> int:
-        """Put the chosen prefix into the slot's KV (nothing else of the slot survives); what was reused."""
-        slot, source, reuse = choice.slot, choice.source, choice.reuse
-        kv = self._kv
-        if source is None or reuse == 0:
-            kv.seq_rm(slot)
-            return 0
-        if source == slot:
-            kept = kv.seq_rm(slot, reuse, -1)  # false: this memory keeps whole sequences
-        else:
-            kv.seq_rm(slot)
-            kv.seq_cp(source, slot, 0, reuse)
-            kept = True
-        # e.g. a sliding-window cache that dropped the first positions, or recurrent state: evaluate it all
-        if not kept or kv.pos_min(slot) != 0 or kv.pos_max(slot) != reuse - 1:
-            kv.seq_rm(slot)
-            return 0
-        return reuse
+    def _admit_by_cells(self) -> None:
+        """kv_unified: the queue's head joins while a slot is free and its cells fit (admission.py)."""
+        while True:
+            with self._cond:
+                if not self._waiting or not self._slots.free:
+                    self._cells.blocked = False
+                    return
+                request = self._waiting[0]
+                seq = self._preempted.get(request)
+                feed = request.prompt if seq is None else seq.feed
+                generated = len(seq.generated) if seq else 0
+                left = tokens_left(request.params, self.n_ctx_per_seq, len(request.prompt), generated)
+                choice = self._slots.choose(feed)
+                if not self._cells.fits(self._active, feed, choice, left, resumed=seq is not None):
+                    return
+                self._waiting.popleft()
+            self._admit(request, choice)
+
+    def _plan(self, drafts: dict) -> Step:
+        """The next step; kv_unified: within the cells, the youngest sequences preempted until it fits."""
+        if self._cells is None:
+            return plan_step(self._active, self.step_tokens, drafts)
+        while (step := self._cells.plan(self._active, self.step_tokens, drafts)) is None and len(self._active) > 1:
+            self._preempt(self._active[-1])
+            drafts = {s: d for s, d in drafts.items() if s in self._active}
+        if step is None:  # alone, it fits the whole cache (its limit): nothing cached stays in its way
+            self._cells.evict(self._cells.n_cells)
+            step = plan_step(self._active, self.step_tokens, drafts)
+        return step
+
+    def _preempt(self, seq: Sequence) -> None:
+        """`seq` gives its KV back and waits at the queue's front to be recomputed (admission.py)."""
+        self._active.remove(seq)
+        self._kv.seq_rm(seq.slot)
+        self._slots.release(seq.slot, keep=False)
+        seq.detach()
+        with self._cond:
+            self._preempted[seq.request] = seq
+            self._waiting.appendleft(seq.request)
+            self._counters.preempted += 1
+        log.debug("preempted request %d: %d tokens to evaluate again", seq.request.id, len(seq.feed))
 
     def _step(self, step: Step, t0: float, draft_s: float = 0.0) -> None:
         for chunk in step.chunks:
             chunk.seq.t_scheduled = chunk.seq.t_scheduled or t0
         first = fill(self._batch, step)
         self._deliver()  # the last thing before llama_decode, which releases the GIL to the woken consumers
-        t_decode = time.perf_counter()
+        t_decode, rc = time.perf_counter(), None
         try:
             rc = self.llm.decode_batch(self._batch, decode=step.decode_only)
             error = None if rc == 0 else f"llama_decode returned {rc} ({DECODE_STATUS.get(rc, 'fatal error')})"
         except Exception as e:  # weights could not be streamed (the decode's results are void)
             error = f"{type(e).__name__}: {e}"
+        if rc == 1 and self._cells is not None and len(self._active) > 1:  # no cells after all: make room, again
+            self._preempt(self._active[-1])
+            return
         if error is not None:
             with self._cond:
                 self._counters.failed_steps += 1
@@ -365,26 +396,22 @@ class Engine:
         decode_s = time.perf_counter() - t_decode
         if self._spec is not None and step.decode_only:
             self._spec.record_step(step.n_tokens, decode_s, draft_s)
-        picks = self._greedy_picks(step, first)
+        picks = greedy_picks(self._ctx, self.n_vocab, step, first)
         generated, spec = 0, SpecCounters()
         seq_draft_s = draft_s / max(sum(not c.prompt for c in step.chunks), 1)  # drafting time, per sequence
         for chunk, start in zip(step.chunks, first):
             seq = chunk.seq
             if chunk.draft or (self._spec and not chunk.prompt):
-                generated += self._verify(chunk, start, picks, spec, decode_s, seq_draft_s)
+                out = self._spec.verify(chunk, start, picks, self._slots, spec, decode_s, seq_draft_s)
+                generated += self._emit(seq, out, start)
                 continue
             index = start + len(chunk.tokens) - 1
             seq.n_past += len(chunk.tokens)
-            self._slots.kv[seq.slot].extend(chunk.tokens)
+            self._slots.extend(seq.slot, chunk.tokens)
             seq.next_token = None
             if chunk.sample:
                 token = picks.get(index, -1) if picks else -1
-                token = token if token >= 0 else seq.sampler.sample(self._ctx, index)
-                top_n = seq.request.params.logprobs
-                seq.on_token(token, None if top_n is None else token_logprob(self._ctx, index, token, top_n))
-                generated += 1
-                if seq.finish_reason is not None:
-                    self._finish(seq, seq.finish_reason)
+                generated += self._emit(seq, [token if token >= 0 else seq.sampler.sample(self._ctx, index)], index)
         with self._cond:
             self._counters.step(time.perf_counter() - t0, step.prompt_tokens, generated)
             if spec.passes:
@@ -393,56 +420,26 @@ class Engine:
                 s.drafted, s.accepted = s.drafted + spec.drafted, s.accepted + spec.accepted
                 s.draft_seconds += draft_s
 
-    def _verify(self, chunk, start: int, picks: dict[int, int], spec: SpecCounters, decode_s: float,
-                draft_s: float) -> int:
-        """A decoding sequence's next token and draft, decoded at `start`: keep what verify.keep_accepted keeps
-        (the tokens before the last emitted one stay in the KV cache), remove the rest's KV cells, emit the
-        tokens until one ends the sequence. Returns the tokens sampled."""
-        seq, ctx = chunk.seq, self._ctx
-
-        def sample(i: int) -> int:
-            token = picks.get(start + i, -1)
-            return token if token >= 0 else seq.sampler.sample(ctx, start + i)
-
-        out = keep_accepted(self._kv, seq.slot, seq.n_past, chunk.draft, sample, self._is_eog)
-        self._slots.kv[seq.slot].extend(chunk.tokens[:len(out)])
-        seq.n_past += len(out)
-        seq.next_token = None
-        self._spec.record(seq, len(chunk.draft), len(out) - 1, decode_s, draft_s)
-        if chunk.draft:
-            spec.passes, spec.drafted, spec.accepted = spec.passes + 1, spec.drafted + len(chunk.draft), \
-                spec.accepted + len(out) - 1
+    def _emit(self, seq: Sequence, tokens: list[int], start: int) -> int:
+        """Hand `seq` its sampled tokens (the first's logits at batch index `start`) until one ends it."""
         top_n = seq.request.params.logprobs
-        for i, token in enumerate(out):
-            seq.on_token(token, None if top_n is None else token_logprob(ctx, start + i, token, top_n))
+        for i, token in enumerate(tokens):
+            seq.on_token(token, None if top_n is None else token_logprob(self._ctx, start + i, token, top_n))
             if seq.finish_reason is not None:
                 self._finish(seq, seq.finish_reason)
                 break
-        return len(out)
-
-    def _greedy_picks(self, step: Step, first: list[int]) -> dict[int, int]:
-        """The tokens of the step's plain greedy sequences, by batch index, from one argmax over the
-        logits matrix (sampler.greedy_rows); the other sequences sample with their llama.cpp chain."""
-        rows, indices, n_out = [], [], 0
-        for chunk, start in zip(step.chunks, first):
-            for k in chunk.outputs:
-                if chunk.seq.sampler.greedy:
-                    rows.append(n_out)
-                    indices.append(start + k)
-                n_out += 1
-        if not rows:
-            return {}
-        return dict(zip(indices, greedy_rows(self._ctx, self.n_vocab, n_out, rows)))
+        return len(tokens)
 
     def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
         """End `seq`: a completed one ("stop", "length") leaves its KV cached in the slot, others free it."""
-        self._active.remove(seq)
-        keep = reason in ("stop", "length")
-        if not keep:
-            self._kv.seq_rm(seq.slot)
-        self._slots.release(seq.slot, keep)
-        if not self._slots.cache and keep:
-            self._kv.seq_rm(seq.slot)
+        if seq.slot is not None:  # else preempted, waiting: it holds neither slot nor KV
+            self._active.remove(seq)
+            keep = reason in ("stop", "length")
+            if not keep:
+                self._kv.seq_rm(seq.slot)
+            self._slots.release(seq.slot, keep)
+            if not self._slots.cache and keep:
+                self._kv.seq_rm(seq.slot)
         seq.sampler.close()
         result, last = seq.result(reason, error)
         self._count_finish(reason)

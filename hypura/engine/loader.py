@@ -18,7 +18,7 @@ EMBEDDING_SEQS = 1
 
 
 def engine_llama_kwargs(parallel: int, n_ctx_per_seq: int, speculative: bool = False, **kwargs) -> dict:
-    """hypura.Llama keywords (hypura.loaded.LoadAsk.of's) for `parallel` sequences of `n_ctx_per_seq` tokens each,
+    """hypura.Llama keywords (hypura.plan.ask.Ask.of's) for `parallel` sequences of `n_ctx_per_seq` tokens each,
     and one spare sequence id for embeddings (engine/embed.py): the decision makes them one unified KV cache of parallel x n_ctx_per_seq
     cells (sequences copy a shared prefix's cells instead of recomputing it), plans for steps of `parallel`
     tokens, and chooses the threads for them (hypura.plan.load_params). Flash attention is llama.cpp's default
@@ -46,13 +46,13 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
     """Load `model_path` (hypura.loaded.load: llama-cpp-python's keywords plus Hypura's: plan, gpu_mem, ram, ...)
     for `parallel` sequences of `n_ctx_per_seq` tokens, and start an Engine on it. Returns (the LoadedModel,
     engine); close the engine, then the model."""
-    from hypura.loaded import LoadAsk, load as load_model
+    from hypura.loaded import Ask, load as load_model
 
     config = dataclasses.replace(config, parallel=parallel) if config else EngineConfig(parallel=parallel)
     if config.speculative is not None:  # a draft model loads after the model, in the room its decision kept
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)
-    llm = load_model(model_path, LoadAsk.of(**engine_llama_kwargs(parallel, n_ctx_per_seq,
-                                                                  config.speculative is not None, **llama_kwargs)))
+    llm = load_model(model_path, Ask.of(**engine_llama_kwargs(parallel, n_ctx_per_seq,
+                                                              config.speculative is not None, **llama_kwargs)))
     try:
         # auto: the draft the decision found, n-gram drafting where the plan makes it pay, or none
         config = dataclasses.replace(config, speculative=resolve(config.speculative, llm))

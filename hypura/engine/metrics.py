@@ -4,6 +4,7 @@ a step's time runs from building its batch to the last sampled token's event).""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -51,6 +52,8 @@ class Counters:
     prefill: Phase = field(default_factory=Phase)
     decode: Phase = field(default_factory=Phase)
     failed_steps: int = 0  # llama_decode failed or weights could not be streamed
+    preempted: int = 0  # sequences that gave their KV back for others, to be recomputed (admission.py)
+    recomputed_tokens: int = 0  # tokens such sequences evaluated again
     spec: Optional[SpecCounters] = None  # with speculative decoding on
 
     def step(self, seconds: float, prompt_tokens: int, generated: int) -> None:
@@ -68,6 +71,14 @@ class Counters:
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "generated_tokens": self.generated_tokens,
             "steps": self.prefill.steps + self.decode.steps, "failed_steps": self.failed_steps,
+            "preempted": self.preempted, "recomputed_tokens": self.recomputed_tokens,
             "prefill": self.prefill.as_dict(), "decode": self.decode.as_dict(),
             "prefill_tok_s": self.prefill.as_dict()["tok_s"], "decode_tok_s": self.decode.as_dict()["tok_s"],
         }
+
+
+def places(waiting, resumed) -> list[dict]:
+    """Each waiting request's place in the queue (0: next), in a list: /metrics labels it by request id."""
+    now = time.perf_counter()
+    return [{"id": r.id, "position": i, "waited_s": now - r.submitted, "resumed": r in resumed}
+            for i, r in enumerate(waiting)]

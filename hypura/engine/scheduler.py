@@ -50,20 +50,22 @@ class Step:
         return sum(len(c.tokens) for c in self.chunks if c.prompt)
 
 
-def plan_step(sequences: list[Sequence], budget: int, drafts: Optional[dict] = None) -> Step:
+def plan_step(sequences: list[Sequence], budget: int, drafts: Optional[dict] = None,
+              cells: Optional[int] = None) -> Step:
     """`sequences` in admission order; `budget` >= their number plus the drafts' tokens (every decode token
-    fits); `drafts`: a decoding sequence's drafted tokens (speculate.py, already cut to the budget)."""
+    fits); `drafts`: a decoding sequence's drafted tokens (speculate.py, already cut to the budget); `cells`:
+    the KV cells the step may fill (admission.py), which prompt chunks stay within too (None: no bound)."""
     chunks = []
     for s in sequences:
         if s.next_token is not None:
             draft = tuple(drafts.get(s, ())) if drafts else ()
             chunks.append(Chunk(s, [s.next_token, *draft], s.n_past, True, False, draft))
-    left = budget - sum(len(c.tokens) for c in chunks)
+    left = min(budget, budget if cells is None else cells) - sum(len(c.tokens) for c in chunks)
     for s in sequences:
         if left <= 0:
             break
         if s.prefilling:
-            n = min(len(s.prompt) - s.n_past, left)
-            chunks.append(Chunk(s, s.prompt[s.n_past: s.n_past + n], s.n_past, s.n_past + n == len(s.prompt), True))
+            n = min(len(s.feed) - s.n_past, left)
+            chunks.append(Chunk(s, s.feed[s.n_past: s.n_past + n], s.n_past, s.n_past + n == len(s.feed), True))
             left -= n
     return Step(tuple(chunks))

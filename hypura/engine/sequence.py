@@ -1,5 +1,6 @@
 """A request while it holds a slot: its prompt's progress through the KV cache, the tokens it generated,
-its sampler and its text, and the rules that end it. Engine thread only."""
+its sampler and its text, and the rules that end it. A preempted one (admission.py) keeps all but its slot
+and KV, and evaluates its prompt and generated tokens again when it is admitted again. Engine thread only."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class Sequence:
                  n_ctx: int, is_eog, post: Callable[[Request, Event], None]):
         self.request, self.slot, self.sampler, self.text = request, slot, sampler, text
         self.prompt = request.prompt
+        self.feed = request.prompt  # evaluated before its next sample: the prompt (after a preemption, and the reply)
         self.cached = cached  # prompt tokens whose KV came from another sequence (shared prefix)
         self.n_past = cached  # tokens of this sequence in the KV cache
         self.n_ctx = n_ctx
@@ -32,14 +34,21 @@ class Sequence:
 
     @property
     def prefilling(self) -> bool:
-        return self.n_past < len(self.prompt)
+        return self.n_past < len(self.feed)
+
+    def detach(self) -> None:
+        """Preempted: its KV is gone; evaluating its prompt and reply again brings back where it was."""
+        self.slot, self.n_past, self.next_token = None, 0, None
+        self.feed = self.prompt + self.generated
+
+    def attach(self, slot: int, reused: int) -> None:
+        """Admitted again into `slot`, the first `reused` tokens of its feed already in that slot's KV."""
+        self.slot, self.n_past = slot, reused
 
     @property
     def tokens_left(self) -> int:
         """Tokens it may still generate: before max_tokens, and before its context is full (on_token's rules)."""
-        room = self.n_ctx - len(self.prompt) - len(self.generated)
-        p = self.request.params
-        return room if p.max_tokens == -1 else min(room, p.max_tokens - len(self.generated))
+        return tokens_left(self.request.params, self.n_ctx, len(self.prompt), len(self.generated))
 
     def on_token(self, token: int, logprob: Optional[TokenLogprob] = None) -> None:
         """Take a sampled token: emit its text, or end the request (finish_reason set)."""
@@ -73,3 +82,9 @@ class Sequence:
                       queued_s=start - self.request.submitted, prompt_s=prompt_end - start,
                       decode_s=decode_s, error=error,
                       ttft_s=None if self.t_prompt_done is None else self.t_prompt_done - self.request.submitted), last
+
+
+def tokens_left(params, n_ctx: int, n_prompt: int, n_generated: int) -> int:
+    """Tokens a request may still generate: before max_tokens, and before its context is full."""
+    room = n_ctx - n_prompt - n_generated
+    return room if params.max_tokens == -1 else min(room, params.max_tokens - n_generated)

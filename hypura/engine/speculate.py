@@ -24,10 +24,12 @@ from __future__ import annotations
 import time
 import weakref
 
+from hypura.engine.metrics import SpecCounters
 from hypura.engine.sequence import Sequence
 from hypura.speculative.cost import DraftLength, PassTimes
 from hypura.loaded.drafts import draft_model, make_drafter
 from hypura.speculative.settings import SpecSettings
+from hypura.speculative.verify import keep_accepted
 
 
 def share(wants: list[int], room: int) -> list[int]:
@@ -45,6 +47,7 @@ class Speculation:
         """max_tokens: the most tokens the decode part of a step carries (next tokens and drafts); n_seq,
         n_ctx_per_seq: the engine's slots and their length (a draft model keeps a sequence for each)."""
         self.settings, self.max_tokens, self.plan = settings, max_tokens, llm.plan
+        self.llm = llm
         self.drafter, self.model = None, None
         if settings.type == "draft-simple":  # all sequences draft together: a KV sequence each in the draft's cache
             self.model = draft_model(settings.draft_model, llm, n_seq, settings.p_min, n_ctx=n_seq * n_ctx_per_seq,
@@ -101,6 +104,27 @@ class Speculation:
         length = self._lengths.get(seq)
         if length is not None:
             length.record(n_drafted, n_accepted, step_s, draft_s)
+
+    def verify(self, chunk, start: int, picks: dict[int, int], slots, counts: SpecCounters, decode_s: float,
+               draft_s: float) -> list[int]:
+        """A decoding sequence's next token and draft, decoded at batch index `start`: keep what
+        verify.keep_accepted keeps (the tokens before the last emitted one stay in the KV cache, `slots` told),
+        remove the rest's KV cells; the tokens sampled, to emit until one ends the sequence."""
+        seq, ctx = chunk.seq, self.llm.ctx
+
+        def sample(i: int) -> int:
+            token = picks.get(start + i, -1)
+            return token if token >= 0 else seq.sampler.sample(ctx, start + i)
+
+        out = keep_accepted(self.llm.context, seq.slot, seq.n_past, chunk.draft, sample, self.llm.vocab.is_eog)
+        slots.extend(seq.slot, chunk.tokens[:len(out)])
+        seq.n_past += len(out)
+        seq.next_token = None
+        self.record(seq, len(chunk.draft), len(out) - 1, decode_s, draft_s)
+        if chunk.draft:
+            counts.passes, counts.drafted = counts.passes + 1, counts.drafted + len(chunk.draft)
+            counts.accepted += len(out) - 1
+        return out
 
     def close(self) -> None:
         if self.model is not None:

@@ -1,8 +1,8 @@
 """A model Hypura loaded and owns: `load(path, ask) -> LoadedModel`.
 
-- ask.py: LoadAsk, what a load is asked for (llama-cpp-python's keywords and Hypura's).
-- load.py: load(): the model file checked, devices chosen, the one decision (hypura.plan.decision), the Runtime,
-  then llama.cpp's model and context through the Runtime's hooks.
+- load.py: load(): the model file checked, the request (hypura.plan.ask.Ask) filled once, the RPC servers
+  registered, the one decision (hypura.plan.decision: the plan, the devices, the split), the Runtime, then llama.cpp's
+  model and context through the Runtime's hooks.
 - model.py: LoadedModel: the model, its context, vocabulary, runtime and decision; close() (or `with`) frees them.
 - context.py: Context: a context's decodes (through the Runtime), logits and KV cache by sequence: the one place of
   llama.cpp's llama_memory_* calls.
@@ -12,9 +12,9 @@ hypura.Llama (llama-cpp-python's facade) is made from a LoadedModel; the engine,
 take one directly.
 """
 
-from hypura.loaded.ask import LoadAsk
 from hypura.loaded.context import Context
 from hypura.loaded.load import load
 from hypura.loaded.model import LoadedModel
+from hypura.plan.ask import Ask
 
-__all__ = ["Context", "LoadAsk", "LoadedModel", "load"]
+__all__ = ["Ask", "Context", "LoadedModel", "load"]

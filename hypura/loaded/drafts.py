@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from hypura.errors import HypuraError
-from hypura.loaded.ask import LoadAsk
+from hypura.plan.ask import Ask
 from hypura.loaded.load import load
 from hypura.loaded.model import LoadedModel
 from hypura.speculative.cost import DraftLength, PassTimes
@@ -32,7 +32,7 @@ def draft_path(draft_model) -> Optional[str]:
 
 
 def load_beside(path, target, **kwargs) -> LoadedModel:
-    """A draft GGUF resident beside `target` (a LoadedModel or a hypura.Llama), LoadAsk.of's `kwargs` over that:
+    """A draft GGUF resident beside `target` (a LoadedModel or a hypura.Llama), Ask.of's `kwargs` over that:
     where the target's decision reserved its memory (Decision.beside_on_gpu: every layer on the GPU, or the CPU),
     else every layer where llama.cpp's --fit places it in what is free now. Refused (one line) when its vocabulary
     is not the target's."""
@@ -41,7 +41,7 @@ def load_beside(path, target, **kwargs) -> LoadedModel:
     if reserved is not None:
         kwargs.setdefault("fit", False)  # placed as reserved: fitting it again would read the target's memory as taken
     kwargs.setdefault("verbose", False)
-    draft = load(str(path), LoadAsk.of(**kwargs))
+    draft = load(str(path), Ask.of(**kwargs))
     try:
         check_compatible(target.vocab.vocab, draft.vocab.vocab, Path(path).name)
     except Exception:

@@ -16,7 +16,6 @@ from hypura.bindings.ffi import ffi, lib
 from hypura.bindings.llama_params import ModelParams
 from hypura.bindings.vocab import Vocab
 from hypura.loaded.context import Context
-from hypura.runtime.devices import DeviceChoice
 from hypura.runtime.runtime import Runtime, as_model_pointer
 
 
@@ -25,7 +24,7 @@ class LoadedModel:
 
     def __init__(self, path: str, header, keywords: dict, runtime: Runtime, stack: contextlib.ExitStack,
                  model: internals.LlamaModel, context: Context, model_params: ModelParams, keep_alive: tuple,
-                 context_params: llama_cpp.llama_context_params, device_choice: DeviceChoice):
+                 context_params: llama_cpp.llama_context_params, decision):
         self.path, self.header = path, header
         self.keywords = keywords  # llama_cpp.Llama's keywords as loaded (n_ctx, n_batch, threads: as decided)
         self.runtime = runtime
@@ -36,8 +35,7 @@ class LoadedModel:
         self._model_params, self._keep_alive = model_params, keep_alive  # structs and arrays llama.cpp points into
         self.model_params = model_params.params
         self.context_params = context_params
-        self.device_choice = device_choice
-        self.decision = None  # set by load(): hypura.plan.decision.Decision
+        self.decision = decision  # hypura.plan.decision.Decision: the plan, the devices, the split
         self.draft_found = None  # the draft the decision kept beside (a Path), asked for as "auto"
         self.placement: dict = {}  # tensor name -> Placement, as the hooks placed it
         self.lora_adapter = None
@@ -51,7 +49,7 @@ class LoadedModel:
     @property
     def fit_decision(self):
         """The decision where the default path or the budgets chose (it has a line), else None."""
-        return self.decision if self.decision.line else None
+        return self.decision if self.decision.line and self.decision.shares is None else None
 
     @property
     def n_threads(self) -> int:

@@ -4,7 +4,7 @@
     plan = plan_model("model.gguf", machine_profile(), gpu_mem="8GiB", ram="32GiB")
     plan.placement("blk.3.ffn_up.weight").tier      # what the loader hook asks
 
-    ask.py           Ask: what the user asked of a load
+    ask.py           Ask: the one load request every front end makes and decide() reads (DeviceAsk: its devices)
     decision.py      decide(): the one decision every front end applies before llama.cpp loads a model
     auto.py          the default path: placement and context from the free memory, as llama.cpp's --fit
     beside.py        a model kept resident beside the planned one (a draft): its room, on the GPU or in RAM
@@ -21,6 +21,7 @@
     experts.py       the expert-cache alternative for an MoE plan
     microbatch.py    a prompt's micro-batch (n_ubatch) as large as pays
     shares.py        a model's layers split over several devices (GPUs, RPC servers) and the host
+    split.py         when the decision splits a model over several devices, over what, within which budgets
     pools.py         how non-resident tensors move: whole through a pool's slots, or expert by expert
     plan.py          Plan: every tensor's (and expert's) place, frozen and JSON-serialisable
     report.py        plans and profiles as text a person reads
@@ -43,7 +44,7 @@ from hypura.plan.plan import Plan, TensorPlacement, build_plan
 from hypura.plan.search import greedy, optimize
 from hypura.plan.solve import PlanSettings
 from hypura.plan.steps import turn_seconds
-from hypura.profile.model import MachineProfile
+from hypura.profile.machine import MachineProfile
 from hypura.units import ModelUnits, model_units
 
 SOLVERS = {"optimizer": optimize, "greedy": greedy}

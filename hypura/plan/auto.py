@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hypura.errors import HypuraError
 from hypura.plan import knobs
-from hypura.plan.budget import fmt_size, parse_size
+from hypura.plan.budget import fmt_size
 from hypura.plan.cost import DISK, GPU, RAM
 from hypura.plan.plan import Plan
 from hypura.profile.free import FreeMemory
@@ -60,19 +60,6 @@ class Fit:
     def __post_init__(self):
         if self.gpu_margin < 0 or self.ram_margin < 0 or self.min_ctx < 1:
             raise HypuraError("--fit-target must be >= 0 and --fit-ctx >= 1")
-
-
-def check_budgets(gpu_mem, ram, free: FreeMemory) -> None:
-    """A budget larger than the machine has is a mistake, not a plan: one line with both figures."""
-    if ram is not None and parse_size(ram) > free.ram_total:
-        raise HypuraError(f"--ram {ram} is more than this machine has: {fmt_size(free.ram_total)} of RAM"
-                          f" ({fmt_size(free.ram)} available now)")
-    if gpu_mem is not None and parse_size(gpu_mem) > 0:
-        if free.gpu_total is None:
-            raise HypuraError(f"--gpu-mem {gpu_mem} given, but this llama.cpp build sees no GPU")
-        if parse_size(gpu_mem) > free.gpu_total:
-            raise HypuraError(f"--gpu-mem {gpu_mem} is more than the GPU has: {fmt_size(free.gpu_total)}"
-                              f" ({fmt_size(free.gpu or 0)} free now)")
 
 
 class _Model:
@@ -316,5 +303,5 @@ def resident_need(header, n_ctx: int, n_ubatch: int, on_gpu: bool, unified: bool
     return m.resident_need(n_ctx or m.contexts(MIN_CTX)[-1], on_gpu, unified)
 
 
-__all__ = ["CTX_DECODE_TOLERANCE", "Caps", "Fit", "MIN_CTX", "check_budgets", "contexts_for", "default_path",
+__all__ = ["CTX_DECODE_TOLERANCE", "Caps", "Fit", "MIN_CTX", "contexts_for", "default_path",
            "fits_free", "free_caps", "grow_context", "plan_unset_context", "resident_need", "summary"]

@@ -1,4 +1,5 @@
-"""Budgets and rates for a plan: from a machine profile, minus safety margins, with user overrides."""
+"""Budgets and rates for a plan: from a machine profile, minus safety margins, with user overrides. The one
+place the budgets asked for (gpu_mem, ram: "8GiB") are parsed and checked."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.cost import Rates
-from hypura.profile.model import MachineProfile
+from hypura.profile.machine import MachineProfile
 from hypura.sizes import fmt_size, parse_size  # noqa: F401  (re-exported: budgets are sizes)
 
 @dataclass(frozen=True)
@@ -36,6 +37,33 @@ def budgets_for(profile: MachineProfile, gpu_mem: str | int | None = None, ram: 
         g = max(0, gpu.mem_free - knobs.GPU_MARGIN) if gpu else 0
     r = parse_size(ram) if ram is not None else max(0, profile.host.ram_available - knobs.RAM_MARGIN)
     return Budgets(gpu=g, ram=r, unified=bool(gpu and gpu.unified), disk=disk)
+
+
+def check_budgets(gpu_mem, ram, free) -> None:
+    """A budget larger than the machine has (`free`: hypura.profile.free.FreeMemory) is a mistake, not a plan: one
+    line with both figures."""
+    if ram is not None and parse_size(ram) > free.ram_total:
+        raise HypuraError(f"--ram {ram} is more than this machine has: {fmt_size(free.ram_total)} of RAM"
+                          f" ({fmt_size(free.ram)} available now)")
+    if gpu_mem is not None and parse_size(gpu_mem) > 0:
+        if free.gpu_total is None:
+            raise HypuraError(f"--gpu-mem {gpu_mem} given, but this llama.cpp build sees no GPU")
+        if parse_size(gpu_mem) > free.gpu_total:
+            raise HypuraError(f"--gpu-mem {gpu_mem} is more than the GPU has: {fmt_size(free.gpu_total)}"
+                              f" ({fmt_size(free.gpu or 0)} free now)")
+
+
+def host_ram(ram: str | int | None, free_ram: int) -> int:
+    """The host's RAM budget of a split over devices: as given, else what is free (free_ram) less the margin."""
+    return parse_size(ram) if ram is not None else max(0, free_ram - knobs.RAM_MARGIN)
+
+
+def per_gpu(gpu_mem: str | int | None, n_gpus: int) -> list[int] | None:
+    """A budget for each of `n_gpus` GPUs (the split over devices): "SIZE,SIZE,..." one each, one size each GPU's."""
+    if gpu_mem is None:
+        return None
+    sizes = [parse_size(m) for m in str(gpu_mem).split(",")]
+    return sizes * n_gpus if len(sizes) == 1 else sizes
 
 
 @dataclass(frozen=True)

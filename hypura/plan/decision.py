@@ -12,11 +12,13 @@ context parameters and the thread counts, from one pure function of the plan, th
       a placement policy, an expert cache)
     nothing, --fit on                       the default path (plan/auto.py): llama.cpp's placement where the
                                             model fits the free memory, else a plan within it
+    RPC servers or a split over devices     the layers split over them and the host (split.py), loaded as
+      (every layer offered, nothing placed)   llama.cpp's layer split; other device asks: llama.cpp's placement
 
 Nothing is measured or read here but a plan file named in the ask: hypura.Llama and `hypura inspect` measure
 the free memory, read the profile and the model's recorded routing, and pass them in (the free memory and
 the profile as values, or as functions called only where the decision needs them: a model that fits never
-measures a profile).
+measures a profile; the RPC devices are measured only where a split is planned).
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from hypura.errors import HypuraError
 from hypura.plan import knobs, plan_model
 from hypura.plan.ask import Ask, Planner
-from hypura.plan.auto import check_budgets, default_path, free_caps, plan_unset_context, summary
+from hypura.plan.auto import default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
-from hypura.plan.budget import budgets_for, fmt_size
+from hypura.plan.budget import budgets_for, check_budgets, fmt_size
 from hypura.plan.load_params import Host, LoadParams, load_params
 from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan
+from hypura.plan.shares import DeviceShares
 from hypura.plan.solve import PlanSettings
+from hypura.plan.split import Devices, describe, plan_split, splits
 from hypura.tiers.names import GPU, RAM
 from hypura.profile.free import FreeMemory
-from hypura.profile.model import MachineProfile
+from hypura.profile.machine import MachineProfile
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,27 @@ class Decision:
     free: Optional[FreeMemory] = None  # the free memory the decision was made within, where it was needed
     fits: bool = False  # the default path found llama.cpp's placement fits (the plan, if any: Ask.always_plan's)
     beside_on_gpu: Optional[bool] = None  # where Ask.beside was reserved (None: nowhere; it places itself)
+    devices: Optional[tuple[str, ...]] = None  # llama_model_params.devices (None: llama.cpp's default list)
+    shares: Optional[DeviceShares] = None  # the split over several devices, where one was planned (split.py)
+
+    def split_fields(self) -> dict:
+        """llama-cpp-python's keywords the split sets (none without one)."""
+        if self.shares is None:
+            return {}
+        return {"n_gpu_layers": self.shares.n_gpu_layers, "tensor_split": list(self.shares.tensor_split()) or None,
+                "n_ctx": self.shares.n_ctx}
 
 
 Source = Union[FreeMemory, MachineProfile, Callable[[], object], None]
 
 
 def decide(header, ask: Ask, free: Source, profile: Source,
-           routing: Union[Routing, Callable[[], Routing]] = Routing(), host: Optional[Host] = None) -> Decision:
+           routing: Union[Routing, Callable[[], Routing]] = Routing(), host: Optional[Host] = None,
+           devices: Union[Devices, Callable[[], Devices]] = Devices()) -> Decision:
     """The decision for `header` (module docstring). free: FreeMemory (None: another machine's plan, budgets
     not checked, no default path); profile: the MachineProfile to plan with; routing: the recorded routing to
-    plan with; host: the machine the load's parameters are for (None: this one; without `free`, the profile's). The plan's cost model optimises
+    plan with; host: the machine the load's parameters are for (None: this one; without `free`, the profile's);
+    devices: the RPC devices and GPUs a split is planned over (split.py). The plan's cost model optimises
     steps of ask.parallel tokens (the sequences decoded together)."""
     free_now, machine, recorded = _once(free), _once(profile), _once(routing)
     parallel = ask.parallel
@@ -75,7 +90,14 @@ def decide(header, ask: Ask, free: Source, profile: Source,
     def applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
         here = host or (Host.here() if free is not None else Host.profiled(machine()))
         return Decision(plan, n_ctx, load_params(plan, n_ctx, ask, here), line,
-                        beside_on_gpu=beside_on_gpu)
+                        beside_on_gpu=beside_on_gpu, devices=ask.devices.names)
+
+    if ask.devices.given:  # several devices: llama.cpp's placement over them, the split where one is planned
+        if splits(ask):
+            shares = plan_split(header, ask, _once(devices)(), machine(), free_now().ram if free is not None else None)
+            return dataclasses.replace(applied(None, shares.n_ctx, f"hypura: devices: {describe(shares)}"),
+                                       devices=shares.device_names() or ("none",), shares=shares)
+        ask = dataclasses.replace(ask, placement=True)
 
     budgets = ask.gpu_mem is not None or ask.ram is not None
 
@@ -119,7 +141,7 @@ def decide(header, ask: Ask, free: Source, profile: Source,
         line = f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}"
         return applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
     llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
-    if ask.placement or ask.expert_cache or llama_places or not ask.fit.enabled or free is None:
+    if ask.placement or ask.expert_cache is not None or llama_places or not ask.fit.enabled or free is None:
         return applied(None, ask.n_ctx)
     mem = free_now()
     on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None

@@ -112,7 +112,7 @@ def load_params(plan: Optional[Plan], n_ctx: int, ask: Ask, host: Host) -> LoadP
         needed.update(dict.fromkeys(fields, why))
 
     paged = plan is not None and any(paged_by_expert(t) for t in plan.tensors)
-    cache = ask.expert_cache or bool(plan is not None and plan.expert_slots)
+    cache = ask.expert_cache is not None or bool(plan is not None and plan.expert_slots)
     if plan is not None:
         _plan_needs(plan, paged, cache, host, need)
         if not plan.traffic.op_offload and "op_offload" not in context and "op_offload" not in out:

@@ -12,7 +12,7 @@ from hypura.plan.cost import CPU, DISK, GPU, RAM
 from hypura.plan import knobs
 from hypura.plan.plan import TIERS, Plan
 from hypura.plan.steps import turn_seconds
-from hypura.profile.model import MachineProfile
+from hypura.profile.machine import MachineProfile
 
 _LETTER = {GPU: "G", RAM: "R", DISK: "D"}
 

@@ -55,7 +55,7 @@ class DeviceTier:
 
 
 @dataclass(frozen=True)
-class Host:
+class HostTier:
     """The local process: RAM for the first layers, the CPU computing them, the disk for what fits nowhere."""
 
     ram: int
@@ -132,7 +132,7 @@ def _layer_rows(mu: ModelUnits, n_ctx: int) -> tuple[list[int], list[float], lis
     return held, read, kv
 
 
-def plan_shares(mu: ModelUnits, devices: Sequence[DeviceTier], host: Host, *, n_ctx: int,
+def plan_shares(mu: ModelUnits, devices: Sequence[DeviceTier], host: HostTier, *, n_ctx: int,
                 n_ubatch: int = knobs.N_UBATCH, model: str = "") -> DeviceShares:
     """The fastest split of the model over `devices` (in chain order) and the host; HypuraError when the model
     fits nowhere (disk off and devices + RAM too small)."""

@@ -1,6 +1,6 @@
 """Machine profile: what `hypura profile` measures (host, GPUs, storage, CPU compute) and caches.
 
-    model.py         MachineProfile: frozen dataclasses with a JSON form, each section saying how it was measured
+    machine.py       MachineProfile: frozen dataclasses with a JSON form, each section saying how it was measured
     store.py         where profiles live: the user cache keyed by the hardware, examples/, a quick unmeasured one
     measure.py       the measurement: host, accelerators, storage, CPU compute
     host.py          CPU, RAM and the memory copy rate
@@ -16,7 +16,7 @@
     examples/        profiles of known machines, for planning for them elsewhere (`--profile NAME`)
 """
 
-from hypura.profile.model import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
+from hypura.profile.machine import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
 from hypura.profile.store import example_names, load_cached, machine_profile, quick_profile, resolve_profile
 
 __all__ = ["CpuCompute", "DiskInfo", "GpuInfo", "HostInfo", "MachineProfile", "example_names", "load_cached",

@@ -29,7 +29,7 @@ from pathlib import Path
 from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader, read_header
 from hypura.profile import apart, knobs
-from hypura.profile.model import CpuCompute
+from hypura.profile.machine import CpuCompute
 from hypura.profile.model_slice import slices
 
 

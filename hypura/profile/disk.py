@@ -25,7 +25,7 @@ import numpy as np
 
 from hypura.errors import HypuraError
 from hypura.profile import knobs
-from hypura.profile.model import DiskInfo
+from hypura.profile.machine import DiskInfo
 from hypura.tiers.direct_io import O_DIRECT, aligned_buffer, no_cache
 
 

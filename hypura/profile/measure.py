@@ -18,7 +18,7 @@ from hypura.profile.disk import measure_disk, measure_file
 from hypura.profile import host
 from hypura.profile.host import cores, cpu_name
 from hypura.modelfile import read_header
-from hypura.profile.model import CpuCompute, GpuInfo, HostInfo, MachineProfile
+from hypura.profile.machine import CpuCompute, GpuInfo, HostInfo, MachineProfile
 from hypura.profile.store import (cache_dir, cache_path, gpu_devices, hardware_facts, load_cached, load_model_cpu,
                                   model_mix, profile_key, save_model_cpu)
 

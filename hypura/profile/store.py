@@ -27,7 +27,7 @@ from hypura.cachefile import read_cache, write_atomic
 from hypura.jsonfile import parse_json
 from hypura.profile import knobs
 from hypura.profile.host import cores, cpu_name, host_facts
-from hypura.profile.model import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
+from hypura.profile.machine import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
 PROFILE_ENV = "HYPURA_PROFILE"

@@ -4,7 +4,7 @@ Common pieces here; dense layer streaming in `dense/`, MoE mechanisms in `moe/`.
 
     runtime.py        Runtime: the composition root of one model, owning every lifetime
     params.py         the decision's llama.cpp fields over the caller's, with one precedence
-    devices.py        the ggml devices a model loads onto: --rpc, --device, -sm, -ts, -mg, or Hypura's split
+    device_list.py    the ggml devices list a load hands llama.cpp: RPC servers registered and measured, --device
     placement.py      loader hooks across the cffi boundary: place() and fill() for each tensor
     plan_policy.py    a Plan as a placement policy
     overrides.py      `-ot PATTERN=BUFFER_TYPE` as a placement policy

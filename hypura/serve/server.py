@@ -48,9 +48,12 @@ def start_engine(path: Path, settings: ServeSettings):
     from hypura.plan.auto import summary
 
     config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache,
-                          speculative=settings.speculative)
+                          speculative=settings.speculative, kv_unified=settings.kv_unified)
     llm, engine = load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
                        gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
+    if settings.kv_unified:
+        log.info("%s: %d sequences share a KV cache of %d cells (--kv-unified): each holds up to %d tokens",
+                 path.name, settings.parallel, llm.context.n_ctx(), engine.n_ctx_per_seq)
     if llm.plan is not None and llm.fit_decision is None:  # a plan from the budgets said nothing yet: what it chose
         log.info("%s: plan: %s", path.name, summary(llm.plan))
     return llm, engine

@@ -38,6 +38,8 @@ class ServeSettings:
     # reuse the KV of a shared prefix (a chat's earlier turns) instead of evaluating it again; off, a reply
     # depends on its prompt alone (a reused prefix's KV was computed in other batches: near ties can flip)
     prefix_cache: bool = True
+    # the sequences present share the KV cache's cells (-kvu, EngineConfig.kv_unified); off: n_ctx each
+    kv_unified: bool = False
     # a 128k-token conversation is about 0.5 MB of JSON; nothing larger (no images) is accepted
     max_body_bytes: int = 8 << 20
     # seconds a request's headers, then its body, may take to arrive (a slow or stalled client is dropped)

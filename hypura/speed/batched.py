@@ -47,7 +47,7 @@ class BatchBenchSettings:
         return self.n_prompt + self.n_gen + 1  # the prompt, the first token, then ntg decoded ones
 
     def llama_kwargs(self, **kwargs) -> dict:
-        """hypura.loaded.LoadAsk.of keywords for the largest batch: every prompt fits one step, micro-batches of 512
+        """hypura.loaded.Ask.of keywords for the largest batch: every prompt fits one step, micro-batches of 512
         tokens (llama-batched-bench's -ub default)."""
         top = max(self.parallel)
         kwargs.setdefault("n_ubatch", 512)

@@ -65,7 +65,7 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     """Load, measure, close; the result (single.py's or batched.py's, with what the run was)."""
     import llama_cpp
 
-    from hypura.loaded import LoadAsk, load
+    from hypura.loaded import Ask, load
     from hypura.profile.measure import planning_profile
     from hypura.profile.store import resolve_profile
     from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
@@ -103,10 +103,10 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     if batched is not None:
         say(f"{max(batched.parallel)} sequences of {batched.n_ctx_per_seq} tokens at most")
         # a plan from budgets is made for the largest size (docs/engine.md)
-        llm = load(a.model, LoadAsk.of(**batched.llama_kwargs(**common)))
+        llm = load(a.model, Ask.of(**batched.llama_kwargs(**common)))
     else:
         # no plan or budgets: the default path, as hypura-cli's (a plan if the model does not fit the free memory)
-        llm = load(a.model, LoadAsk.of(n_ctx=a.ctx_size or (single.n_ctx if a.plan_file else 0),
+        llm = load(a.model, Ask.of(n_ctx=a.ctx_size or (single.n_ctx if a.plan_file else 0),
                                        n_batch=max(max(a.n_prompt), 32), n_ubatch=512, verbose=False,
                                        fit=Fit(min_ctx=max(a.fit_ctx, single.n_ctx), say=say),
                                        parallel=a.spec.tree if a.spec is not None and a.spec.tree else 1, **common))
@@ -135,7 +135,7 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
     result.update(model=str(a.model), machine={"host": platform.node(), "python": sys.version.split()[0]},
                   budgets={"gpu_mem": a.gpu_mem, "ram": a.ram}, flash_attn=a.flash_attn,
                   expert_cache=dataclasses.asdict(cache) if cache else None)
-    shares = llm.device_choice.shares
+    shares = llm.decision.shares
     if shares is not None:  # the split over the RPC servers: its own bound (hypura.plan.shares)
         say(f"split    {shares.flags()}: predicted {shares.tok_s:.2f} tok/s decode (limit: {shares.limit})")
         result["split"] = {"devices": list(shares.device_names()), "layers": [n for n in shares.layers if n],

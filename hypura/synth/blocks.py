@@ -1,5 +1,8 @@
 """Random but valid weight bytes, fast: a pool of random quant blocks per ggml type, written
 out as slices that start at random block offsets, so generating bytes never limits the write.
+Each slice is made its own (its integer fields XORed with a random pattern, float weights scaled): two
+slices of one pool would otherwise repeat whole rows, and a repeated output row ties two tokens' logits
+exactly, which front ends break differently (llama-cpp-python took the lower id, llama-completion the other).
 
 A block's integer fields (quants, 6-bit sub-block scales) are random bytes: every bit pattern
 is valid. Its fp16 scales are set to small finite values chosen so the dequantized weights
@@ -82,20 +85,43 @@ def _mxfp4_blocks(n_blocks: int, rng: np.random.Generator, std: float) -> np.nda
     return blocks.reshape(-1)
 
 
+def _free_bytes(qtype: Q, block_bytes: int) -> np.ndarray:
+    """A block's bytes whose every bit pattern is valid (0xFF), its fp16 scales and MXFP4's exponent (0x00)."""
+    mask = np.full(block_bytes, 0xFF, np.uint8)
+    if qtype == Q.MXFP4:
+        mask[0] = 0
+    elif qtype in SCALES:
+        sc = SCALES[qtype]
+        for at in (sc.d_at, sc.m_at):
+            if at >= 0:
+                mask[at:at + 2] = 0
+    return mask
+
+
 class BlockPool:
-    """2n random blocks of one type; a write takes up to n of them from a random start."""
+    """2n random blocks of one type; a write takes up to n of them from a random start, made its own."""
 
     def __init__(self, qtype: Q, rng: np.random.Generator, pool_bytes: int = POOL_BYTES, std: float = TARGET_STD):
+        self.qtype = qtype
         self.block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
         self.n_blocks = max(1, pool_bytes // self.block_bytes)
-        self.data = memoryview(random_blocks(qtype, 2 * self.n_blocks, rng, std))
+        self.data = random_blocks(qtype, 2 * self.n_blocks, rng, std)
+        self.free = None if qtype in (Q.F16, Q.F32) else _free_bytes(qtype, self.block_bytes)
 
-    def chunks(self, nbytes: int, rng: np.random.Generator) -> Iterator[memoryview]:
-        """Slices totalling `nbytes` (a whole number of blocks), each at most the pool size."""
+    def chunks(self, nbytes: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        """Fresh arrays totalling `nbytes` (a whole number of blocks), each at most the pool size."""
         assert nbytes % self.block_bytes == 0, (nbytes, self.block_bytes)
         left = nbytes // self.block_bytes
         while left:
             n = min(left, self.n_blocks)
             start = int(rng.integers(0, self.n_blocks)) * self.block_bytes
-            yield self.data[start:start + n * self.block_bytes]
+            yield self._own(self.data[start:start + n * self.block_bytes], rng)
             left -= n
+
+    def _own(self, blocks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if self.free is None:  # floats: scaled, so no row repeats another's (XOR could make NaNs)
+            dtype = np.float16 if self.qtype == Q.F16 else np.float32
+            return (blocks.view(dtype) * dtype(rng.uniform(0.9, 1.1))).astype(dtype).view(np.uint8)
+        # XOR keeps a uniformly random field uniform: the weights' distribution is unchanged
+        pattern = np.frombuffer(rng.bytes(self.block_bytes), np.uint8) & self.free
+        return (blocks.reshape(-1, self.block_bytes) ^ pattern).reshape(-1)

@@ -11,7 +11,7 @@ import os
 import sys
 
 from hypura.cli.completion.common_params import KV_CACHE_TYPES, Settings
-from hypura.loaded import LoadAsk, LoadedModel, load
+from hypura.loaded import Ask, LoadedModel, load
 from hypura.plan.auto import Fit
 
 import llama_cpp  # after hypura: it must load our library
@@ -53,7 +53,7 @@ def load_model(s: Settings, model_path: str, say=None) -> LoadedModel:
     if s.speculative is not None:  # a verification pass reads a row for each token it carries
         context_overrides["n_outputs_max"] = max(s.speculative.pass_rows, context_overrides["n_seq_max"])
     with _quiet_python_stderr():  # llama-cpp-python's own prints stay quiet; llama.cpp logs still flow
-        return load(model_path, LoadAsk.of(
+        return load(model_path, Ask.of(
             param_overrides={"model_params": model_overrides, "context_params": context_overrides},
             n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, seed=s.sampling.seed,
@@ -68,7 +68,7 @@ def load_model(s: Settings, model_path: str, say=None) -> LoadedModel:
 
 
 def _device_kwargs(s: Settings) -> dict:
-    """--rpc, -dev, -sm, -ts, -mg, --rpc-mem, --split as hypura.loaded.LoadAsk.of keywords; none given: none passed (the one-GPU
+    """--rpc, -dev, -sm, -ts, -mg, --rpc-mem, --split as hypura.loaded.Ask.of keywords; none given: none passed (the one-GPU
     path, unchanged)."""
     d = s.devices
     out = {"rpc_servers": d.rpc, "devices": d.devices, "rpc_mem": d.rpc_mem, "split": d.split or None,

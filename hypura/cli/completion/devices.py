@@ -74,7 +74,7 @@ def device_settings(kw: dict) -> DeviceSettings:
         names = tuple(n for n in device.split(",") if n)
         if not names:
             raise value_error("--device", "no devices specified")
-        out["devices"] = names  # names are looked up once the RPC servers are registered (hypura.runtime.devices)
+        out["devices"] = names  # names are looked up once the RPC servers are registered (hypura.runtime.device_list)
     if mode is not None:
         if mode not in _SPLIT_MODES:
             raise value_error("--split-mode", "invalid value")

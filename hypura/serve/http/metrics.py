@@ -5,7 +5,8 @@ stats: bytes per tier, stall, expert hit rates) is a nested dict; every number i
 sample, named by its path (`hypura_engine_<key>_<key>...`) and labelled with the model, so a new
 engine counter shows up here without a change. The server adds its HTTP request counts and each
 request's figures (`hypura_request_...`: queue wait, time to first token, prompt and decode rates as
-summaries, reused tokens: request_log.py).
+summaries, reused tokens: request_log.py), and each waiting request's place in its model's queue, labelled
+with the request's id (`hypura_engine_queue_position`).
 """
 
 from __future__ import annotations
@@ -71,4 +72,16 @@ def render(engine_metrics: dict[str, dict], http: HttpCounts, ready: bool, reque
         kind = "counter" if name.endswith("_total") else "gauge"
         lines += [f"# HELP {name} engine.metrics() of each model", f"# TYPE {name} {kind}"]
         lines += [name + v for v in values]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + list(_queue(engine_metrics))) + "\n"
+
+
+def _queue(engine_metrics: dict[str, dict]) -> Iterator[str]:
+    """Each waiting request's place in its model's queue (0: next) and how long it has waited."""
+    waiting = [(model, r) for model, tree in engine_metrics.items() for r in tree.get("queue") or ()]
+    if not waiting:
+        return
+    for name, key, what in (("hypura_engine_queue_position", "position", "place in the queue, 0: next"),
+                            ("hypura_engine_queue_waited_seconds", "waited_s", "seconds waited so far")):
+        yield from (f"# HELP {name} a waiting request's {what}", f"# TYPE {name} gauge")
+        yield from (f'{name}{{model="{_label(model)}",request="{r["id"]}"}} {_number(float(r[key]))}'
+                    for model, r in waiting)
