@@ -241,8 +241,9 @@ def test_planned_within_what_a_busy_model_leaves(store, loads, monkeypatch, capl
 
 
 def test_a_model_whose_file_changed_is_loaded_again(store, loads, caplog):
-    """A loaded model's file replaced (a new inode): its next request loads it again and the old copy is closed; a
-    file that no longer loads answers 500 naming it while the other model is served; restored, it loads again."""
+    """A loaded model's file deleted: the loaded copy serves on. Replaced (a new inode): its next request loads it
+    again and the old copy is closed; a file that no longer loads answers 500 naming it while the other model is
+    served; restored, it loads again."""
     smol = resolve_model("smol").path
     good = smol.read_bytes()
 
@@ -255,6 +256,8 @@ def test_a_model_whose_file_changed_is_loaded_again(store, loads, caplog):
     try:
         with _ready(server) as c, caplog.at_level("INFO", logger="hypura.serve"):
             assert _generate(c, "smol").status_code == 200
+            smol.unlink()
+            assert _generate(c, "smol").status_code == 200 and loads.started.count(smol) == 1
             replace(good)
             assert _generate(c, "smol").status_code == 200
             assert loads.started.count(smol) == 2 and loads.engines[smol.name][0].closed

@@ -62,7 +62,10 @@ class ModelEntry:
         return self.info.name
 
     def file_changed(self) -> bool:
-        return self.file_id is not None and file_identity(self.path) != self.file_id
+        """Another file at its path than the one loaded. A file deleted is not: the loaded copy serves on (its
+        mapping and descriptors hold the old file) until another file lands there."""
+        now = file_identity(self.path)
+        return self.file_id is not None and now is not None and now != self.file_id
 
     def options(self, given: dict) -> dict:
         """A request's options over the model's defaults, as Ollama applies its params layer."""
