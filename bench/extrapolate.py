@@ -2,6 +2,7 @@
 (docs/large-moe.md).
 
     python3 -m bench.extrapolate budgets FULL.gguf SUBSET.gguf [--profile NAME] [--gpu-mem SIZE] --ram SIZE [-c N]
+    python3 -m bench.extrapolate measure MODEL.gguf [--gpu-mem SIZE] [--ram SIZE] [-n 48] [-r 3] [-t 1] --json RUN.json
     python3 -m bench.extrapolate predict RUN.json ... --full FULL.gguf [--measured RUN.json ...] [--json OUT]
 
 budgets: the --gpu-mem and --ram that give SUBSET (the first blocks of FULL, `hypura synth --layers`; FULL may be
@@ -10,7 +11,12 @@ left out hold in that tier in FULL's plan (their average block's weights and KV 
 shares of the repeated blocks' bytes and of the routed-expert reads per tier, so a subset that plans otherwise
 shows.
 
-predict: `hypura bench --json` runs of two or more subsets. A decode token's seconds are a fixed part (embeddings,
+measure: decode one token at a time and time each, as `hypura bench` runs a model (the same plan from the same
+budgets), keeping every token's seconds: on a machine shared with other work a run's mean takes in every spell the
+process waited for a core, and the median token does not. Its JSON reads as `hypura bench --json`'s where predict
+needs it (decode_tok_s per repeat, the decode's stall).
+
+predict: `hypura bench --json` (or measure) runs of two or more subsets. A decode token's seconds are a fixed part (embeddings,
 output head, the leading dense blocks, per-token overhead: in every subset alike) plus a cost per byte a token
 reads from the repeated blocks: t = F + c x, x the bytes of each block's dense tensors plus k/E of its experts (the
 quantizer gives some blocks more bits, so blocks differ: Q4_K_M's ffn_down is Q6_K in the first eighth and every
@@ -24,6 +30,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from hypura.modelfile import read_header
@@ -98,15 +105,22 @@ def pooled(paths: list[str]) -> list[tuple[float, dict]]:
     """(block_reads, decode tok/s median/min/max) per model, over every run of it in `paths` (rounds of bench
     runs interleaved across the subsets: a busy spell of a shared machine then slows each depth alike)."""
     runs: dict[str, list[float]] = {}
+    split: dict[str, list[tuple[float, float]]] = {}  # (seconds a token less the stall, stall) of each file's runs
     for path in paths:
         data = json.loads(Path(path).read_text())
         runs.setdefault(data["model"], []).extend(data["decode_tok_s"]["runs"])
+        decode = data["stats"]["decode"]
+        if decode["tokens"]:
+            stall = decode["stall_ms_per_token"] / 1e3
+            split.setdefault(data["model"], []).append((decode["seconds"] / decode["tokens"] - stall, stall))
     out = []
     for model, tok_s in runs.items():
         header = read_header(model)
+        parts = split.get(model, [(0.0, 0.0)])
         out.append((block_reads(header), {"model": model, "blocks": header.n_layer - dense_lead(header),
                                           "median": statistics.median(tok_s), "min": min(tok_s), "max": max(tok_s),
-                                          "runs": len(tok_s)}))
+                                          "runs": len(tok_s), "busy_s": statistics.median(p[0] for p in parts),
+                                          "stall_s": statistics.median(p[1] for p in parts)}))
     return sorted(out, key=lambda r: r[0])
 
 
@@ -116,10 +130,15 @@ def predict(args) -> dict:
     x_full = block_reads(full)
     fixed, per_byte = fit([(x, 1 / tok["median"]) for x, tok in runs])
     out = {"subsets": [{"blocks": tok["blocks"], "block_read_bytes": x, "decode_tok_s": tok["median"],
-                        "min": tok["min"], "max": tok["max"], "runs": tok["runs"], "model": tok["model"]}
+                        "min": tok["min"], "max": tok["max"], "runs": tok["runs"], "busy_s": tok["busy_s"],
+                        "stall_s": tok["stall_s"], "model": tok["model"]}
                        for x, tok in runs],
            "fixed_s": fixed, "s_per_block_gb": per_byte * 1e9, "full_blocks": full.n_layer - dense_lead(full),
            "full_block_read_bytes": x_full, "predicted_tok_s": 1 / (fixed + per_byte * x_full)}
+    # the stall (compute waiting for disk reads) apart: its share need not scale with depth where a RAM cache of disk
+    # experts grows into the RAM budget's slack, the same bytes whatever the subset (docs/large-moe.md)
+    f, c = fit([(x, tok["busy_s"]) for x, tok in runs])
+    out["busy_fixed_s"], out["busy_s_per_block_gb"], out["predicted_busy_s"] = f, c * 1e9, f + c * x_full
     # the spread: the same fit through every subset's slowest and fastest run
     for key, pick in (("predicted_min_tok_s", "min"), ("predicted_max_tok_s", "max")):
         f, c = fit([(x, 1 / tok[pick]) for x, tok in runs])
@@ -129,6 +148,39 @@ def predict(args) -> dict:
         out["measured"] = measured
         out["error"] = out["predicted_tok_s"] / measured["median"] - 1
     return out
+
+
+def measure(args) -> dict:
+    import random
+
+    import hypura
+
+    llm = hypura.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads, verbose=False,
+                       **({"gpu_mem": args.gpu_mem} if args.gpu_mem else {}), **({"ram": args.ram} if args.ram else {}))
+    try:
+        rng = random.Random(0)
+        prompt = [rng.randrange(100, 1000) for _ in range(8)]  # as hypura bench's: random ids, no tokenizer needed
+        llm.eval(prompt)  # warm-up: pages in, paths chosen
+        llm.stats(reset=True)
+        medians, token_s = [], []
+        for _ in range(args.repetitions):
+            llm.reset()
+            llm.eval(prompt)
+            times = []
+            for _ in range(args.n_gen):
+                t0 = time.perf_counter()
+                llm.eval([rng.randrange(100, 1000)])
+                times.append(time.perf_counter() - t0)
+            medians.append(1 / statistics.median(times))
+            token_s += times
+        stats = llm.stats()
+    finally:
+        llm.close()
+    # stats' decode phase holds the prompts' tokens too (8-token batches are prefill): its stall is the decode's
+    return {"model": args.model, "decode_tok_s": {"median": statistics.median(medians), "min": min(medians),
+                                                  "max": max(medians), "runs": medians},
+            "token_s": token_s, "stats": {"decode": stats["decode"], **{k: stats[k] for k in ("expert_paging",)
+                                                                        if k in stats}}}
 
 
 def main(argv=None) -> None:
@@ -141,18 +193,25 @@ def main(argv=None) -> None:
     b.add_argument("--gpu-mem")
     b.add_argument("--ram", required=True)
     b.add_argument("-c", "--ctx-size", type=int, default=4096)
+    m = sub.add_parser("measure", help="decode tok/s of a model from the median token of each repeat")
+    m.add_argument("model")
+    m.add_argument("--gpu-mem")
+    m.add_argument("--ram")
+    m.add_argument("-c", "--ctx-size", type=int, default=512)
+    m.add_argument("-n", "--n-gen", type=int, default=48)
+    m.add_argument("-r", "--repetitions", type=int, default=3)
+    m.add_argument("-t", "--threads", type=int, default=1)
     p = sub.add_parser("predict", help="full-depth decode from subset runs")
     p.add_argument("runs", nargs="+", help="hypura bench --json of two or more subsets")
     p.add_argument("--full", required=True, help="the full model (a --sparse header is enough)")
     p.add_argument("--measured", nargs="+", help="hypura bench --json runs of the full model, where it runs: the error")
-    for q in (b, p):
+    for q in (b, m, p):
         q.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
-    out = budgets(args) if args.cmd == "budgets" else predict(args)
-    text = json.dumps(out, indent=1)
+    out = {"budgets": budgets, "measure": measure, "predict": predict}[args.cmd](args)
     if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "token_s"}, indent=1))  # every token's: in the file
 
 
 if __name__ == "__main__":
