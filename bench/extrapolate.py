@@ -101,17 +101,20 @@ def block_reads(header) -> float:
     return sum(u.nbytes * u.p for u in model_units(header).units if u.layer >= first)
 
 
-def pooled(paths: list[str]) -> list[tuple[float, dict]]:
+def pooled(paths: list[str], cpu_clock: bool = False) -> list[tuple[float, dict]]:
     """(block_reads, decode tok/s median/min/max) per model, over every run of it in `paths` (rounds of bench
     runs interleaved across the subsets: a busy spell of a shared machine then slows each depth alike)."""
     runs: dict[str, list[float]] = {}
     split: dict[str, list[tuple[float, float]]] = {}  # (seconds a token less the stall, stall) of each file's runs
     for path in paths:
         data = json.loads(Path(path).read_text())
-        runs.setdefault(data["model"], []).extend(data["decode_tok_s"]["runs"])
         decode = data["stats"]["decode"]
+        stall = decode["stall_ms_per_token"] / 1e3 if decode["tokens"] else 0.0
+        if cpu_clock:  # the compute thread's CPU seconds a token, plus the wait for reads
+            runs.setdefault(data["model"], []).extend(1 / (c + stall) for c in data["decode_cpu_s"])
+        else:
+            runs.setdefault(data["model"], []).extend(data["decode_tok_s"]["runs"])
         if decode["tokens"]:
-            stall = decode["stall_ms_per_token"] / 1e3
             split.setdefault(data["model"], []).append((decode["seconds"] / decode["tokens"] - stall, stall))
     out = []
     for model, tok_s in runs.items():
@@ -125,7 +128,7 @@ def pooled(paths: list[str]) -> list[tuple[float, dict]]:
 
 
 def predict(args) -> dict:
-    runs = pooled(args.runs)
+    runs = pooled(args.runs, args.clock == "cpu")
     full = read_header(args.full)
     x_full = block_reads(full)
     fixed, per_byte = fit([(x, 1 / tok["median"]) for x, tok in runs])
@@ -144,7 +147,7 @@ def predict(args) -> dict:
         f, c = fit([(x, 1 / tok[pick]) for x, tok in runs])
         out[key] = 1 / (f + c * x_full)
     if args.measured:
-        (_, measured), = pooled(args.measured)
+        (_, measured), = pooled(args.measured, args.clock == "cpu")
         out["measured"] = measured
         out["error"] = out["predicted_tok_s"] / measured["median"] - 1
     return out
@@ -162,16 +165,18 @@ def measure(args) -> dict:
         prompt = [rng.randrange(100, 1000) for _ in range(8)]  # as hypura bench's: random ids, no tokenizer needed
         llm.eval(prompt)  # warm-up: pages in, paths chosen
         llm.stats(reset=True)
-        medians, token_s = [], []
+        medians, cpu_medians, token_s = [], [], []
         for _ in range(args.repetitions):
             llm.reset()
             llm.eval(prompt)
-            times = []
+            times, cpu = [], []
             for _ in range(args.n_gen):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 llm.eval([rng.randrange(100, 1000)])
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
             medians.append(1 / statistics.median(times))
+            cpu_medians.append(statistics.median(cpu))
             token_s += times
         stats = llm.stats()
     finally:
@@ -179,6 +184,9 @@ def measure(args) -> dict:
     # stats' decode phase holds the prompts' tokens too (8-token batches are prefill): its stall is the decode's
     return {"model": args.model, "decode_tok_s": {"median": statistics.median(medians), "min": min(medians),
                                                   "max": max(medians), "runs": medians},
+            # -t 1: llama.cpp computes on this thread, so its CPU time is the token's work without the spells it
+            # waited for a core (reads a pager waits for are not in it: the decode's stall, below, is)
+            "decode_cpu_s": cpu_medians,
             "token_s": token_s, "stats": {"decode": stats["decode"], **{k: stats[k] for k in ("expert_paging",)
                                                                         if k in stats}}}
 
@@ -205,6 +213,9 @@ def main(argv=None) -> None:
     p.add_argument("runs", nargs="+", help="hypura bench --json of two or more subsets")
     p.add_argument("--full", required=True, help="the full model (a --sparse header is enough)")
     p.add_argument("--measured", nargs="+", help="hypura bench --json runs of the full model, where it runs: the error")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: measure's runs by the compute thread's CPU seconds a token plus the stall (a shared "
+                        "machine's busy spells left out)")
     for q in (b, m, p):
         q.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
