@@ -465,7 +465,7 @@ bigmoe)  # the largest MoE shapes by layer subsets (docs/large-moe.md): for each
                     sg=$(python3 -c "import json; print(json.load(open('$b'))['subset']['gpu_mem'] >> 20)")
                     sr=$(python3 -c "import json; print(json.load(open('$b'))['subset']['ram'] >> 20)")
                     drop_cache
-                    timeout 300 python3 -m hypura.cli.main bench /tmp/$shape-L$n.gguf --gpu-mem ${sg}MiB --ram ${sr}MiB \
+                    timeout 300 python3 -m hypura.cli.main bench /tmp/$shape-L$n.gguf --profile $prof --gpu-mem ${sg}MiB --ram ${sr}MiB \
                         -c 4096 -p 512 -n 32 -r 1 --json "$RES/bigmoe-$shape-$prof-L$n-r$round.json" > /dev/null 2>&1
                 done
             done

@@ -153,3 +153,22 @@ def test_inspect_prints_hit_rates_and_the_bound(large_moe, shape, tmp_path):
     for t in plan.tensors:
         if "_shexp" in t.name or ".ffn_gate_inp" in t.name or ".attn_" in t.name:
             assert t.tier == "gpu", t.name
+
+
+def test_an_expert_cache_plan_assumes_its_hit_rate(models):
+    """With an expert cache the GPU serves its hit rate and RAM the misses; misses load before their experts
+    compute, so the bound adds the GPU's and the link's seconds."""
+    import dataclasses
+
+    from hypura.plan import plan_model
+    from hypura.plan.expected import expected
+    from hypura.profile import resolve_profile
+    from hypura.units import model_units
+
+    header = read_header(models["mixtral-8x7b"])
+    plan = dataclasses.replace(plan_model(header, resolve_profile("h200-design"), gpu_mem="2GiB"), expert_slots=3,
+                               expert_hit_rate=0.6)
+    e = expected(plan, model_units(header))
+    assert e.expert_hits == {"gpu": 0.6, "ram": pytest.approx(0.4), "disk": 0.0}
+    assert "expert cache of 3 GPU slots" in e.routing and "gpu+link" in e.bound_seconds
+    assert e.bound_tok_s == pytest.approx(1 / max(e.bound_seconds.values()))
