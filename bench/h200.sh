@@ -9,7 +9,7 @@
 # machine skips the build. Results gather in $RES; `pack` archives them as $OUT/results.tgz.
 #   phases: setup | ab | profile | defaults | loads | prefill | smoke | cgroup | batched-l70 | batched-q14 | batched-q3 |
 #           perstep | vanilla-best | passes | ttft | pins | serve-np16 | serve | store | drafts | spec | spec-serve | rpc-gpu |
-#           split-gpus (2+ GPUs) | pack
+#           split-gpus (2+ GPUs) | bigmoe | pack
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 export HYPURA_LLAMA_SRC=$PWD/.anchors/llamacpp-src.tar.xz HYPURA_BACKEND=cuda CUDA_ARCHS=90
@@ -438,6 +438,48 @@ split-gpus)  # several GPUs (an x2/x4 kind): the 70B split over them by Hypura (
         | tee -a "$RES/summary.txt"
     timeout 150 python3 -m hypura.cli.main bench $M70 --split --parallel 1,16,32 -p 128 -n 16 -r 1 --json "$RES/split-gpus-l70-batched.json" \
         2>&1 | tail -8 | tee -a "$RES/summary.txt"
+    ;;
+bigmoe)  # the largest MoE shapes by layer subsets (docs/large-moe.md): for each target machine (a 24 GB GPU with
+    # 64 GiB RAM, an H100 with 128 GiB), each subset's budgets keep the full model's tier shares (bench/extrapolate.py
+    # budgets), runs interleaved in rounds, vanilla's -ncmoe beside; then the full depth extrapolated. SHAPES= to pick
+    # (default qwen3-235b-a22b deepseek-v3); subsets: 2 and 4 MoE blocks (deepseek-v3: after its 3 dense ones)
+    for shape in ${SHAPES:-qwen3-235b-a22b deepseek-v3}; do
+        lead=0; [ $shape = deepseek-v3 ] && lead=3
+        hy synth $shape /tmp/$shape-full.gguf --sparse > /dev/null
+        for n in 2 4; do
+            [ -f /tmp/$shape-L$n.gguf ] || hy synth $shape /tmp/$shape-L$n.gguf --layers $((lead + n)) --tokenizer-from $TOK \
+                --block-out-scale 0.000001 > /dev/null 2>&1
+        done
+        for target in 24gb-gpu-64gb:22GiB:58GiB h100-128gb:76GiB:120GiB; do
+            IFS=: read -r prof gpu ram <<< "$target"
+            hy inspect /tmp/$shape-full.gguf --profile $prof --gpu-mem $gpu --ram $ram -c 4096 \
+                --json "$RES/bigmoe-$shape-$prof-plan.json" | grep -E "^(mode|predict|hits|bound)" \
+                | sed "s/^/$shape on $prof full plan: /" | tee -a "$RES/summary.txt"
+            for n in 2 4; do
+                python3 -m bench.extrapolate budgets /tmp/$shape-full.gguf /tmp/$shape-L$n.gguf --profile $prof \
+                    --gpu-mem $gpu --ram $ram -c 4096 --json "$RES/bigmoe-$shape-$prof-L$n-budgets.json" > /dev/null
+            done
+            for round in 1 2 3; do
+                for n in 2 4; do
+                    b="$RES/bigmoe-$shape-$prof-L$n-budgets.json"
+                    sg=$(python3 -c "import json; print(json.load(open('$b'))['subset']['gpu_mem'] >> 20)")
+                    sr=$(python3 -c "import json; print(json.load(open('$b'))['subset']['ram'] >> 20)")
+                    drop_cache
+                    timeout 300 python3 -m hypura.cli.main bench /tmp/$shape-L$n.gguf --profile $prof --gpu-mem ${sg}MiB --ram ${sr}MiB \
+                        -c 4096 -p 512 -n 32 -r 1 --json "$RES/bigmoe-$shape-$prof-L$n-r$round.json" > /dev/null 2>&1
+                done
+            done
+            python3 -m bench.extrapolate predict "$RES"/bigmoe-$shape-$prof-L*-r*.json --full /tmp/$shape-full.gguf \
+                --json "$RES/bigmoe-$shape-$prof-predict.json" | grep -E '"(predicted|fixed)' | paste -sd' ' \
+                | sed "s/^/$shape on $prof extrapolated: /" | tee -a "$RES/summary.txt"
+        done
+        for n in 2 4; do  # vanilla's placement that fits any of them: every block's experts in RAM (mmap)
+            timeout 300 "$(libdir)/llama-bench" -m /tmp/$shape-L$n.gguf -ngl 99 -ncmoe $((lead + n)) -p 512 -n 32 -r 3 -o json \
+                > "$RES/bigmoe-vanilla-$shape-L$n.json" 2> /dev/null
+            note "$shape L$n vanilla -ncmoe all pp512 tg32: $(tps "$RES/bigmoe-vanilla-$shape-L$n.json")"
+        done
+        rm -f /tmp/$shape-L*.gguf
+    done
     ;;
 pack)
     cp /tmp/synth*.log "$RES/" 2> /dev/null

@@ -44,6 +44,9 @@ class ModelDims:
     n_expert: int
     n_expert_used: int
     n_ff_exp: int
+    # multi-head latent attention (deepseek2 with {arch}.attention.key_length_mla/value_length_mla): llama.cpp caches
+    # one latent per token, K only (kv_lora_rank + rope dims, as key_length), and reads V from it (llama-kv-cache.cpp)
+    mla: bool = False
 
     @classmethod
     def from_header(cls, h: ModelHeader) -> ModelDims:
@@ -63,11 +66,12 @@ class ModelDims:
             n_expert=int(h.get("expert_count", 0) or 0),
             n_expert_used=int(h.get("expert_used_count", 0) or 0),
             n_ff_exp=int(h.get("expert_feed_forward_length", 0) or n_ff),
+            mla=bool(h.get("attention.key_length_mla", 0) and h.get("attention.value_length_mla", 0)),
         )
 
     def kv_bytes_per_layer(self, n_ctx: int, bytes_per_element: float = KV_BYTES_PER_ELEMENT) -> int:
-        """K and V of one layer for n_ctx cells (standard multi-head/GQA attention)."""
-        return int(n_ctx * self.n_head_kv * (self.head_k + self.head_v) * bytes_per_element)
+        """K and V of one layer for n_ctx cells (multi-head/GQA attention; MLA: the latent K alone)."""
+        return int(n_ctx * self.n_head_kv * (self.head_k + (0 if self.mla else self.head_v)) * bytes_per_element)
 
     def compute_buffer_bytes(self, n_ubatch: int, floor: int = COMPUTE_FLOOR, n_outputs: int = 0) -> int:
         """llama.cpp's compute buffer on the computing device: micro-batch activations and the logits of its

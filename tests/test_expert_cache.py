@@ -72,6 +72,25 @@ def test_prefetch_precision_and_recall():
     assert stats.prefetched == 2 and stats.prefetch_used == 1
     assert stats.precision == 0.5 and stats.recall == pytest.approx(1 / 4)  # 1 of 4 accesses came from a prefetch
     assert stats.hits["gpu"] == 1
+    assert stats.prefetch_late == stats.prefetch_wasted == 0  # 3 is still cached: not wasted yet
+
+
+def test_prefetches_used_late_and_wasted():
+    """A used prefetch counts once, late where compute waited for its load; one evicted unused is wasted."""
+    cache, stats = ExpertSlots(1, 5, "lru"), TierStats()
+    assert len(cache.prefetch([0, 1, 2], stats)) == 3
+    cache.ready()
+    cache.access([[0, 1, 5, 6]], stats, "gpu", late=True)  # the loads of 0 and 1 were still in flight
+    cache.ready()
+    assert (stats.prefetch_used, stats.prefetch_late, stats.prefetch_wasted) == (2, 2, 0)
+    cache.access([[0, 1, 5, 6]], stats, "gpu", late=True)  # used already: counted once
+    cache.access([[7, 0, 1, 5]], stats, "gpu")  # 7 takes the slot of 2, prefetched and never used
+    cache.ready()
+    assert (stats.prefetch_used, stats.prefetch_late, stats.prefetch_wasted) == (2, 2, 1)
+    assert cache.prefetch([8], stats) == [(8, cache.slot_of[8])]  # evicts 6, which a demand load brought
+    assert stats.prefetch_wasted == 1
+    assert stats.prefetch_dict() == {"issued": 4, "used": 2, "late": 2, "wasted": 1, "precision": 0.5,
+                                     "recall": pytest.approx(2 / 12)}
 
 
 def test_predictor_learns_and_persists(tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
 """Expert caches on the CPU (slots in host memory): the same protocol as on the GPU (router hook,
 slot ids, loads, prefetch), checked for bitwise logits, exact hit counts and persisted statistics."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -8,9 +10,13 @@ import hypura
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.runtime.moe.coactivation import CoactivationPredictor, model_key
-from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, slots_for_budget
+from hypura.runtime.mechanism import TierStats
+from hypura.runtime.moe.expert_cache import ExpertSlots
+from hypura.runtime.moe.expert_streaming import ExpertCacheSettings, ExpertStreamer, slots_for_budget
+from hypura.runtime.stats import describe
 from routing_trace import RoutingTrace
 
+_NO_PHASE = {"tokens": 0}
 K, LAYERS = 4, (0, 1)  # tiny-qwen3moe: top-4 of 16 experts, 2 MoE layers
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 3
 
@@ -77,7 +83,13 @@ def test_coactivation_counts_persist_and_warm_start(tiny_qwen3moe, reference):
     n_tokens = len(reference[1].selections(0))
     assert saved.sum() == n_tokens * K * K  # layer 0 -> 1: every token's k x k pairs
     _, _, ex = _decode(tiny_qwen3moe, expert_cache=6)  # warm: predictions from the first run
-    assert ex["prefetch"]["issued"] > 0 and ex["prefetch"]["precision"] > 0
+    pf = ex["prefetch"]
+    assert pf["issued"] > 0 and pf["precision"] > 0 and pf["precision"] == pf["used"] / pf["issued"]
+    # loads are copies on the hook's thread without a GPU: never in flight when a layer needs them
+    assert pf["late"] == 0 and pf["used"] + pf["wasted"] <= pf["issued"] and pf["wasted"] > 0
+    line = next(s for s in describe({"prefill": _NO_PHASE, "decode": _NO_PHASE, "experts": ex})
+                if s.startswith("experts:"))
+    assert f"prefetch {pf['issued']} issued: {pf['used']} used (0 late), {pf['wasted']} wasted" in line
     assert CoactivationPredictor.load(key, len(LAYERS), 16).counts.sum() == 2 * saved.sum()
     CoactivationPredictor.reset(key)
     assert not CoactivationPredictor.path_for(key).exists()
@@ -93,3 +105,26 @@ def test_bad_settings_are_clear_errors(tiny_qwen3moe, tiny_llama):
     with pytest.raises(HypuraError, match="no stacked experts"):
         slots_for_budget(read_header(tiny_llama), 1 << 30)
     assert slots_for_budget(read_header(tiny_qwen3moe), 1 << 40) > 1000
+
+
+class _Ticket:
+    """A load the loader thread finishes when waited for: as a copy still in flight is."""
+
+    def __init__(self, done: bool):
+        self.done = threading.Event()
+        if done:
+            self.done.set()
+
+    def wait(self):
+        self.done.set()
+
+
+def test_a_layer_that_waits_for_its_prefetches_counts_them_late():
+    streamer = ExpertStreamer.__new__(ExpertStreamer)  # its accounting only: no model, no C cache
+    streamer.stats = TierStats()
+    layer = ExpertSlots(1, 4, "lru")
+    layer.ticket = None
+    assert not streamer._wait(layer)  # nothing in flight
+    for done in (True, False):
+        layer.ticket = _Ticket(done)
+        assert streamer._wait(layer) is not done and layer.ticket is None

@@ -119,3 +119,56 @@ def test_default_profile_without_measurement(models, monkeypatch, tmp_path):
     r = run(models["mixtral-8x7b"])
     assert r.exit_code == 0, r.output
     assert "no measured profile of this machine" in r.output
+
+
+@pytest.fixture(scope="module")
+def large_moe(tmp_path_factory):
+    """Layer subsets of the largest MoE shapes, header only: deepseek-v3's keeps its 3 dense blocks and 2 MoE ones."""
+    folder = tmp_path_factory.mktemp("large-moe")
+    return {shape: str(writer.write_synth(shape, folder / f"{shape}.gguf", layers=layers, sparse=True).path)
+            for shape, layers in (("qwen3-235b-a22b", 4), ("deepseek-v3", 5), ("gpt-oss-120b", 3))}
+
+
+@pytest.mark.parametrize("shape", ["qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
+def test_inspect_prints_hit_rates_and_the_bound(large_moe, shape, tmp_path):
+    """The three tiers in use: each tier's share of expert reads is its share of the experts (k/E routing), the
+    bound is at least the prediction, and shared experts, routers and attention stay on the GPU."""
+    out = tmp_path / "p.json"
+    r = run(large_moe[shape], "--profile", "24gb-gpu-64gb", "--gpu-mem", "3GiB", "--ram", "4GiB", "-c", "4096",
+            "--json", out, "--tensors")
+    assert r.exit_code == 0, r.output
+    plan, data = Plan.load(out), json.loads(out.read_text())
+    e = data["expected"]
+    assert e["routing"] == "k/E" and abs(sum(e["expert_hits"].values()) - 1) < 1e-9
+    n = sum(plan.expert_cache.values())
+    for tier in ("gpu", "ram", "disk"):
+        assert e["expert_hits"][tier] == pytest.approx(plan.expert_cache[tier] / n)
+    assert e["expert_hits"]["disk"] > 0 and e["expert_hits"]["ram"] > 0
+    assert e["decode_tok_s"] == plan.prediction.decode_tok_s <= e["bound_tok_s"]
+    assert e["bound_limit"] == "disk" and e["bound_seconds"]["disk"] == max(e["bound_seconds"].values())
+    hits = next(line for line in r.output.splitlines() if line.startswith("hits "))
+    assert "(k/E): gpu " in hits and f"disk {e['expert_hits']['disk']:.2f}" in hits
+    bound = next(line for line in r.output.splitlines() if line.startswith("bound "))
+    assert f"decode {e['bound_tok_s']:.3g} tok/s" in bound and "limited by disk" in bound
+    for t in plan.tensors:
+        if "_shexp" in t.name or ".ffn_gate_inp" in t.name or ".attn_" in t.name:
+            assert t.tier == "gpu", t.name
+
+
+def test_an_expert_cache_plan_assumes_its_hit_rate(models):
+    """With an expert cache the GPU serves its hit rate and RAM the misses; misses load before their experts
+    compute, so the bound adds the GPU's and the link's seconds."""
+    import dataclasses
+
+    from hypura.plan import plan_model
+    from hypura.plan.expected import expected
+    from hypura.profile import resolve_profile
+    from hypura.units import model_units
+
+    header = read_header(models["mixtral-8x7b"])
+    plan = dataclasses.replace(plan_model(header, resolve_profile("h200-design"), gpu_mem="2GiB"), expert_slots=3,
+                               expert_hit_rate=0.6)
+    e = expected(plan, model_units(header))
+    assert e.expert_hits == {"gpu": 0.6, "ram": pytest.approx(0.4), "disk": 0.0}
+    assert "expert cache of 3 GPU slots" in e.routing and "gpu+link" in e.bound_seconds
+    assert e.bound_tok_s == pytest.approx(1 / max(e.bound_seconds.values()))

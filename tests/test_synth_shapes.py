@@ -137,3 +137,17 @@ def test_subset_loads_and_generates(name, tmp_path):
     finally:
         llm.close()
         r.path.unlink()
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek2", "tiny-qwen3moe"])
+def test_kv_cache_size_is_llama_cpps(name, tmp_path, capfd):
+    """The planner's KV cache is the one llama.cpp allocates: MLA (deepseek2) caches the latent K alone."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    r = write_synth(name, tmp_path / "m.gguf")
+    llm = llama_cpp.Llama(str(r.path), n_ctx=4096, n_threads=1, verbose=True)
+    llm.close()
+    line = next(s for s in capfd.readouterr().err.splitlines() if s.startswith("llama_kv_cache: size ="))
+    mib = float(line.split("=")[1].split("MiB")[0])
+    dims = model_units(read_header(r.path)).dims
+    assert dims.mla == (name == "tiny-deepseek2")
+    assert abs(dims.kv_bytes_per_layer(4096) * dims.n_layer / 2**20 - mib) < 0.01

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from hypura.cachefile import write_atomic
 from hypura.errors import HypuraError
 from hypura.modelfile import read_header
 from hypura.plan import SOLVERS, Budgets, PlanSettings, RateOverrides, model_units
@@ -17,6 +18,7 @@ from hypura.plan.beside import Beside
 from hypura.plan.budget import fmt_size
 from hypura.plan.decision import Ask, Planner, Routing, decide
 from hypura.plan.microbatch import outputs_needed
+from hypura.plan.expected import expected
 from hypura.plan.report import describe_plan, describe_tensors
 from hypura.profile.free import free_memory
 from hypura.profile.measure import planning_profile
@@ -132,7 +134,8 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
 
     if not profile_spec and load_cached() is None:
         click.echo("note     no measured profile of this machine: rates are defaults (run `hypura profile`)")
-    for line in describe_plan(plan, header, None if no_gpu else profile):
+    assumed = expected(plan, model_units(header, recorded.probs), recorded=recorded.probs is not None)
+    for line in describe_plan(plan, header, None if no_gpu else profile, assumed):
         click.echo(line)
     floor = _ram_floor(plan, header, planner, recorded, parallel)
     if floor is not None:
@@ -144,7 +147,8 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
         for line in describe_tensors(plan):
             click.echo(line)
     if json_out:
-        plan.save(json_out)
+        # the plan (Plan.load reads it) with what its prediction assumes beside it
+        write_atomic(json_out, json.dumps({**plan.to_dict(), "expected": assumed.to_dict()}, indent=1) + "\n")
         click.echo(f"plan written to {json_out}")
     if plot:
         from hypura.cli.plan_plot import plot_plan

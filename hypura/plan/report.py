@@ -10,6 +10,7 @@ from hypura.modelfile import ModelHeader
 from hypura.plan.budget import fmt_size
 from hypura.plan.cost import CPU, DISK, GPU, RAM
 from hypura.plan import knobs
+from hypura.plan.expected import Expected
 from hypura.plan.plan import TIERS, Plan
 from hypura.plan.steps import turn_seconds
 from hypura.profile.machine import MachineProfile
@@ -74,7 +75,8 @@ def layer_map(plan: Plan, per_line: int = 50) -> list[str]:
     return lines
 
 
-def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: MachineProfile | None = None) -> list[str]:
+def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: MachineProfile | None = None,
+                  assumed: Expected | None = None) -> list[str]:
     out = []
     name = Path(plan.model).name
     if header is not None:
@@ -125,6 +127,7 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
         out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; the RAM slots "
                    "above hold the recently read ones")
     out += describe_prediction(plan)
+    out += describe_expected(assumed) if assumed is not None else []
     out += describe_steps(plan)
     out.append("")
     out.append("layers   (G gpu, R ram, D disk; lower case: the block is split across tiers)")
@@ -152,6 +155,19 @@ def describe_prediction(plan: Plan) -> list[str]:
              f"         a chat turn ({knobs.OBJECTIVE_PROMPT_TOKENS} prompt + {knobs.OBJECTIVE_DECODE_TOKENS} "
              f"generated tokens, what plans minimise): {turn_seconds(pr):.1f} s",
              describe_prompts(plan)] + _table(rows))
+
+
+def describe_expected(e: Expected) -> list[str]:
+    """The hit rates the prediction assumes per tier and the bound it stands beside (plan/expected.py)."""
+    out = []
+    if e.expert_hits:
+        shares = ", ".join(f"{tier} {share:.2f}" for tier, share in e.expert_hits.items())
+        out.append(f"hits     a token's routed-expert reads served by each tier, as predicted ({e.routing}): {shares}")
+    rate = f"{e.bound_tok_s:.3g}" if e.bound_tok_s < float("inf") else "unbounded"
+    of = f"; the prediction is {e.decode_tok_s / e.bound_tok_s:.2f} of it" if 0 < e.bound_tok_s < float("inf") else ""
+    out.append(f"bound    decode {rate} tok/s if each path moved only its bytes at the profile's rate, all "
+               f"overlapping (limited by {e.bound_limit}: {e.bound_seconds[e.bound_limit]:.4f} s){of}")
+    return out
 
 
 def describe_prompts(plan: Plan) -> str:

@@ -24,7 +24,9 @@ class TierStats:
     waits: int = 0
     evictions: int = 0
     prefetched: int = 0
-    prefetch_used: int = 0  # accesses served by a unit that a prefetch brought
+    prefetch_used: int = 0  # prefetched units a later access used (each counted once, at its first use)
+    prefetch_late: int = 0  # of those, units whose load compute still had to wait for when it needed them
+    prefetch_wasted: int = 0  # prefetched units evicted before any access used them
 
     def hit_rate(self, tier: str) -> float:
         return self.hits[tier] / self.accesses if self.accesses else 0.0
@@ -36,6 +38,11 @@ class TierStats:
     @property
     def recall(self) -> float:
         return self.prefetch_used / self.accesses if self.accesses else 0.0
+
+    def prefetch_dict(self) -> dict:
+        """Prefetches issued, used (in time or late), wasted; precision and recall (docs/design.md, "Metrics")."""
+        return {"issued": self.prefetched, "used": self.prefetch_used, "late": self.prefetch_late,
+                "wasted": self.prefetch_wasted, "precision": self.precision, "recall": self.recall}
 
     def traffic_dict(self) -> dict:
         return {"bytes": dict(self.bytes), "loads": self.loads, "demand_loads": self.demand_loads,

@@ -163,7 +163,8 @@ def describe(summary: dict) -> list[str]:
         hits = ", ".join(f"{t} {r:.3f}" for t, r in sorted(ex["hit_rate"].items()))
         pf = ex["prefetch"]
         lines.append(f"experts: {ex['slots_per_layer']} slots x {ex['layers']} layers ({ex['policy']}); hit rate {hits}; "
-                     f"prefetch precision {pf['precision']:.2f}, recall {pf['recall']:.2f}; loaded per decode token "
+                     f"prefetch {pf['issued']} issued: {pf['used']} used ({pf['late']} late), {pf['wasted']} wasted, "
+                     f"precision {pf['precision']:.2f}, recall {pf['recall']:.2f}; loaded per decode token "
                      f"{sum(ex['loaded_bytes'].values()) / n / 1e6:.1f} MB; stall {1e3 * ex['stall_s'] / n:.2f} ms, "
                      f"router hooks {1e3 * ex['hook_s'] / n:.2f} ms per token")
     pg = summary.get("expert_paging")

@@ -3,7 +3,7 @@
 A cache holds whole experts of one layer (the unit the runtime loads: one expert's slice of each
 stacked `ffn_*_exps` tensor). An access is one (token, layer, selected expert), counted once per
 access (not per graph node); a miss takes the slot of the policy's victim. Prefetched experts are
-marked until used or evicted, for precision and recall.
+marked until used or evicted: used (late where compute still waited for the load), or wasted.
 
 Policies score resident experts; the lowest score is evicted:
   lru    time of the last access
@@ -90,14 +90,17 @@ class ExpertSlots:
     def evicted(self, expert: int) -> None:
         """`expert` lost its slot, whose bytes are about to be overwritten."""
 
-    def take_slot(self, expert: int, pinned: set) -> Optional[int]:
-        """A slot for `expert` (evicting the policy's victim outside `pinned`), None if none can be had."""
-        before = set(self.cache.resident)
+    def take_slot(self, expert: int, pinned: set, stats: Optional[TierStats] = None) -> Optional[int]:
+        """A slot for `expert` (evicting the policy's victim outside `pinned`), None if none can be had; a victim
+        that a prefetch brought and nothing used counts as a wasted prefetch in `stats`."""
+        before, unused = set(self.cache.resident), set(self.cache.prefetched)
         if not self.cache.insert(expert, pinned):
             return None
         gone = before - set(self.cache.resident)
         if gone:
             victim = gone.pop()
+            if stats is not None and victim in unused:
+                stats.prefetch_wasted += 1
             self.evicted(victim)
             slot = self.slot_of.pop(victim)
         else:
@@ -106,8 +109,9 @@ class ExpertSlots:
         self.unpublished.append((expert, slot))
         return slot
 
-    def account(self, rows: list, stats: TierStats, tier: str) -> Counter:
-        """Count a batch's accesses (one per token and selected expert): hits or loads from RAM."""
+    def account(self, rows: list, stats: TierStats, tier: str, late: bool = False) -> Counter:
+        """Count a batch's accesses (one per token and selected expert): hits or loads from RAM. late: the
+        layer's prefetches were still loading when the batch came (compute waited for them)."""
         uses = Counter(e for row in rows for e in row)
         stats.accesses += sum(map(len, rows))
         for e, count in uses.items():
@@ -116,18 +120,19 @@ class ExpertSlots:
                 if e in self.cache.prefetched:
                     self.cache.prefetched.discard(e)
                     stats.prefetch_used += 1
+                    stats.prefetch_late += late
             else:
                 stats.hits[RAM] += count
         return uses
 
-    def access(self, rows: list, stats: TierStats, tier: str) -> list[tuple[int, int]]:
-        """A batch's selected experts ([n_tokens][k]): counted, the misses given slots (never one this
-        batch needs), all touched; returns the (expert, slot) loads to make now."""
-        uses = self.account(rows, stats, tier)
+    def access(self, rows: list, stats: TierStats, tier: str, late: bool = False) -> list[tuple[int, int]]:
+        """A batch's selected experts ([n_tokens][k]): counted (late: as account's), the misses given slots
+        (never one this batch needs), all touched; returns the (expert, slot) loads to make now."""
+        uses = self.account(rows, stats, tier, late)
         demand = []
         for e in uses:
             if e not in self.slot_of:
-                slot = self.take_slot(e, set(uses))
+                slot = self.take_slot(e, set(uses), stats)
                 if slot is None:
                     raise HypuraError(f"layer {self.layer}: no slot left for expert {e} ({len(uses)} needed at once)")
                 demand.append((e, slot))
@@ -145,7 +150,7 @@ class ExpertSlots:
         for e in guess:
             if e in self.slot_of:
                 continue
-            slot = self.take_slot(e, set(guess))
+            slot = self.take_slot(e, set(guess), stats)
             if slot is None:
                 break
             self.cache.prefetched.add(e)

@@ -101,7 +101,9 @@ class PagingStats(TierStats):
                 "evictions": self.evictions, "resident_peak": self.resident_peak, "served": dict(self.served),
                 # what a layer's reads achieve while decode waits: beside `hypura bench`'s disk probe of the same reads
                 "read_gbps_in_stall": self.waited_bytes / self.stall_s / 1e9 if self.stall_s else 0.0,
-                "prefetch": {"issued": 0, "used": 0, "waits": 0, "precision": 0.0, "recall": 0.0}}
+                # disk experts are read on demand only: no prefetches (the counters' shape is the expert cache's)
+                "prefetch": {"issued": 0, "used": 0, "late": 0, "wasted": 0, "waits": 0, "precision": 0.0,
+                             "recall": 0.0}}
 
 
 @dataclass

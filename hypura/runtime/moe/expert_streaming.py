@@ -17,7 +17,9 @@ Protocol (include/hypura.h "Expert caches" and the router hook; all on the threa
     (row t, column i -> the slot of selected[t, i]); then prefetch for the
     next MoE layer the co-activation predictor's top experts into its slots, not waited for (its
     slots are free to overwrite: nothing reads them before their own hook waited, and the C side
-    sees them only then).
+    sees them only then). A prefetched expert counts as used at its first access, late where that
+    layer's hook still waited for its loads, wasted where evicted unused (counters only: they change
+    nothing that is loaded, nor when).
   Batches of more than max_tokens tokens compute from the stacked experts: nothing to do.
   With a GPU, loads run on Transfers' loader thread (copy stream, one event per layer); without
   one they are copies on this thread. Counters follow docs/design.md (expert_cache.py).
@@ -39,6 +41,9 @@ from hypura.runtime.moe.expert_cache import DEFAULT_POLICY, POLICIES, ExpertSlot
 from hypura.runtime.placement import Tier
 from hypura.runtime.transfers import Piece, Transfers
 
+# a wait longer than this waited for copies still running on the GPU's copy stream: loads already done return at
+# once (a set threading.Event, then the synchronize of an event already reached: microseconds of host calls)
+LATE_WAIT_S = 100e-6
 # host buffer types whose bytes are ggml's plain layout: slices of them copy into slots as they are
 PLAIN_HOST_BUFFERS = ("CPU", "CPU_Mapped", "CUDA_Host")
 EXPERT_NAMES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
@@ -126,9 +131,9 @@ class ExpertStreamer(Mechanism):
         self.drain()
         t0 = time.perf_counter()
         ly = self.layers[layer]
-        self._wait(ly)
+        late = self._wait(ly)  # the prefetches for this layer: used ones count late where compute waited here
         rows = selected.tolist()  # plain ints: this runs once per MoE layer and token
-        demand = ly.access(rows, self.stats, self.tier_name)
+        demand = ly.access(rows, self.stats, self.tier_name, late)
         if demand:
             self._load(ly, demand, "demand")
             self._wait(ly)
@@ -179,19 +184,24 @@ class ExpertStreamer(Mechanism):
             return
         ly.ticket = self.transfers.submit_with(ly.event, "experts", pieces)
 
-    def _wait(self, ly: _Layer) -> None:
-        if ly.ticket is not None:
-            t0 = time.perf_counter()
-            ly.ticket.wait()
-            ly.ticket = None
-            self.stats.stall_s += time.perf_counter() - t0
+    def _wait(self, ly: _Layer) -> bool:
+        """Wait for the layer's loads in flight; True where they were not done yet (compute waited for them)."""
+        if ly.ticket is None:
+            return False
+        pending = not ly.ticket.done.is_set()  # the loader thread has not even issued the copies
+        t0 = time.perf_counter()
+        ly.ticket.wait()
+        ly.ticket = None
+        waited = time.perf_counter() - t0
+        self.stats.stall_s += waited
+        return pending or waited > LATE_WAIT_S
 
     # --- stats --------------------------------------------------------------------------------
     def summary(self) -> dict:
         self.drain()
         st = self.stats
         return {"accesses": st.accesses, "hit_rate": {t: st.hit_rate(t) for t in st.hits},
-                "prefetch": {"issued": st.prefetched, "precision": st.precision, "recall": st.recall},
+                "prefetch": st.prefetch_dict(),
                 "slots_per_layer": self.settings.slots, "layers": len(self.layers), "policy": self.settings.policy,
                 "loaded_bytes": dict(self.loaded_bytes), "stall_s": st.stall_s, "hook_s": self.hook_s}
 
