@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import httpx
+
+from server_process import ServerProcess, free_port, wait_model
 
 PROMPT = "Once upon a time"
 READY_TIMEOUT_S = 300
@@ -48,25 +48,17 @@ def main() -> int:
 
         args.model = str(default_model_path())
     threads = ["-t", str(args.threads)] if args.threads else []
-    port = _free_port()
+    port = free_port()
     command = ["hypura", "serve", "-m", args.model, "--port", str(port), *threads, *serve_flags]
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            runs = _measure(f"http://127.0.0.1:{port}", server, args, threads)
-        except Exception as e:
-            log.seek(0)
-            sys.stderr.write(log.read().decode(errors="replace")[-4000:])
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        log.seek(0)
-        server_log = log.read().decode(errors="replace")
+    server = ServerProcess(command)
+    try:
+        with server:
+            runs = _measure(f"http://127.0.0.1:{port}", server.process, args, threads)
+    except Exception as e:
+        sys.stderr.write(server.log[-4000:])
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    server_log = server.log
     served, cli = runs["served_tok_s"], runs["cli_tok_s"]
     ratios = [s / c for s, c in zip(served, cli)]
     result = {"model": args.model, "tokens": args.tokens, "serve_command": " ".join(command), **runs,
@@ -86,15 +78,9 @@ def _spread(values: list[float], digits: int = 1) -> str:
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _measure(base: str, server: subprocess.Popen, args, threads: list[str]) -> dict:
     with httpx.Client(base_url=base, timeout=READY_TIMEOUT_S) as client:
-        model = _wait_ready(client, server)
+        model = wait_model(client, server, READY_TIMEOUT_S)
         _served(client, model, 8)  # the warm-up: first-use work, the prompt's KV cached as every later run finds it
         served, cli, engine, decode = [], [], [], []
         for _ in range(args.repeats):
@@ -118,20 +104,6 @@ def _decode_counters(client: httpx.Client) -> dict:
         if name in names:
             out[names[name]] = float(value.rsplit(" ", 1)[1])
     return out
-
-
-def _wait_ready(client: httpx.Client, server: subprocess.Popen) -> str:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            if client.get("/health", timeout=2).status_code == 200:
-                return client.get("/v1/models").json()["data"][0]["id"]
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("the server was not ready in time")
 
 
 def _served(client: httpx.Client, model: str, tokens: int) -> float:

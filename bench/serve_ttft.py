@@ -17,13 +17,9 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-try:
-    import httpx
-except ImportError:  # the GPU machine's wheels (bench/device_prep.sh) carry the openai client's httpx2
-    import httpx2 as httpx
+from server_process import ServerProcess, httpx, wait_model
 
 TEXT = " ".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog near river {i % 97}." for i in range(3000))
 READY_TIMEOUT_S = 600  # a 40 GB model read from a cold disk takes minutes
@@ -42,23 +38,15 @@ def main() -> int:
     if not command:
         ap.error("the server command follows --")
     base = f"http://127.0.0.1:{args.port}"
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            result = _measure(base, server, args)
-        except Exception as e:
-            log.seek(0)
-            sys.stderr.write(log.read().decode(errors="replace")[-4000:])
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        log.seek(0)
-        server_log = log.read().decode(errors="replace")
+    server = ServerProcess(command)
+    try:
+        with server:
+            result = _measure(base, server.process, args)
+    except Exception as e:
+        sys.stderr.write(server.log[-4000:])
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    server_log = server.log
     result["command"] = " ".join(command)
     ttft = result["ttft_s"]
     print(f"ttft {args.tokens} tokens: {statistics.median(ttft):.3f} s ({min(ttft):.3f}-{max(ttft):.3f}), "
@@ -74,7 +62,7 @@ def main() -> int:
 def _measure(base: str, server: subprocess.Popen, args) -> dict:
     started = time.perf_counter()
     with httpx.Client(base_url=base, timeout=READY_TIMEOUT_S) as client:
-        model = _wait_ready(client, server)
+        model = wait_model(client, server, READY_TIMEOUT_S)
         ready = time.perf_counter() - started
         _first_chunk(client, model, "Hello", max_tokens=4)  # the warm-up: kernels, graphs, the first-use profile
         ids = _token_ids(args.model)
@@ -93,22 +81,6 @@ def _token_ids(model: str) -> list[int]:
         return vocab.tokenize(TEXT.encode(), add_bos=False)
     finally:
         vocab.close()
-
-
-def _wait_ready(client: httpx.Client, server: subprocess.Popen) -> str:
-    """The served model's name, once /v1/models lists it."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            reply = client.get("/v1/models", timeout=2)
-            if reply.status_code == 200 and reply.json().get("data"):
-                return reply.json()["data"][0]["id"]
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not answer /v1/models in time")
 
 
 def _first_chunk(client: httpx.Client, model: str, prompt, max_tokens: int = 1) -> float:
