@@ -7,7 +7,8 @@ first, until it would, or none is idle; then the planner places it within what i
 rest). "What they leave" is the default path's, in its order (plan/auto.py fits_in_order): the free memory
 less the margins, then, where no unloading makes room within them, the free memory itself, as a direct load
 would hold it (without a GPU; with one, the margins alone). --max-loaded bounds the count first. Free memory
-is measured, with the models loaded here added back for those unloaded; under $HYPURA_FREE_MEMORY (a fixed figure) the models that stay are taken off.
+is measured, with the models loaded here added back for those unloaded; under $HYPURA_FREE_MEMORY (a fixed
+figure) the models that stay are taken off.
 """
 
 from __future__ import annotations
