@@ -27,6 +27,9 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
     "role": {"enum": ["admin", "user", "guest"]}, "email": {"type": "string", "maxLength": 20}}}
 ASK = [{"role": "user", "content": "Describe a person as JSON."}]
+# PERSON's longest reply: every character a 6-byte \uXXXX escape, a space wherever the grammar allows one: 452
+# bytes, so at most 452 tokens (each one is a byte or more). Fewer let a sampled run of emoji end at the limit.
+LONGEST_PERSON = 452
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +48,12 @@ def test_json_schema_samples_validate(oai, server):
     replies = []
     for _ in range(2):
         r = oai.chat.completions.create(model=MODEL, messages=ASK, response_format=response_format, temperature=1.0,
-                                        max_tokens=160, n=6)
+                                        max_tokens=LONGEST_PERSON, n=6)
         replies += [(c.message.content, c.finish_reason) for c in r.choices]
     client = ollama.Client(host=server.url)
     for _ in range(4):
-        r = client.chat(model=MODEL, messages=ASK, format=PERSON, options={"temperature": 1.0, "num_predict": 160})
+        r = client.chat(model=MODEL, messages=ASK, format=PERSON,
+                        options={"temperature": 1.0, "num_predict": LONGEST_PERSON})
         replies.append((r.message.content, r.done_reason))
     assert len(replies) == 16
     for content, reason in replies:

@@ -25,6 +25,9 @@ WEATHER = {"type": "function", "function": {
 TIME = {"type": "function", "function": {"name": "get_time", "description": "The time now.",
                                          "parameters": {"type": "object", "properties": {}}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# the longest forced call of WEATHER or TIME: a city of 24 6-byte \uXXXX escapes, a space wherever the grammar
+# allows one: 250 bytes, so at most 250 tokens. Fewer let a sampled run of emoji end at the limit.
+LONGEST_CALL = 250
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def test_openai_required_and_named_calls(oai):
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         for _ in range(3):
             r = oai.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
-                                            temperature=1.0, max_tokens=80, parallel_tool_calls=False)
+                                            temperature=1.0, max_tokens=LONGEST_CALL, parallel_tool_calls=False)
             choice0 = r.choices[0]
             assert choice0.finish_reason == "tool_calls" and len(choice0.message.tool_calls) == 1
             call = choice0.message.tool_calls[0]
@@ -63,7 +66,7 @@ def test_openai_streamed_call_and_a_tool_message_sent_back(oai):
     chunks = list(oai.chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        max_tokens=80, temperature=0, stream=True))
+        max_tokens=LONGEST_CALL, temperature=0, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     calls = [tc for d in deltas for tc in (d.tool_calls or [])]
     assert calls[0].id and calls[0].function.name == "get_weather" and calls[0].index == 0
