@@ -14,7 +14,7 @@ import pytest
 
 from hypura.engine import EngineConfig, SamplingParams
 from hypura.engine.batch import fill
-from hypura.engine.scheduler import plan_step
+from hypura.engine.step import plan_step
 from hypura.engine.speculate import share
 from hypura.errors import HypuraError
 from hypura.speculative import SpecSettings
