@@ -86,7 +86,8 @@ class Engine:
             while True:
                 if not self._scheduler.active:  # no step follows at once (a step delivers right before its decode)
                     self._outbox.deliver()
-                work = self._inbox.next(bool(self._scheduler.active), None if self._cells else self._scheduler.slots.free)
+                free = None if self._cells else self._scheduler.slots.free  # None: admitted by cells (scheduler.py)
+                work = self._inbox.next(bool(self._scheduler.active), free)
                 if work is None:
                     break
                 cancelled, admit = work

@@ -48,7 +48,7 @@ class Scheduler:
         self.active: list[Sequence] = []  # in admission order: the last is the youngest
 
     def schedule(self, admit: list[Request]) -> Optional[Step]:
-        """The next step after admitting `admit` (and, kv_unified, the queue's head while it fits); None: nothing runs."""
+        """The next step, `admit` admitted first (kv_unified: the queue's head, while it fits); None: nothing runs."""
         for seq in [s for s in self.active if s.request.cancel_requested]:
             self.finish(seq, "cancelled")
         for request in admit:

@@ -3,12 +3,12 @@
 Before a step, every decoding sequence drafts from its own history (prompt and generated tokens, the next
 token last) with hypura.speculative's n-gram drafters, or all of them at once with a draft model (one
 llama_decode a round: hypura.speculative.draft_model, which loader.py loads and hands the engine); its draft
-length comes from its own DraftLength (the acceptance of its drafts, the step times by the tokens it carried). The drafts are cut so that the decode
-part of the step (every next token plus the drafts) fits one micro-batch (n_ubatch, and the step's
-budget): a step over streamed weights that spills into a second micro-batch pays a second weight pass.
-The scheduler puts each draft after its sequence's next token, logits at every position; after the step
-postprocess.py keeps, per sequence, what hypura.speculative.verify.keep_accepted keeps (the chain pass every
-front end ends with) and removes the KV cells of the rest.
+length comes from its own DraftLength (the acceptance of its drafts, the step times by the tokens it carried).
+The drafts are cut so that the decode part of the step (every next token plus the drafts) fits one micro-batch
+(n_ubatch, and the step's budget): a step over streamed weights that spills into a second micro-batch pays a
+second weight pass. The scheduler puts each draft after its sequence's next token, logits at every position;
+after the step postprocess.py keeps, per sequence, what hypura.speculative.verify.keep_accepted keeps (the
+chain pass every front end ends with) and removes the KV cells of the rest.
 
 Speculation steps aside as the batch grows: with several sequences decoding, a step's drafts are kept only where
 the cost model predicts more tokens a second with them: every sequence's next token plus the accepted drafts its
