@@ -86,9 +86,8 @@ class Engine:
             while True:
                 if not self._scheduler.active:  # no step follows at once (a step delivers right before its decode)
                     self._outbox.deliver()
-                free = None if self._cells else self._scheduler.slots.free  # None: admitted by cells (scheduler.py)
-                work = self._inbox.next(bool(self._scheduler.active), free)
-                if work is None:
+                work = self._inbox.next(bool(self._scheduler.active), self._scheduler.free_slots())
+                if work is None:  # closing
                     break
                 cancelled, admit = work
                 for request in cancelled:
@@ -96,7 +95,8 @@ class Engine:
                 with self._step_lock:
                     step = self._scheduler.schedule(admit)
                     if step is not None:
-                        self._postprocessor.postprocess(step, self._runner.run(step))
+                        ran = self._runner.run(step)
+                        self._postprocessor.postprocess(step, ran)
         except BaseException as e:  # a bug: every request learns of it, and submit() refuses new ones
             log.exception("the engine loop failed")
             reason = f"engine failed: {type(e).__name__}: {e}"

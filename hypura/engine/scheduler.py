@@ -47,6 +47,10 @@ class Scheduler:
         self.n_ctx_per_seq, self.step_tokens = n_ctx_per_seq, step_tokens
         self.active: list[Sequence] = []  # in admission order: the last is the youngest
 
+    def free_slots(self) -> Optional[int]:
+        """Slots the loop fills from the queue's head; None with kv_unified, whose queue schedule() serves."""
+        return None if self.cells is not None else self.slots.free
+
     def schedule(self, admit: list[Request]) -> Optional[Step]:
         """The next step, `admit` admitted first (kv_unified: the queue's head, while it fits); None: nothing runs."""
         for seq in [s for s in self.active if s.request.cancel_requested]:
