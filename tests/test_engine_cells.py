@@ -5,7 +5,7 @@ tests/test_engine_kv_unified.py."""
 from hypura.engine.admission import RESERVE_TOKENS, CellAdmission
 from hypura.engine.cells import Cells
 from hypura.engine.prefix_cache import Choice, Slots
-from hypura.engine.scheduler import plan_step
+from hypura.engine.step import plan_step
 from hypura.engine.sizes import seq_limit
 from hypura.serve.http.metrics import HttpCounts, render
 

@@ -104,6 +104,19 @@ def test_an_engine_needs_the_sequences_it_runs(smollm2_path):
         llm.close()
 
 
+def test_building_an_engine_loads_no_draft_model(llm, smollm2_path, monkeypatch):
+    """The loader loads a draft-simple engine's draft (engine/loader.py load_draft); the engine only takes it."""
+    from hypura.loaded import drafts
+    from hypura.speculative.settings import SpecSettings
+
+    monkeypatch.setattr(drafts, "load", lambda *a, **k: pytest.fail("the engine loaded a model"))
+    spec = SpecSettings(type="draft-simple", draft_model=smollm2_path)
+    with pytest.raises(HypuraError, match="hypura.engine.load loads it"):
+        Engine(llm.loaded, EngineConfig(parallel=2, speculative=spec))
+    with pytest.raises(HypuraError, match="does not speculate"):
+        Engine(llm.loaded, EngineConfig(parallel=2), draft=object())
+
+
 def test_a_streaming_error_ends_the_requests_of_its_step(tiny_llama, monkeypatch):
     import sys
 

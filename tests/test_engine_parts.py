@@ -7,7 +7,7 @@ import pytest
 
 from hypura.engine import EngineConfig, SamplingParams
 from hypura.engine.prefix_cache import Choice, Slots, common_prefix
-from hypura.engine.scheduler import plan_step
+from hypura.engine.step import plan_step
 from hypura.engine.text import TextStream
 from hypura.errors import HypuraError
 

@@ -14,7 +14,7 @@ import pytest
 
 from hypura.engine import EngineConfig, SamplingParams
 from hypura.engine.batch import fill
-from hypura.engine.scheduler import plan_step
+from hypura.engine.step import plan_step
 from hypura.engine.speculate import share
 from hypura.errors import HypuraError
 from hypura.speculative import SpecSettings
@@ -71,13 +71,14 @@ def _run(path, speculative, params, prompts=PROMPTS, parallel=4):
 
     llm, engine = load(path, parallel, 512, config=EngineConfig(speculative=speculative), **ONE_THREAD)
     try:
-        with engine._cond:  # the engine thread takes them all off the queue at once: all in the first step
+        with engine._inbox.lock:  # the engine thread takes them all off the queue at once: all in the first step
             requests = [engine.submit(engine.tokenize(p), params) for p in prompts]
         results = [r.result(timeout=300) for r in requests]
         metrics = engine.metrics()
         mem = llama_cpp.llama_get_memory(llm.ctx)
         # every slot's KV holds exactly the tokens the engine thinks it does: rejected drafts' cells are gone
-        kv = [(llama_cpp.llama_memory_seq_pos_max(mem, s), len(engine._slots.kv[s]) - 1) for s in range(parallel)]
+        slots = engine._scheduler.slots
+        kv = [(llama_cpp.llama_memory_seq_pos_max(mem, s), len(slots.kv[s]) - 1) for s in range(parallel)]
         return results, metrics, kv
     finally:
         engine.close()

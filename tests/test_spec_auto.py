@@ -238,7 +238,7 @@ def _engine_spec(step_s, n_min=0):
     from hypura.speculative.cost import PassTimes
 
     s = Speculation(SpecSettings(type="ngram-simple", ngram_size_n=2, n_min=n_min), SimpleNamespace(plan=None),
-                    max_tokens=512, n_seq=16, n_ctx_per_seq=512)
+                    max_tokens=512)
     s.steps = PassTimes.given({n: step_s(n) for n in (1, 4, 16, 64, 128, 256)})
     return s
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Optional
 
 from hypura.engine.prefix_cache import Choice, Slots
-from hypura.engine.scheduler import Step, plan_step
+from hypura.engine.step import Step, plan_step
 
 # cells a newly admitted sequence, and every running one, keeps in hand for its reply: a few steps before its
 # growth can force a preemption (vLLM keeps a 1 % watermark of blocks; llama-server keeps none)

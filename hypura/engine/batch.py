@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypura.bindings.batch import Batch
 from hypura.engine.sampler import greedy_rows
-from hypura.engine.scheduler import Step
+from hypura.engine.step import Step
 
 
 def fill(batch: Batch, step: Step) -> list[int]:

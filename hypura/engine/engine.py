@@ -1,101 +1,122 @@
 """The Engine: one thread that owns the llama.cpp context and runs steps while there is work.
 
+Each step is schedule -> run -> postprocess, each its own part:
+
+    requests in (inbox.py) -> schedule (scheduler.py) -> run (runner.py) -> postprocess (postprocess.py)
+                                                                                 -> events out (outbox.py)
+
 Threading protocol:
 
-- `submit()` (any thread) checks the request, appends it to the waiting queue under the engine's lock
-  (QueueFull beyond EngineConfig.max_queue) and wakes the loop. `cancel()` marks the request and wakes
-  the loop; a request still waiting leaves the queue at once. Both hold the lock for bookkeeping only.
-- The engine thread, between steps: ends cancelled requests (llama_memory_seq_rm frees their KV), gives
-  free slots to waiting requests (oldest first; shared prefix copied, see prefix_cache.py; with kv_unified
-  while their cells fit, and the youngest preempted where a step's cells run out: admission.py), then runs one
-  step: a batch of every decoding sequence's next token (and its draft when speculating, speculate.py) and
-  prompt chunks (scheduler.py), one `llm.decode_batch`, and a sample for each sequence with logits in it
-  (a speculating sequence's samples verify its draft; the rejected tokens' KV cells are removed before the
-  next step). Every Event is emitted from this thread, outside the lock: a step's events together
-  (`_deliver`), right before the next step's llama_decode, so that a consumer they wake (the server's
-  loop) runs while that decode holds no GIL instead of taking it in the middle of the step's Python
-  work; when no step follows, before the loop sleeps. It sleeps when nothing is queued or running.
+- Any thread: `submit()` checks the request and queues it, `cancel()` (through the request) marks it and takes
+  it out of the queue while it waits, `close()` asks the loop to end; each holds the inbox's lock for
+  bookkeeping only and wakes the loop (inbox.py). `tokenize()`, `detokenize()`, `token_bytes()`,
+  `fim_tokens()` read the vocabulary only.
+- The engine thread (`_run`) waits for work, ends the requests cancelled while they waited, then, holding the
+  step lock, runs one step: the scheduler admits waiting requests and says what the step carries, the runner
+  decodes it, the postprocessor samples and ends sequences. Every event is emitted from this thread, outside
+  every lock: a step's events go out together right before the next step's llama_decode, or before the loop
+  sleeps when no step follows (outbox.py).
 - A failed llama_decode, or weights that could not be streamed, ends the requests of that step with
-  finish_reason "error" (their KV freed); the engine keeps serving the others.
-- `metrics()` reads the request counts in one hold of the lock (active is derived from them, so an idle
-  engine never shows a request that has not been counted finished) and takes the step lock for
-  llm.stats(), so it waits at most one step: a thread waiting for the step lock (`metrics()`, `embed()`)
-  counts itself in `_lock_waiters`, and the loop waits at its top until it got the lock. `close()` ends
-  every request (finish_reason "error", "engine closed") and joins the thread; the model stays the
-  caller's (a draft model is the engine's: closed).
+  finish_reason "error" (their KV freed); the engine keeps serving the others (postprocess.py).
+- `metrics()` and `embed()` take the step lock between steps (Inbox.between_steps): they wait at most one step.
+  `close()` ends every request (finish_reason "error", "engine closed") and joins the thread; the model stays
+  the caller's, a draft model handed to the engine is the engine's (closed with it).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import functools
 import logging
 import threading
-import time
 from typing import Callable, Optional
 
 import llama_cpp
 
-from hypura.bindings.batch import Batch
-from hypura.engine.admission import CellAdmission, place
-from hypura.engine.batch import fill, greedy_picks
+from hypura.engine.admission import CellAdmission
 from hypura.engine.config import EngineConfig
 from hypura.engine.embed import embed
-from hypura.engine.metrics import Counters, SpecCounters, places
-from hypura.engine.prefix_cache import Choice, Slots
+from hypura.engine.inbox import Inbox
+from hypura.engine.metrics import SpecCounters
+from hypura.engine.outbox import Outbox
+from hypura.engine.postprocess import Postprocessor
+from hypura.engine.prefix_cache import Slots
 from hypura.engine.request import Request
-from hypura.engine.sampler import Sampler, check_grammar, token_logprob
-from hypura.engine.scheduler import Step, plan_step
-from hypura.engine.sequence import Sequence, tokens_left
+from hypura.engine.runner import Runner
+from hypura.engine.sampler import check_grammar
+from hypura.engine.scheduler import Scheduler
 from hypura.engine.sizes import sizes
 from hypura.engine.speculate import Speculation
-from hypura.engine.text import TextStream
-from hypura.engine.types import EngineClosed, Event, PromptTooLong, QueueFull, Result, SamplingParams
+from hypura.engine.types import EngineClosed, Event, PromptTooLong, SamplingParams
 from hypura.errors import HypuraError
 
 log = logging.getLogger("hypura.engine")
 
-DECODE_STATUS = {1: "no free KV cells for the batch", 2: "aborted", -1: "invalid batch"}  # llama.h, llama_decode
-
 
 class Engine:
-    def __init__(self, llm, config: EngineConfig = EngineConfig()):
-        """llm: a hypura.loaded.LoadedModel (hypura.engine.load makes one with the sequences the engine needs)."""
+    def __init__(self, llm, config: EngineConfig = EngineConfig(), draft=None):
+        """llm: a hypura.loaded.LoadedModel (hypura.engine.load makes one with the sequences the engine needs);
+        draft: the draft model of a draft-simple config.speculative (loader.load_draft), the engine's from here.
+        Loads nothing."""
         self.llm, self.config = llm, config
-        self._ctx = llm.ctx
-        self._kv = llm.context
-        self._vocab = llm.vocab
+        self._kv, self._vocab = llm.context, llm.vocab
         self.n_vocab = self._vocab.n_tokens
         size = sizes(llm, config)
         self.n_ctx_per_seq, self.step_tokens = size.n_ctx_per_seq, size.step_tokens
-        self._slots = Slots(config.parallel, size.unified, config.prefix_cache, shared_cells=config.kv_unified)
-        self._cells = CellAdmission(self._kv, self._slots, self._kv.n_ctx()) if config.kv_unified else None
-        self._preempted: dict[Request, Sequence] = {}  # waiting again, to be recomputed (admission.py)
-        self._batch = Batch(self.step_tokens)
-        self._cond = threading.Condition()  # guards _waiting, _cancelled, _closing, _counters' request counts
-        self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
-        self._lock_waiters = 0  # other threads waiting for the step lock (metrics, embed): the loop lets them in
-        self._waiting: collections.deque[Request] = collections.deque()
-        self._cancelled: list[Request] = []  # left the queue before a slot: the engine thread ends them
-        self._active: list[Sequence] = []
-        self._outbox: list[Callable[[], None]] = []  # the events (and results) of the step, in order, for _deliver
-        self._counters = Counters()
+        self._inbox, self._outbox = Inbox(config.max_queue), Outbox()
+        slots = Slots(config.parallel, size.unified, config.prefix_cache, shared_cells=config.kv_unified)
+        self._cells = CellAdmission(self._kv, slots, self._kv.n_ctx()) if config.kv_unified else None
         self._spec: Optional[Speculation] = None
         if config.speculative is not None:
             # the decode part of a step stays one micro-batch: a second one is a second pass over the weights
-            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, self._kv.n_ubatch),
-                                     config.parallel, min(size.share, self.n_ctx_per_seq))  # its cache: as ours
-            self._counters.spec = SpecCounters()
-        self._closing = False
-        self._stopped: Optional[str] = None  # why the loop ended (None while it may run)
+            self._spec = Speculation(config.speculative, llm, min(self.step_tokens, self._kv.n_ubatch), draft)
+            self._inbox.counters.spec = SpecCounters()
+        elif draft is not None:
+            raise HypuraError("a draft model was given to an engine that does not speculate with one")
+        self._scheduler = Scheduler(llm, slots, self._cells, self._spec, self._inbox, self._outbox,
+                                    self.n_ctx_per_seq, self.step_tokens)
+        self._runner = Runner(llm, self.step_tokens, self._outbox)
+        self._postprocessor = Postprocessor(llm, self._scheduler, self._spec, self._inbox)
+        self._step_lock = threading.RLock()  # held while the engine thread uses the context (re-entered by on_event)
         self._thread: Optional[threading.Thread] = None
         self._kv.clear()  # sequences start empty: slots own their KV from here
 
+    # --- the engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        reason = "engine closed"
+        try:
+            while True:
+                if not self._scheduler.active:  # no step follows at once (a step delivers right before its decode)
+                    self._outbox.deliver()
+                work = self._inbox.next(bool(self._scheduler.active), self._scheduler.free_slots())
+                if work is None:  # closing
+                    break
+                cancelled, admit = work
+                for request in cancelled:
+                    self._scheduler.end_waiting(request, "cancelled")
+                with self._step_lock:
+                    step = self._scheduler.schedule(admit)
+                    if step is not None:
+                        ran = self._runner.run(step)
+                        self._postprocessor.postprocess(step, ran)
+        except BaseException as e:  # a bug: every request learns of it, and submit() refuses new ones
+            log.exception("the engine loop failed")
+            reason = f"engine failed: {type(e).__name__}: {e}"
+        finally:
+            with self._inbox.lock:
+                self._inbox.stopped = reason
+            self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        """Every request ended, their events delivered; the engine's batch and draft model freed."""
+        self._scheduler.end_all(reason)
+        self._outbox.deliver()
+        self._runner.close()
+        if self._spec is not None:
+            self._spec.close()
+
     # --- any thread -----------------------------------------------------------------------------
     def start(self) -> "Engine":
-        with self._cond:
-            if self._closing:
+        with self._inbox.lock:
+            if self._inbox.closing:
                 raise EngineClosed("the engine was closed")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hypura-engine", daemon=True)
@@ -117,23 +138,9 @@ class Engine:
             raise HypuraError("params must be a hypura.engine.SamplingParams")
         if params.grammar is not None:
             check_grammar(self._vocab.vocab, params.grammar)  # here, not on the engine thread: a bad one is the caller's error
-        request = Request(tokens, params, on_event, self._cancel)
-        with self._cond:
-            if self._closing or self._stopped:
-                raise EngineClosed("the engine was closed" if self._closing else f"the engine stopped: {self._stopped}")
-            if len(self._waiting) >= self.config.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests wait already (max_queue {self.config.max_queue})")
-            self._waiting.append(request)
-            self._counters.submitted += 1
-            self._cond.notify()
+        request = Request(tokens, params, on_event, self._inbox.cancel)
+        self._inbox.put(request)
         return request
-
-    def _cancel(self, request: Request) -> None:
-        with self._cond:
-            if request in self._waiting:
-                self._waiting.remove(request)
-                self._cancelled.append(request)
-            self._cond.notify()
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self._vocab.tokenize(text.encode("utf-8"), add_special, parse_special)
@@ -149,8 +156,8 @@ class Engine:
         if self._kv.n_seq_max <= self.config.parallel:
             raise HypuraError("this engine has no spare sequence for embeddings: load its model with "
                               "spare_seqs=1 (hypura.engine.load does)")
-        with self._between_steps():
-            if self._stopped or self._closing:
+        with self._inbox.between_steps(self._step_lock):
+            if self._inbox.stopped or self._inbox.closing:
                 raise EngineClosed("the engine was closed")
             if self._cells is not None:  # the spare sequence's cells, taken from cached slots where needed
                 self._cells.evict(max(map(len, inputs)))
@@ -169,10 +176,8 @@ class Engine:
         return self._piece(token)
 
     def metrics(self) -> dict:
-        with self._cond:  # one snapshot: total = finished + active + queued (active: out of the queue, not finished)
-            queued = len(self._waiting)
-            active = self._counters.submitted - sum(self._counters.finished.values()) - queued
-            out = self._counters.as_dict(active, queued) | {"queue": places(self._waiting, self._preempted)}
+        with self._inbox.lock:  # one snapshot: total = finished + active + queued
+            out = self._inbox.snapshot()
             if self._cells is not None:
                 out["cells"] = self._cells.as_dict()
         out.update(parallel=self.config.parallel, n_ctx_per_seq=self.n_ctx_per_seq, step_tokens=self.step_tokens,
@@ -180,273 +185,26 @@ class Engine:
         if self._spec is not None:  # what speculates (strings: in the JSON, not among /metrics' numbers)
             s = self.config.speculative
             out["speculative"].update(type=s.type, draft=s.draft_model.name if s.draft_model else None)
-        with self._between_steps():  # the engine thread updates llm's counters during a step
+        with self._inbox.between_steps(self._step_lock):  # the engine thread updates llm's counters during a step
             out["llm"] = self.llm.stats()
         return out
 
-    @contextlib.contextmanager
-    def _between_steps(self):
-        """The step lock for another thread. The loop waits at its top while one asks for it: a lock released and
-        taken again at once by the same thread is not handed over (POSIX semaphores), so a reader would starve."""
-        with self._cond:
-            self._lock_waiters += 1
-        try:
-            self._step_lock.acquire()
-        finally:
-            with self._cond:
-                self._lock_waiters -= 1
-                self._cond.notify_all()
-        try:
-            yield
-        finally:
-            self._step_lock.release()
-
     def close(self) -> None:
         """End every request, stop the loop and free the engine's llama.cpp objects (not the model)."""
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            self._cond.notify()
+        if not self._inbox.close():
+            return
+        with self._inbox.lock:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         if thread is None:
-            self._end_all("engine closed")
-            self._free()
+            self._end("engine closed")
 
     def __enter__(self) -> "Engine":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    # --- the engine thread ----------------------------------------------------------------------
-    def _run(self) -> None:
-        reason = "engine closed"
-        try:
-            while True:
-                if not self._active:  # no step follows at once (a step delivers right before its decode)
-                    self._deliver()
-                with self._cond:
-                    while not (self._closing or self._waiting or self._active or self._cancelled) or \
-                            (self._lock_waiters and not self._closing):
-                        self._cond.wait()
-                    if self._closing:
-                        break
-                    cancelled, self._cancelled = self._cancelled, []
-                    # by cells, the queue is served under the step lock (_admit_by_cells)
-                    n = 0 if self._cells else min(self._slots.free, len(self._waiting))
-                    admit = [self._waiting.popleft() for _ in range(n)]
-                for request in cancelled:
-                    self._end_waiting(request, "cancelled")
-                with self._step_lock:
-                    self._drop_cancelled()
-                    for request in admit:
-                        self._admit(request)
-                    if self._cells is not None:
-                        self._admit_by_cells()
-                    if self._active:
-                        t0 = time.perf_counter()
-                        drafts, draft_s = self._spec.drafts(self._active) if self._spec else ({}, 0.0)
-                        if self._spec is not None and self._spec.aside:
-                            with self._cond:
-                                self._counters.spec.aside_steps += 1
-                        self._step(self._plan(drafts), t0, draft_s)
-        except BaseException as e:  # a bug: every request learns of it, and submit() refuses new ones
-            log.exception("the engine loop failed")
-            reason = f"engine failed: {type(e).__name__}: {e}"
-        finally:
-            with self._cond:
-                self._stopped = reason
-            self._end_all(reason)
-            self._free()
-
-    def _free(self) -> None:
-        """The engine's own llama.cpp objects: its batch, and a draft model when it speculates."""
-        self._batch.close()
-        if self._spec is not None:
-            self._spec.close()
-
-    def _end_all(self, reason: str) -> None:
-        with self._cond:
-            waiting = list(self._waiting) + self._cancelled
-            self._waiting.clear()
-            self._cancelled = []
-        for request in waiting:
-            self._end_waiting(request, "cancelled" if request.cancel_requested else "error", reason)
-        for seq in list(self._active):
-            self._finish(seq, "cancelled" if seq.request.cancel_requested else "error", reason)
-        self._deliver()
-
-    def _post(self, request: Request, event: Event) -> None:
-        self._outbox.append(functools.partial(request.emit, event))
-
-    def _deliver(self) -> None:
-        """Emit the events and results posted since the last delivery, in order (engine thread)."""
-        outbox, self._outbox = self._outbox, []
-        for emit in outbox:
-            emit()
-
-    def _end_waiting(self, request: Request, finish_reason: str, error: Optional[str] = None) -> None:
-        seq = self._preempted.pop(request, None)
-        if seq is not None:  # preempted: what it generated before is its result
-            self._finish(seq, finish_reason, error)
-            return
-        queued = time.perf_counter() - request.submitted
-        self._count_finish(finish_reason)
-        result = Result(text="", tokens=(), finish_reason=finish_reason, prompt_tokens=len(request.prompt),
-                        cached_tokens=0, queued_s=queued, prompt_s=0.0, decode_s=0.0,
-                        error=error if finish_reason == "error" else None)
-        self._outbox.append(functools.partial(request.finish, result))
-
-    def _count_finish(self, reason: str) -> None:
-        with self._cond:
-            self._counters.finished[reason] += 1
-
-    def _drop_cancelled(self) -> None:
-        for seq in [s for s in self._active if s.request.cancel_requested]:
-            self._finish(seq, "cancelled")
-
-    def _admit(self, request: Request, choice: Optional[Choice] = None) -> None:
-        if request.cancel_requested:  # cancelled on its way out of the queue
-            self._end_waiting(request, "cancelled")
-            return
-        seq = self._preempted.pop(request, None)
-        feed = request.prompt if seq is None else seq.feed
-        choice = choice or self._slots.choose(feed)
-        reuse = place(self._kv, self._slots, choice, feed, len(request.prompt))
-        if seq is not None:  # preempted before: evaluate its prompt and reply again (admission.py)
-            seq.attach(choice.slot, reuse)
-            self._active.append(seq)
-            with self._cond:
-                self._counters.recomputed_tokens += len(feed) - reuse
-            return
-        sampler = Sampler(request.params, self.n_vocab, self.n_ctx_per_seq, self._vocab.vocab)
-        sampler.accept_prompt(request.prompt)
-        text = TextStream(self._piece, request.params.stop)
-        seq = Sequence(request, choice.slot, reuse, sampler, text, self.n_ctx_per_seq, self._is_eog, self._post)
-        self._active.append(seq)
-        with self._cond:
-            self._counters.prompt_tokens += len(request.prompt)
-            self._counters.cached_tokens += reuse
-
-    def _admit_by_cells(self) -> None:
-        """kv_unified: the queue's head joins while a slot is free and its cells fit (admission.py)."""
-        while True:
-            with self._cond:
-                if not self._waiting or not self._slots.free:
-                    self._cells.blocked = False
-                    return
-                request = self._waiting[0]
-                seq = self._preempted.get(request)
-                feed = request.prompt if seq is None else seq.feed
-                generated = len(seq.generated) if seq else 0
-                left = tokens_left(request.params, self.n_ctx_per_seq, len(request.prompt), generated)
-                choice = self._slots.choose(feed)
-                if not self._cells.fits(self._active, feed, choice, left, resumed=seq is not None):
-                    return
-                self._waiting.popleft()
-            self._admit(request, choice)
-
-    def _plan(self, drafts: dict) -> Step:
-        """The next step; kv_unified: within the cells, the youngest sequences preempted until it fits."""
-        if self._cells is None:
-            return plan_step(self._active, self.step_tokens, drafts)
-        while (step := self._cells.plan(self._active, self.step_tokens, drafts)) is None and len(self._active) > 1:
-            self._preempt(self._active[-1])
-            drafts = {s: d for s, d in drafts.items() if s in self._active}
-        if step is None:  # alone, it fits the whole cache (its limit): nothing cached stays in its way
-            self._cells.evict(self._cells.n_cells)
-            step = plan_step(self._active, self.step_tokens, drafts)
-        return step
-
-    def _preempt(self, seq: Sequence) -> None:
-        """`seq` gives its KV back and waits at the queue's front to be recomputed (admission.py)."""
-        self._active.remove(seq)
-        self._kv.seq_rm(seq.slot)
-        self._slots.release(seq.slot, keep=False)
-        seq.detach()
-        with self._cond:
-            self._preempted[seq.request] = seq
-            self._waiting.appendleft(seq.request)
-            self._counters.preempted += 1
-        log.debug("preempted request %d: %d tokens to evaluate again", seq.request.id, len(seq.feed))
-
-    def _step(self, step: Step, t0: float, draft_s: float = 0.0) -> None:
-        for chunk in step.chunks:
-            chunk.seq.t_scheduled = chunk.seq.t_scheduled or t0
-        first = fill(self._batch, step)
-        self._deliver()  # the last thing before llama_decode, which releases the GIL to the woken consumers
-        t_decode, rc = time.perf_counter(), None
-        try:
-            rc = self.llm.decode_batch(self._batch, decode=step.decode_only)
-            error = None if rc == 0 else f"llama_decode returned {rc} ({DECODE_STATUS.get(rc, 'fatal error')})"
-        except Exception as e:  # weights could not be streamed (the decode's results are void)
-            error = f"{type(e).__name__}: {e}"
-        if rc == 1 and self._cells is not None and len(self._active) > 1:  # no cells after all: make room, again
-            self._preempt(self._active[-1])
-            return
-        if error is not None:
-            with self._cond:
-                self._counters.failed_steps += 1
-            for seq in {c.seq: None for c in step.chunks}:
-                self._finish(seq, "error", error)
-            return
-        decode_s = time.perf_counter() - t_decode
-        if self._spec is not None and step.decode_only:
-            self._spec.record_step(step.n_tokens, decode_s, draft_s)
-        picks = greedy_picks(self._ctx, self.n_vocab, step, first)
-        generated, spec = 0, SpecCounters()
-        seq_draft_s = draft_s / max(sum(not c.prompt for c in step.chunks), 1)  # drafting time, per sequence
-        for chunk, start in zip(step.chunks, first):
-            seq = chunk.seq
-            if chunk.draft or (self._spec and not chunk.prompt):
-                out = self._spec.verify(chunk, start, picks, self._slots, spec, decode_s, seq_draft_s)
-                generated += self._emit(seq, out, start)
-                continue
-            index = start + len(chunk.tokens) - 1
-            seq.n_past += len(chunk.tokens)
-            self._slots.extend(seq.slot, chunk.tokens)
-            seq.next_token = None
-            if chunk.sample:
-                token = picks.get(index, -1) if picks else -1
-                generated += self._emit(seq, [token if token >= 0 else seq.sampler.sample(self._ctx, index)], index)
-        with self._cond:
-            self._counters.step(time.perf_counter() - t0, step.prompt_tokens, generated)
-            if spec.passes:
-                s = self._counters.spec
-                s.steps, s.passes = s.steps + 1, s.passes + spec.passes
-                s.drafted, s.accepted = s.drafted + spec.drafted, s.accepted + spec.accepted
-                s.draft_seconds += draft_s
-
-    def _emit(self, seq: Sequence, tokens: list[int], start: int) -> int:
-        """Hand `seq` its sampled tokens (the first's logits at batch index `start`) until one ends it."""
-        top_n = seq.request.params.logprobs
-        for i, token in enumerate(tokens):
-            seq.on_token(token, None if top_n is None else token_logprob(self._ctx, start + i, token, top_n))
-            if seq.finish_reason is not None:
-                self._finish(seq, seq.finish_reason)
-                break
-        return len(tokens)
-
-    def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
-        """End `seq`: a completed one ("stop", "length") leaves its KV cached in the slot, others free it."""
-        if seq.slot is not None:  # else preempted, waiting: it holds neither slot nor KV
-            self._active.remove(seq)
-            keep = reason in ("stop", "length")
-            if not keep:
-                self._kv.seq_rm(seq.slot)
-            self._slots.release(seq.slot, keep)
-            if not self._slots.cache and keep:
-                self._kv.seq_rm(seq.slot)
-        seq.sampler.close()
-        result, last = seq.result(reason, error)
-        self._count_finish(reason)
-        self._outbox.append(functools.partial(seq.request.finish, result, last))
-
-    def _is_eog(self, token: int) -> bool:
-        return self._vocab.is_eog(token)
 
     def _piece(self, token: int) -> bytes:
         """A token's bytes, special tokens not rendered."""

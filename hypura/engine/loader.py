@@ -1,4 +1,5 @@
-"""One way to load a model for the engine, and the engine on it (the server and `hypura bench --parallel`)."""
+"""One way to load a model for the engine, its draft model when it speculates with one, and the engine on them
+(the server and `hypura bench --parallel`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import llama_cpp
 
 from hypura.engine.config import EngineConfig
 from hypura.engine.engine import Engine
+from hypura.engine.sizes import sizes
 from hypura.errors import HypuraError
+from hypura.loaded.drafts import draft_model
 from hypura.speculative.auto import resolve
 
 # one spare sequence id for embeddings (engine/embed.py): in a unified KV cache it costs no memory
@@ -53,11 +56,29 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)
     llm = load_model(model_path, Ask.of(**engine_llama_kwargs(parallel, n_ctx_per_seq,
                                                               config.speculative is not None, **llama_kwargs)))
+    draft = None
     try:
         # auto: the draft the decision found, n-gram drafting where the plan makes it pay, or none
         config = dataclasses.replace(config, speculative=resolve(config.speculative, llm))
-        engine = Engine(llm, config).start()
+        draft = load_draft(llm, config)
+        engine = Engine(llm, config, draft).start()
     except BaseException:
+        if draft is not None:
+            draft.close()
         llm.close()
         raise
     return llm, engine
+
+
+def load_draft(llm, config: EngineConfig):
+    """The draft model a draft-simple `config.speculative` names (a hypura.speculative.DraftModel), loaded beside
+    `llm` (hypura.loaded.drafts) with a KV sequence for each of the engine's slots, each as long as a slot's share
+    of the target's cache, and the target's threads; None for any other config. Hand it to Engine(llm, config,
+    draft), which closes it."""
+    s = config.speculative
+    if s is None or s.type != "draft-simple":
+        return None
+    size = sizes(llm, config)  # the engine's own check: a context it cannot run is refused before the draft loads
+    n_ctx_per_seq = min(size.share, size.n_ctx_per_seq)
+    return draft_model(s.draft_model, llm, config.parallel, s.p_min, n_ctx=config.parallel * n_ctx_per_seq,
+                       n_threads=llm.context.n_threads, n_threads_batch=llm.context.n_threads_batch)

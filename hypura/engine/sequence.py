@@ -23,7 +23,7 @@ class Sequence:
         self.n_past = cached  # tokens of this sequence in the KV cache
         self.n_ctx = n_ctx
         self._is_eog = is_eog
-        self._post = post  # the engine delivers the step's events together (engine.py)
+        self._post = post  # the outbox delivers the step's events together (outbox.py)
         self.generated: list[int] = []
         self.next_token: Optional[int] = None  # sampled, to be decoded by the next step
         self.t_scheduled: Optional[float] = None  # its first step began

@@ -1,14 +1,14 @@
 """Speculative decoding in the engine: several sequences' drafts verified in one step.
 
 Before a step, every decoding sequence drafts from its own history (prompt and generated tokens, the next
-token last) with hypura.speculative's n-gram drafters, or all of them at once with a draft model (one llama_decode a
-round: hypura.speculative.draft_model); its draft length comes from its own DraftLength (the
-acceptance of its drafts, the step times by the tokens it carried). The drafts are cut so that the decode
-part of the step (every next token plus the drafts) fits one micro-batch (n_ubatch, and the step's
-budget): a step over streamed weights that spills into a second micro-batch pays a second weight pass.
-The scheduler puts each draft after its sequence's next token, logits at every position; after the step
-the engine keeps, per sequence, what hypura.speculative.verify.keep_accepted keeps (the chain pass every
-front end ends with) and removes the KV cells of the rest.
+token last) with hypura.speculative's n-gram drafters, or all of them at once with a draft model (one
+llama_decode a round: hypura.speculative.draft_model, which loader.py loads and hands the engine); its draft
+length comes from its own DraftLength (the acceptance of its drafts, the step times by the tokens it carried).
+The drafts are cut so that the decode part of the step (every next token plus the drafts) fits one micro-batch
+(n_ubatch, and the step's budget): a step over streamed weights that spills into a second micro-batch pays a
+second weight pass. The scheduler puts each draft after its sequence's next token, logits at every position;
+after the step postprocess.py keeps, per sequence, what hypura.speculative.verify.keep_accepted keeps (the
+chain pass every front end ends with) and removes the KV cells of the rest.
 
 Speculation steps aside as the batch grows: with several sequences decoding, a step's drafts are kept only where
 the cost model predicts more tokens a second with them: every sequence's next token plus the accepted drafts its
@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import time
 import weakref
+from typing import Optional
 
 from hypura.engine.metrics import SpecCounters
 from hypura.engine.sequence import Sequence
+from hypura.errors import HypuraError
+from hypura.loaded.drafts import make_drafter
 from hypura.speculative.cost import DraftLength, PassTimes
-from hypura.loaded.drafts import draft_model, make_drafter
+from hypura.speculative.draft_model import DraftModel
 from hypura.speculative.settings import SpecSettings
 from hypura.speculative.verify import keep_accepted
 
@@ -43,15 +46,18 @@ def share(wants: list[int], room: int) -> list[int]:
 
 
 class Speculation:
-    def __init__(self, settings: SpecSettings, llm, max_tokens: int, n_seq: int, n_ctx_per_seq: int):
-        """max_tokens: the most tokens the decode part of a step carries (next tokens and drafts); n_seq,
-        n_ctx_per_seq: the engine's slots and their length (a draft model keeps a sequence for each)."""
+    def __init__(self, settings: SpecSettings, llm, max_tokens: int, model: Optional[DraftModel] = None):
+        """max_tokens: the most tokens the decode part of a step carries (next tokens and drafts); model: the
+        draft model of a draft-simple `settings`, loaded with a KV sequence for each of the engine's slots
+        (loader.load_draft), closed with this."""
         self.settings, self.max_tokens, self.plan = settings, max_tokens, llm.plan
         self.llm = llm
         self.drafter, self.model = None, None
         if settings.type == "draft-simple":  # all sequences draft together: a KV sequence each in the draft's cache
-            self.model = draft_model(settings.draft_model, llm, n_seq, settings.p_min, n_ctx=n_seq * n_ctx_per_seq,
-                                     n_threads=llm.context.n_threads, n_threads_batch=llm.context.n_threads_batch)
+            if model is None:
+                raise HypuraError("a draft-simple engine drafts with a draft model loaded beside its target: "
+                                  "hypura.engine.load loads it (engine/loader.py load_draft)")
+            self.model = model
         else:
             self.drafter = make_drafter(settings, llm)
         self._lengths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> DraftLength
