@@ -28,8 +28,6 @@ from hypura.plan.beside import Beside
 from hypura.plan.decision import Ask, Decision, Routing, decide
 from hypura.plan.microbatch import outputs_needed
 from hypura.runtime.device_list import device_array, measure as measure_devices, register as register_devices
-from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
-from hypura.runtime.overrides import overrides_policy
 from hypura.runtime.runtime import Runtime, as_model_pointer
 from hypura.speculative.auto import AutoDraft, find_draft, is_auto
 from hypura.store import resolve_path
@@ -51,28 +49,14 @@ def load(path, ask: Ask = Ask()) -> LoadedModel:
     say = ask.fit.say or (_stderr if k["verbose"] else None)
     rpc = register_devices(ask.devices, ask.fit.say)  # llama.cpp's device registry: RPC servers probed as added
     decision, found = _decide(path, header, ask, rpc, say)
-    # the load's own copies of llama-cpp-python's keywords and the params fields, with what the decision chose
-    k, overrides = dict(ask.llama), {name: dict(fields) for name, fields in ask.param_overrides.items()}
-    if decision.shares is not None:  # the split: llama.cpp's layer split over the devices, as llama-completion's flags
-        k.update(decision.split_fields())
-        overrides.setdefault("model_params", {})["n_gpu_layers"] = decision.shares.n_gpu_layers
-        overrides.setdefault("context_params", {})["n_ctx"] = decision.shares.n_ctx
-    k.update(decision.params.keywords())  # the context, its batches and the threads (hypura.plan.load_params)
-    context = overrides.setdefault("context_params", {})
-    if "n_ctx" in context:
-        context["n_ctx"] = decision.n_ctx
-    expert_cache = ask.expert_cache
-    if isinstance(expert_cache, int):
-        expert_cache = ExpertCacheSettings(slots=expert_cache)
-    runtime = Runtime(header, path, decision.plan, ask.placement_policy or overrides_policy(ask.override_tensor),
-                      decision.params, overrides, expert_cache, ask.on_route)
+    runtime = Runtime(header, path, decision)
     if runtime.reads is not None and say is not None:
         say(runtime.reads.line)
     stack = contextlib.ExitStack()  # llama.cpp's model and context
     runtime.own(stack.close)  # first at close: before the layer stream and expert caches
     try:
         with runtime.loading() as hooks:
-            loaded = _load(path, header, k, stack, runtime, decision, runtime.params.merged())
+            loaded = _load(path, header, stack, runtime, decision)
         loaded.draft_found = found
         loaded.placement = {name: p for name, (_, p) in hooks.placed.items()}
         runtime.attach(as_model_pointer(loaded.model.model))
@@ -140,10 +124,10 @@ def _decide(path: str, header, ask: Ask, rpc: tuple[str, ...], say) -> tuple[Dec
     return decision, found_path
 
 
-def _load(path: str, header, k: dict, stack: contextlib.ExitStack, runtime: Runtime, decision: Decision,
-          fields: dict) -> LoadedModel:
-    """llama.cpp's model and context, built as llama_cpp.Llama builds them from keywords `k`, with Hypura's
-    `fields` set over its params structs (hypura.runtime.params), owned by `stack`."""
+def _load(path: str, header, stack: contextlib.ExitStack, runtime: Runtime, decision: Decision) -> LoadedModel:
+    """llama.cpp's model and context, built as llama_cpp.Llama builds them from the decision's keywords, with
+    Hypura's fields set over its params structs (hypura.runtime.params), owned by `stack`."""
+    k, fields = dict(decision.keywords), runtime.params.merged()
     set_verbose(k["verbose"])  # llama-cpp-python's log callback: llama.cpp's log on stderr where verbose
     numa = k["numa"] if not isinstance(k["numa"], bool) else (
         llama_cpp.GGML_NUMA_STRATEGY_DISTRIBUTE if k["numa"] else llama_cpp.GGML_NUMA_STRATEGY_DISABLED)
