@@ -1,8 +1,9 @@
-"""`load(path, ask)`: the one way Hypura loads a model: the model file checked, the request filled once, the RPC
-servers registered, the one decision made (hypura.plan.decision: the plan, the devices and their split; a draft
-found in the stores where asked), the Runtime built over it, then llama.cpp's model and context loaded through its
-hooks, with llama-cpp-python's keywords and Hypura's fields set over llama.cpp's params structs. Nothing is decided
-here: what the decision chose is applied."""
+"""`load(path, ask)`: the one way Hypura loads a model: the model file checked, the RPC servers registered, the one
+decision made for the request (Ask.of's, filled there once) with this machine measured where it needs (measured.py)
+(hypura.plan.decision: the plan, the devices and their split, all llama.cpp is handed; a draft found in the stores
+where asked), the Runtime built over it, then llama.cpp's model and context loaded through its hooks, with the
+decision's keywords and fields set over llama.cpp's params structs. Nothing is decided here: the decision is
+applied."""
 
 from __future__ import annotations
 

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from hypura.errors import HypuraError
-from hypura.plan import knobs, plan_model
+from hypura.plan import knobs
 from hypura.plan.ask import Ask, Planner
 from hypura.plan.auto import default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
 from hypura.plan.budget import Budgets, budgets_for, check_budgets, fmt_size
 from hypura.plan.load_params import Host, LoadParams, load_params
+from hypura.plan.make import plan_model
 from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan
 from hypura.plan.shares import DeviceShares
