@@ -66,11 +66,11 @@ class DeviceAsk:
 class Ask:
     """What a load is asked for: one request, made by each front end (hypura.Llama, hypura-cli, hypura serve and
     bench through `Ask.of`; `hypura inspect` and `list --plan` with llama.cpp's values given) and carried unchanged
-    to the one decision (decision.py). The loader (hypura.loaded.load) fills it once: llama-cpp-python's defaults
-    into `llama`, and from them and `param_overrides` the llama.cpp values the decision reads."""
+    to the one decision (decision.py). `Ask.of`, the constructor a load takes, fills it once: llama-cpp-python's
+    defaults into `llama`, and from them and `param_overrides` the llama.cpp values the decision reads."""
 
-    # llama-cpp-python's `Llama` keywords (n_ctx, n_gpu_layers, n_threads, ...; an unknown one raises TypeError at
-    # the load), and Hypura's own (hypura.Llama's docstring says what each does)
+    # llama-cpp-python's `Llama` keywords (n_ctx, n_gpu_layers, n_threads, ...; an unknown one raises TypeError in
+    # Ask.of), and Hypura's own (hypura.Llama's docstring says what each does)
     llama: Mapping[str, object] = field(default_factory=dict)
     plan: Union[Plan, str, os.PathLike, None] = None  # a Plan, a plan file, or "auto"
     gpu_mem: Union[int, str, None] = None  # budgets: a plan is made within them ("SIZE,SIZE": each GPU's, split)
@@ -91,7 +91,7 @@ class Ask:
     # except where they contradict what a plan needs (load_params.py)
     param_overrides: Optional[Mapping[str, Mapping[str, object]]] = field(default_factory=dict)
 
-    # llama.cpp's values the decision reads (the loader fills them from `llama` and `param_overrides`)
+    # llama.cpp's values the decision reads (Ask.of fills them from `llama` and `param_overrides`)
     n_ctx: int = 0  # 0: unset (chosen here)
     n_ubatch: int = knobs.N_UBATCH
     n_batch: int = N_BATCH
