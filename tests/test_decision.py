@@ -64,3 +64,16 @@ def test_conflicting_asks_are_one_clear_error(tiny_llama):
         decide(header, Ask(ram="2GiB", placement=True), None, profile)
     with pytest.raises(HypuraError, match="more than this machine has"):
         decide(header, Ask(ram="64GiB"), free(4 * GiB), profile)
+
+
+def test_ask_of_fills_the_request_once():
+    """Ask.of, the request every front end makes for a load: llama-cpp-python's defaults filled, and the llama.cpp
+    values the decision reads taken from them and the params fields (a field given wins over a keyword)."""
+    ask = Ask.of(n_ctx=512, n_gpu_layers=-1, gpu_mem="1GiB", parallel=2,
+                 param_overrides={"context_params": {"n_ubatch": 64}})
+    assert ask.llama["n_batch"] == 512 and ask.llama["verbose"] is True  # llama_cpp.Llama's defaults
+    assert (ask.n_ctx, ask.n_ubatch, ask.n_batch, ask.n_gpu_layers, ask.parallel) == (512, 64, 512, -1, 2)
+    assert ask.gpu_mem == "1GiB" and "gpu_mem" not in ask.llama and not ask.placement
+    assert Ask.of(vocab_only=True).fit.enabled is False  # no weight to place: nothing to fit
+    with pytest.raises(HypuraError, match="give one of plan"):
+        Ask.of(placement_policy=lambda info: None, override_tensor="x=CPU")

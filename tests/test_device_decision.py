@@ -51,8 +51,10 @@ def test_the_decision_carries_the_split_and_llama_cpps_devices_list(l8, two_gpus
     assert s is not None and d.plan is None and d.n_ctx == s.n_ctx == 1024 == d.params.n_ctx
     assert d.devices == s.device_names() and set(d.devices) <= {"CUDA0", "CUDA1"}
     assert d.line == f"hypura: devices: {describe(s)}"
-    assert d.split_fields() == {"n_gpu_layers": s.n_gpu_layers, "tensor_split": list(s.tensor_split()),
-                                "n_ctx": 1024}
+    # what the load hands llama.cpp: llama.cpp's layer split, its context in the keywords and the context field
+    split = {"n_gpu_layers": s.n_gpu_layers, "tensor_split": list(s.tensor_split()), "n_ctx": 1024}
+    assert {k: d.keywords[k] for k in split} == split
+    assert d.param_overrides == {"model_params": {"n_gpu_layers": s.n_gpu_layers}, "context_params": {"n_ctx": 1024}}
     # an unset context: --fit-ctx's, or the training context where that is smaller
     assert _decide(l8, two_gpus, ask=DeviceAsk(split=True), ram="8GiB").n_ctx == min(
         int(l8.get("context_length")), MIN_CTX)

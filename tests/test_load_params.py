@@ -153,4 +153,4 @@ def test_a_user_value_that_contradicts_the_plan_is_refused_where_it_is_applied(t
     d = decide(header, ask, None, resolve_profile("h200-design"), host=CPU_VM)
     assert d.params.n_gpu_layers == 0 and d.params.needed["n_gpu_layers"] == "the plan's placement"
     with pytest.raises(HypuraError, match=r"n_gpu_layers=7 contradicts the plan, which needs 0"):
-        Runtime(header, str(tiny_llama), d.plan, None, d.params, dict(ask.param_overrides))
+        Runtime(header, str(tiny_llama), d)

@@ -15,6 +15,7 @@ import llama_cpp
 
 _SIGNATURE = inspect.signature(llama_cpp.Llama.__init__)
 _KV_STR_BYTES = 128  # llama_model_kv_override's val_str
+LLAMA_SPLIT_MODE_LAYER = llama_cpp.LLAMA_SPLIT_MODE_LAYER
 
 
 def llama_keywords(model_path: str, given: dict) -> dict:

@@ -3,14 +3,17 @@ every front end makes and the one decision (decision.py) answers."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional, Union
 
+from hypura.errors import HypuraError
 from hypura.plan import knobs
 from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
 from hypura.plan.budget import RateOverrides
+from hypura.plan.microbatch import outputs_needed
 from hypura.plan.plan import Plan
 from hypura.sizes import parse_size
 
@@ -63,11 +66,11 @@ class DeviceAsk:
 class Ask:
     """What a load is asked for: one request, made by each front end (hypura.Llama, hypura-cli, hypura serve and
     bench through `Ask.of`; `hypura inspect` and `list --plan` with llama.cpp's values given) and carried unchanged
-    to the one decision (decision.py). The loader (hypura.loaded.load) fills it once: llama-cpp-python's defaults
-    into `llama`, and from them and `param_overrides` the llama.cpp values the decision reads."""
+    to the one decision (decision.py). `Ask.of`, the constructor a load takes, fills it once: llama-cpp-python's
+    defaults into `llama`, and from them and `param_overrides` the llama.cpp values the decision reads."""
 
-    # llama-cpp-python's `Llama` keywords (n_ctx, n_gpu_layers, n_threads, ...; an unknown one raises TypeError at
-    # the load), and Hypura's own (hypura.Llama's docstring says what each does)
+    # llama-cpp-python's `Llama` keywords (n_ctx, n_gpu_layers, n_threads, ...; an unknown one raises TypeError in
+    # Ask.of), and Hypura's own (hypura.Llama's docstring says what each does)
     llama: Mapping[str, object] = field(default_factory=dict)
     plan: Union[Plan, str, os.PathLike, None] = None  # a Plan, a plan file, or "auto"
     gpu_mem: Union[int, str, None] = None  # budgets: a plan is made within them ("SIZE,SIZE": each GPU's, split)
@@ -88,7 +91,7 @@ class Ask:
     # except where they contradict what a plan needs (load_params.py)
     param_overrides: Optional[Mapping[str, Mapping[str, object]]] = field(default_factory=dict)
 
-    # llama.cpp's values the decision reads (the loader fills them from `llama` and `param_overrides`)
+    # llama.cpp's values the decision reads (Ask.of fills them from `llama` and `param_overrides`)
     n_ctx: int = 0  # 0: unset (chosen here)
     n_ubatch: int = knobs.N_UBATCH
     n_batch: int = N_BATCH
@@ -110,14 +113,42 @@ class Ask:
 
     @classmethod
     def of(cls, **kwargs) -> "Ask":
-        """Hypura's keywords by name (the devices' as hypura.Llama takes them: rpc_servers, devices, rpc_mem,
-        split), the rest llama_cpp.Llama's."""
+        """The request a load takes, filled once (_filled): Hypura's keywords by name (the devices' as hypura.Llama
+        takes them: rpc_servers, devices, rpc_mem, split), the rest llama_cpp.Llama's (TypeError for one it does
+        not take, as llama_cpp.Llama raises)."""
         device = {name: kwargs.pop(name) for name in _DEVICE_KEYWORDS if name in kwargs}
         if device:
             kwargs["devices"] = DeviceAsk.of(device.get("rpc_servers"), device.get("devices"), device.get("rpc_mem"),
                                              split=bool(device.get("split")))
-        return cls(llama={k: v for k, v in kwargs.items() if k not in _KEYWORDS},
-                   **{k: v for k, v in kwargs.items() if k in _KEYWORDS})
+        return _filled(cls(llama={k: v for k, v in kwargs.items() if k not in _KEYWORDS},
+                           **{k: v for k, v in kwargs.items() if k in _KEYWORDS}))
+
+
+def _filled(ask: Ask) -> Ask:
+    """`ask` filled once: llama-cpp-python's keywords with their defaults, the params fields copied (never the
+    caller's), and from them the llama.cpp values the decision reads."""
+    from hypura.bindings.llama_params import LLAMA_SPLIT_MODE_LAYER, llama_keywords  # llama_cpp: only for a load
+
+    if ask.param_overrides is not None and not isinstance(ask.param_overrides, dict):
+        raise HypuraError("param_overrides takes a dict: {\"model_params\": {...}, \"context_params\": {...}}")
+    if ask.placement_policy is not None and ask.override_tensor is not None:
+        raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
+    k = llama_keywords("", dict(ask.llama))  # the model's path is the load's
+    overrides = {name: dict(fields) for name, fields in (ask.param_overrides or {}).items()}
+    model, context = overrides.get("model_params", {}), overrides.get("context_params", {})
+    # every row where llama-cpp-python's logits_all, embeddings or a draft verified in the pass read them
+    outputs = outputs_needed(context, bool(k["logits_all"] or k["embedding"] or k["draft_model"] is not None),
+                             ask.parallel + ask.spare_seqs)
+    layer_split = model.get("split_mode", k["split_mode"]) == LLAMA_SPLIT_MODE_LAYER
+    return dataclasses.replace(
+        ask, llama=k, param_overrides=overrides, n_ctx=context.get("n_ctx", k["n_ctx"]) or 0,
+        n_ubatch=context.get("n_ubatch", k["n_ubatch"]), n_batch=context.get("n_batch", k["n_batch"]),
+        n_threads=k["n_threads"], n_threads_batch=k["n_threads_batch"],
+        n_gpu_layers=model.get("n_gpu_layers", k["n_gpu_layers"]), n_outputs=outputs,
+        placement=ask.placement_policy is not None or ask.override_tensor is not None,
+        # llama.cpp's placement of no weights: nothing to fit
+        fit=dataclasses.replace(ask.fit, enabled=False) if k["vocab_only"] else ask.fit,
+        devices=dataclasses.replace(ask.devices, tensor_split=k["tensor_split"] is not None, layer_split=layer_split))
 
 
 _DEVICE_KEYWORDS = ("rpc_servers", "devices", "rpc_mem", "split")

@@ -24,16 +24,18 @@ measures a profile; the RPC devices are measured only where a split is planned).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence, Union
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from hypura.errors import HypuraError
-from hypura.plan import knobs, plan_model
+from hypura.plan import knobs
 from hypura.plan.ask import Ask, Planner
 from hypura.plan.auto import default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
-from hypura.plan.budget import budgets_for, check_budgets, fmt_size
+from hypura.plan.budget import Budgets, budgets_for, check_budgets, fmt_size
 from hypura.plan.load_params import Host, LoadParams, load_params
+from hypura.plan.make import plan_model
 from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan
 from hypura.plan.shares import DeviceShares
@@ -64,13 +66,14 @@ class Decision:
     beside_on_gpu: Optional[bool] = None  # where Ask.beside was reserved (None: nowhere; it places itself)
     devices: Optional[tuple[str, ...]] = None  # llama_model_params.devices (None: llama.cpp's default list)
     shares: Optional[DeviceShares] = None  # the split over several devices, where one was planned (split.py)
-
-    def split_fields(self) -> dict:
-        """llama-cpp-python's keywords the split sets (none without one)."""
-        if self.shares is None:
-            return {}
-        return {"n_gpu_layers": self.shares.n_gpu_layers, "tensor_split": list(self.shares.tensor_split()) or None,
-                "n_ctx": self.shares.n_ctx}
+    # what the load hands llama.cpp and the runtime: llama-cpp-python's keywords and the params fields with what was
+    # decided (the context set once, _load_fields), and the request's own placement, expert cache and router hook
+    keywords: Mapping[str, object] = field(default_factory=dict)
+    param_overrides: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    placement_policy: Optional[Callable] = None  # TensorInfo -> Placement (hypura.runtime.placement)
+    override_tensor: Union[str, Iterable[str], None] = None  # llama.cpp's -ot
+    expert_cache: object = None  # ExpertCacheSettings or slots per layer (the plan's where None)
+    on_route: Optional[Callable] = None
 
 
 Source = Union[FreeMemory, MachineProfile, Callable[[], object], None]
@@ -84,94 +87,120 @@ def decide(header, ask: Ask, free: Source, profile: Source,
     plan with; host: the machine the load's parameters are for (None: this one; without `free`, the profile's);
     devices: the RPC devices and GPUs a split is planned over (split.py). The plan's cost model optimises
     steps of ask.parallel tokens (the sequences decoded together)."""
-    free_now, machine, recorded = _once(free), _once(profile), _once(routing)
-    parallel = ask.parallel
-
-    def applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
-        here = host or (Host.here() if free is not None else Host.profiled(machine()))
-        return Decision(plan, n_ctx, load_params(plan, n_ctx, ask, here), line,
-                        beside_on_gpu=beside_on_gpu, devices=ask.devices.names)
-
-    if ask.devices.given:  # several devices: llama.cpp's placement over them, the split where one is planned
-        if splits(ask):
-            shares = plan_split(header, ask, _once(devices)(), machine(), free_now().ram if free is not None else None)
-            return dataclasses.replace(applied(None, shares.n_ctx, f"hypura: devices: {describe(shares)}"),
-                                       devices=shares.device_names() or ("none",), shares=shares)
+    if ask.devices.given and splits(ask):  # several devices, the split planned over them
+        return _Deciding(header, ask, free, profile, routing, host).split(_once(devices)())
+    if ask.devices.given:  # other device asks: llama.cpp's placement over them
         ask = dataclasses.replace(ask, placement=True)
+    d = _Deciding(header, ask, free, profile, routing, host)
+    if ask.plan is not None or ask.gpu_mem is not None or ask.ram is not None:
+        return d.planned()
+    llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
+    if ask.placement or ask.expert_cache is not None or llama_places or not ask.fit.enabled or free is None:
+        return d.applied(None, ask.n_ctx)
+    return d.default()
 
-    budgets = ask.gpu_mem is not None or ask.ram is not None
 
-    def plan_within(prof, gpu_mem, ram, n_ctx: int, n_ubatch: int = ask.n_ubatch) -> Plan:
-        p, r = ask.planner, recorded()
-        outputs = ask.n_outputs if n_ubatch > ask.n_ubatch else 0  # only a grown micro-batch sets n_outputs_max
-        settings = PlanSettings(n_ctx=n_ctx, n_ubatch=n_ubatch, prefetch_depth=p.prefetch_depth,
-                                kv_bytes_per_element=p.kv_bytes_per_element, parallel=parallel, n_outputs=outputs)
-        plan = plan_model(header, prof, gpu_mem=gpu_mem, ram=ram, disk=p.disk, settings=settings,
-                          overrides=p.overrides, solver=p.solver, expert_probs=r.probs)
-        return dataclasses.replace(plan, routing_tokens=r.tokens) if r.probs else plan
+class _Deciding:
+    """One decision's inputs (the free memory, profile and routing each read at most once, where needed) and the
+    plans it makes; `drafts` records where the plan at each context keeps the draft beside it (on the GPU: True)."""
 
-    def grown(plan: Plan) -> Plan:
-        """The plan at the micro-batch that pays (plan/microbatch.py), made again at its context and budgets once
-        those are chosen; a micro-batch the user gave stands."""
-        if ask.n_ubatch != knobs.N_UBATCH:
-            return plan
-        gpu, ram = plan.memory[GPU]["budget"], plan.memory[RAM]["budget"]
-        return largest_paying(plan, lambda u: plan_within(machine(), gpu, ram, plan.n_ctx, u), plan.n_ctx)
+    def __init__(self, header, ask: Ask, free: Source, profile: Source, routing, host: Optional[Host]):
+        self.header, self.ask, self.host, self.here = header, ask, host, free is not None
+        self.free, self.machine, self.recorded = _once(free), _once(profile), _once(routing)
+        self.drafts: dict[int, bool] = {}
 
-    if ask.plan is not None or budgets:
+    def applied(self, plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None,
+                shares: Optional[DeviceShares] = None) -> Decision:
+        """The decision, with everything llama.cpp's load is handed (load_params.py, _load_fields)."""
+        ask = self.ask
+        host = self.host or (Host.here() if self.here else Host.profiled(self.machine()))
+        params = load_params(plan, n_ctx, ask, host)
+        keywords, fields = _load_fields(ask, n_ctx, params, shares)
+        devices = ask.devices.names if shares is None else shares.device_names() or ("none",)
+        return Decision(plan, n_ctx, params, line, beside_on_gpu=beside_on_gpu, devices=devices, shares=shares,
+                        keywords=keywords, param_overrides=fields, placement_policy=ask.placement_policy,
+                        override_tensor=ask.override_tensor, expert_cache=ask.expert_cache, on_route=ask.on_route)
+
+    def split(self, devices: Devices) -> Decision:
+        """The layers split over several devices and the host (split.py), loaded as llama.cpp's layer split."""
+        shares = plan_split(self.header, self.ask, devices, self.machine(),
+                            self.free().ram if self.here else None)
+        return self.applied(None, shares.n_ctx, f"hypura: devices: {describe(shares)}", shares=shares)
+
+    def planned(self) -> Decision:
+        """A plan given, or made now within the budgets (or "auto"), at the context asked or one chosen."""
+        ask, budgets = self.ask, self.ask.gpu_mem is not None or self.ask.ram is not None
         if ask.placement:
             raise HypuraError("give one of plan (or gpu_mem/ram budgets), placement_policy and override_tensor")
-        if budgets and free is not None:
-            check_budgets(ask.gpu_mem, ask.ram, free_now())
+        if budgets and self.here:
+            check_budgets(ask.gpu_mem, ask.ram, self.free())
         if ask.plan is not None and str(ask.plan) != "auto":
             if budgets:
                 raise HypuraError("give a plan or gpu_mem/ram budgets (which make a plan), not both")
             plan = ask.plan if isinstance(ask.plan, Plan) else Plan.load(ask.plan)
-            plan.check_model(header)
-            return applied(plan, ask.n_ctx or plan.n_ctx)
-        plan_at, drafts = lambda c: plan_within(machine(), ask.gpu_mem, ask.ram, c), {}  # noqa: E731
+            plan.check_model(self.header)
+            return self.applied(plan, ask.n_ctx or plan.n_ctx)
+        beside = None  # the budgets a draft beside is reserved within
         if ask.beside is not None:
-            b = budgets_for(machine(), 0 if ask.planner.overrides.no_gpu else ask.gpu_mem, ask.ram)
-            beside = _beside_planned(ask.beside, plan_within, b.unified, drafts)
-            plan_at = lambda c: beside(machine(), b.gpu, b.ram, c)  # noqa: E731
+            beside = budgets_for(self.machine(), 0 if ask.planner.overrides.no_gpu else ask.gpu_mem, ask.ram)
+        plan_at = functools.partial(self.within_budgets, beside)
         if ask.n_ctx:
-            return applied(grown(plan_at(ask.n_ctx)), ask.n_ctx, beside_on_gpu=drafts.get(ask.n_ctx))
-        plan = grown(plan_unset_context(plan_at, header, ask.fit.min_ctx))
-        on_gpu = drafts.get(plan.n_ctx)
+            return self.applied(self.grown(plan_at(ask.n_ctx)), ask.n_ctx, beside_on_gpu=self.drafts.get(ask.n_ctx))
+        plan = self.grown(plan_unset_context(plan_at, self.header, ask.fit.min_ctx))
+        on_gpu = self.drafts.get(plan.n_ctx)
         line = f"hypura: plan{' from the budgets' if budgets else ''}: {summary(plan)}"
-        return applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
-    llama_places = ask.n_gpu_layers not in (0, -1)  # -ngl N: llama.cpp's split, as given
-    if ask.placement or ask.expert_cache is not None or llama_places or not ask.fit.enabled or free is None:
-        return applied(None, ask.n_ctx)
-    mem = free_now()
-    on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None
-    unified = on_gpu and unified_memory()
-    within, reserve, drafts, first = plan_within, (lambda c: (0, 0)), {}, (lambda c: None)
-    if ask.beside is not None:
-        gpu_cap = free_caps(mem, ask.fit, on_gpu)[0]
-        first = lambda c: ask.beside.options(gpu_cap, c)[0]  # noqa: E731  (beside llama.cpp's placement: the GPU if it fits)
-        reserve = lambda c: ask.beside.reserved(first(c), c, unified)  # noqa: E731
-        within = _beside_planned(ask.beside, plan_within, unified, drafts)
-    plan, n_ctx, line, fits = default_path(
-        header, ask.n_ctx, ask.n_ubatch, ask.n_gpu_layers != 0, ask.fit, mem, unified, machine,
-        lambda prof, b, c: within(prof, b.gpu, b.ram, c), ask.always_plan, reserve, grown)
-    draft_on_gpu = first(n_ctx) if fits else drafts.get(n_ctx)
-    line += _beside_note(ask.beside, draft_on_gpu, n_ctx)
-    return dataclasses.replace(applied(plan, n_ctx, line, draft_on_gpu), free=mem, fits=fits)
+        return self.applied(plan, plan.n_ctx, line + _beside_note(ask.beside, on_gpu, plan.n_ctx), on_gpu)
 
+    def default(self) -> Decision:
+        """The default path (plan/auto.py): llama.cpp's placement where the model fits the free memory, else a
+        plan within it; a draft beside reserved in either."""
+        ask, mem = self.ask, self.free()
+        on_gpu = ask.n_gpu_layers != 0 and mem.gpu is not None
+        fit = _DefaultFit(self, on_gpu and unified_memory(), free_caps(mem, ask.fit, on_gpu)[0])
+        plan, n_ctx, line, fits = default_path(
+            self.header, ask.n_ctx, ask.n_ubatch, ask.n_gpu_layers != 0, ask.fit, mem, fit.unified, self.machine,
+            fit.within, ask.always_plan, fit.reserve, self.grown)
+        draft_on_gpu = fit.first(n_ctx) if fits else self.drafts.get(n_ctx)
+        line += _beside_note(ask.beside, draft_on_gpu, n_ctx)
+        return dataclasses.replace(self.applied(plan, n_ctx, line, draft_on_gpu), free=mem, fits=fits)
 
-def _beside_planned(beside: Beside, plan_within: Callable, unified: bool, drafts: dict) -> Callable:
-    """plan_within(profile, gpu, ram, n_ctx) with `beside` kept within those budgets: on the GPU (when it fits
-    there) and in RAM, the plan whose speculative pass is faster (plan/beside.py); drafts[n_ctx] records where."""
-    def planned(prof, gpu: int, ram: int, n_ctx: int) -> Plan:
-        best, error = None, None
+    def within_budgets(self, beside: Optional[Budgets], n_ctx: int) -> Plan:
+        """The plan within the asked budgets at `n_ctx`; with a draft beside, within `beside` less its room."""
+        if beside is None:
+            return self.plan_within(self.machine(), self.ask.gpu_mem, self.ask.ram, n_ctx)
+        return self.beside_planned(self.machine(), beside.gpu, beside.ram, n_ctx, beside.unified)
+
+    def plan_within(self, prof, gpu_mem, ram, n_ctx: int, n_ubatch: Optional[int] = None) -> Plan:
+        """The plan of the model within these budgets, at this context and micro-batch (the asked one: None)."""
+        ask, p, r = self.ask, self.ask.planner, self.recorded()
+        n_ubatch = ask.n_ubatch if n_ubatch is None else n_ubatch
+        outputs = ask.n_outputs if n_ubatch > ask.n_ubatch else 0  # only a grown micro-batch sets n_outputs_max
+        settings = PlanSettings(n_ctx=n_ctx, n_ubatch=n_ubatch, prefetch_depth=p.prefetch_depth,
+                                kv_bytes_per_element=p.kv_bytes_per_element, parallel=ask.parallel, n_outputs=outputs)
+        plan = plan_model(self.header, prof, gpu_mem=gpu_mem, ram=ram, disk=p.disk, settings=settings,
+                          overrides=p.overrides, solver=p.solver, expert_probs=r.probs)
+        return dataclasses.replace(plan, routing_tokens=r.tokens) if r.probs else plan
+
+    def grown(self, plan: Plan) -> Plan:
+        """The plan at the micro-batch that pays (plan/microbatch.py), made again at its context and budgets once
+        those are chosen; a micro-batch the user gave stands."""
+        if self.ask.n_ubatch != knobs.N_UBATCH:
+            return plan
+        again = functools.partial(self.plan_within, self.machine(), plan.memory[GPU]["budget"],
+                                  plan.memory[RAM]["budget"], plan.n_ctx)
+        return largest_paying(plan, again, plan.n_ctx)
+
+    def beside_planned(self, prof, gpu: int, ram: int, n_ctx: int, unified: bool) -> Plan:
+        """The plan within (gpu, ram) with the draft beside kept within them too: on the GPU (when it fits there)
+        and in RAM, the plan whose speculative pass is faster (plan/beside.py); `drafts` records where."""
+        beside, best, error = self.ask.beside, None, None
         for on_gpu in beside.options(gpu, n_ctx):
             g, r = beside.reserved(on_gpu, n_ctx, unified)
             try:
                 if r > ram:
                     raise HypuraError(f"the draft {beside.name} needs {fmt_size(r)} of RAM at context {n_ctx}, "
                                       f"more than the {fmt_size(ram)} budget")
-                plan = plan_within(prof, gpu - g, ram - r, n_ctx)
+                plan = self.plan_within(prof, gpu - g, ram - r, n_ctx)
             except HypuraError as e:
                 error = error or e
                 continue
@@ -180,9 +209,46 @@ def _beside_planned(beside: Beside, plan_within: Callable, unified: bool, drafts
                 best = (seconds, on_gpu, plan)
         if best is None:
             raise error
-        drafts[n_ctx] = best[1]
+        self.drafts[n_ctx] = best[1]
         return best[2]
-    return planned
+
+
+@dataclass(frozen=True)
+class _DefaultFit:
+    """The default path's view of a draft beside (none: nothing reserved): beside llama.cpp's placement it goes to
+    the GPU if it fits the free GPU memory (`gpu_cap`); a plan keeps its own room for it."""
+
+    deciding: _Deciding
+    unified: bool
+    gpu_cap: int
+
+    def first(self, n_ctx: int) -> Optional[bool]:
+        beside = self.deciding.ask.beside
+        return None if beside is None else beside.options(self.gpu_cap, n_ctx)[0]
+
+    def reserve(self, n_ctx: int) -> tuple[int, int]:
+        beside = self.deciding.ask.beside
+        return (0, 0) if beside is None else beside.reserved(self.first(n_ctx), n_ctx, self.unified)
+
+    def within(self, prof, caps, n_ctx: int) -> Plan:
+        if self.deciding.ask.beside is None:
+            return self.deciding.plan_within(prof, caps.gpu, caps.ram, n_ctx)
+        return self.deciding.beside_planned(prof, caps.gpu, caps.ram, n_ctx, self.unified)
+
+
+def _load_fields(ask: Ask, n_ctx: int, params: LoadParams, shares: Optional[DeviceShares]) -> tuple[dict, dict]:
+    """llama-cpp-python's keywords and the params fields a load hands llama.cpp: the caller's, with the context,
+    its batches and threads decided (load_params.py) and a split's layers over its devices; n_ctx set here alone."""
+    keywords = dict(ask.llama)
+    fields = {name: dict(given) for name, given in (ask.param_overrides or {}).items()}
+    if shares is not None:  # llama.cpp's layer split over the devices, as llama-completion's flags set it
+        keywords.update(n_gpu_layers=shares.n_gpu_layers, tensor_split=list(shares.tensor_split()) or None)
+        fields.setdefault("model_params", {})["n_gpu_layers"] = shares.n_gpu_layers
+    keywords.update(params.keywords())
+    context = fields.setdefault("context_params", {})
+    if shares is not None or "n_ctx" in context:  # a field the caller gave (or the split's) holds the one context
+        context["n_ctx"] = n_ctx
+    return keywords, fields
 
 
 def _beside_note(beside: Optional[Beside], on_gpu: Optional[bool], n_ctx: int) -> str:

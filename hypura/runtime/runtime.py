@@ -1,6 +1,6 @@
-"""The runtime of one model: built from (header, plan or placement policy, the decision's llama.cpp
-parameters, settings), it applies those parameters over the caller's (params.py), and makes the placement
-policy and fill hooks of the load, the per-layer and router hooks of the compute, and owns every lifetime.
+"""The runtime of one model: built from the model's header and the one decision (hypura.plan.decision: the plan or
+placement policy, llama.cpp's parameters, the expert cache), it applies those parameters over the caller's
+(params.py), and makes the placement policy and fill hooks of the load, the per-layer and router hooks of the compute, and owns every lifetime.
 
 Lifetimes (one ExitStack each, closed in reverse order of entry):
   `_users`: what reads or copies into the model's memory (the pager's readers, expert-cache copies,
@@ -25,7 +25,7 @@ from hypura.bindings.batch import Batch
 from hypura.bindings.ffi import ffi, lib
 from hypura.errors import HypuraError
 from hypura.plan import Plan
-from hypura.plan.load_params import LoadParams
+from hypura.plan.decision import Decision
 from hypura.profile.devices import has_gpu
 from hypura.runtime.dense.layer_streamer import LayerStreamer
 from hypura.runtime.dense.stream_layout import StreamLayout
@@ -35,6 +35,7 @@ from hypura.runtime.moe.expert_paging import ExpertPager, paged_tensors
 from hypura.runtime.moe.expert_streaming import EXPERT_NAMES, ExpertCacheSettings, ExpertStreamer
 from hypura.runtime.load_reads import LoadReads, load_reads
 from hypura.runtime.mapped_weights import PIN_THREADS, MappedWeights
+from hypura.runtime.overrides import overrides_policy
 from hypura.runtime.params import LlamaParams
 from hypura.runtime.placement import FileFiller, LoaderHooks, Placement, PlacementPolicy, Tier
 from hypura.runtime.plan_policy import homes_mapped, plan_layout, plan_policy
@@ -45,14 +46,13 @@ from hypura.runtime.transfers import Transfers
 
 
 class Runtime:
-    def __init__(self, header, model_path: str, plan: Optional[Plan], policy: Optional[PlacementPolicy],
-                 load: LoadParams, param_overrides: Optional[dict] = None,
-                 expert_cache: Optional[ExpertCacheSettings] = None, on_route: Optional[Callable] = None):
-        """plan: a resolved Plan, or None (then `policy` places every tensor); load: the decision's llama.cpp
-        parameters (plan/load_params.py); expert_cache: slots per MoE layer (default: the plan's); on_route: a
-        callback of every MoE layer's chosen experts."""
-        self.header, self.plan, self.on_route = header, plan, on_route
-        self.params = LlamaParams(param_overrides)
+    def __init__(self, header, model_path: str, decision: Decision):
+        """Applies `decision` (hypura.plan.decision): its plan, or without one its placement policy or -ot rules
+        placing every tensor; its llama.cpp parameters (plan/load_params.py) over the caller's fields; its expert
+        cache (slots per MoE layer; default: the plan's) and its callback of every MoE layer's chosen experts."""
+        plan, load, expert_cache = decision.plan, decision.params, decision.expert_cache
+        self.header, self.plan, self.on_route = header, plan, decision.on_route
+        self.params = LlamaParams(decision.param_overrides)
         for struct, fields in load.fields().items():
             for key, value in fields.items():
                 if key in load.needed:
@@ -61,7 +61,8 @@ class Runtime:
                     self.params.decided(struct, **{key: value})
         # llama.cpp's n_outputs_max where the decision set it (plan/microbatch.py); 0: every token of a batch
         self.outputs_max = int(self.params.merged()["context_params"].get("n_outputs_max") or 0)
-        self.expert_cache = expert_cache  # the caller's: a plan's slots are its default, after the plan's checks
+        # the caller's: a plan's slots are its default, after the plan's checks
+        self.expert_cache = ExpertCacheSettings(slots=expert_cache) if isinstance(expert_cache, int) else expert_cache
         self.mapped: Optional[MappedWeights] = None
         self.layout, self.pager = StreamLayout.empty(), None
         self.streamer: Optional[LayerStreamer] = None
@@ -69,7 +70,7 @@ class Runtime:
         self._caches_of = None
         self._users, self._stack = contextlib.ExitStack(), contextlib.ExitStack()
         try:
-            self._assemble(model_path, policy)
+            self._assemble(model_path, decision.placement_policy or overrides_policy(decision.override_tensor))
         except BaseException:
             self.close()  # what opened before the failure (readers, the mapping, the pager, the loader thread)
             raise
