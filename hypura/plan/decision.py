@@ -33,6 +33,7 @@ from hypura.plan.ask import Ask, Planner
 from hypura.plan.auto import default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
 from hypura.plan.budget import budgets_for, check_budgets, fmt_size
+from hypura.plan.kv_cells import CellChoice, choose_cells
 from hypura.plan.load_params import Host, LoadParams, load_params
 from hypura.plan.microbatch import largest_paying
 from hypura.plan.plan import Plan
@@ -64,6 +65,7 @@ class Decision:
     beside_on_gpu: Optional[bool] = None  # where Ask.beside was reserved (None: nowhere; it places itself)
     devices: Optional[tuple[str, ...]] = None  # llama_model_params.devices (None: llama.cpp's default list)
     shares: Optional[DeviceShares] = None  # the split over several devices, where one was planned (split.py)
+    cells: Optional[CellChoice] = None  # Ask.kv_cells: the unified cache's cells chosen, and why (kv_cells.py)
 
     def split_fields(self) -> dict:
         """llama-cpp-python's keywords the split sets (none without one)."""
@@ -86,6 +88,9 @@ def decide(header, ask: Ask, free: Source, profile: Source,
     steps of ask.parallel tokens (the sequences decoded together)."""
     free_now, machine, recorded = _once(free), _once(profile), _once(routing)
     parallel = ask.parallel
+    if ask.kv_cells and ask.n_ctx:  # the cells of a cache the sequences share: chosen by kv_cells.py
+        return choose_cells(header, ask, lambda a: decide(header, a, free_now if free is not None else None, machine,
+                                                          recorded, host, devices))
 
     def applied(plan: Optional[Plan], n_ctx: int, line: str = "", beside_on_gpu: Optional[bool] = None) -> Decision:
         here = host or (Host.here() if free is not None else Host.profiled(machine()))
