@@ -136,17 +136,19 @@ def choose_cells(header, ask, decide_at: Callable):
     if not planned:
         raise refused
     smallest = planned[min(planned)].plan
-    cells, why = _pick({c: d.plan for c, d in planned.items()}, per_seq, parallel)
+    cells, why = _pick(planned, per_seq, parallel)
     chosen = full if cells == asked else at(cells)
     return _with(chosen, _choice(chosen, cells, per_seq, parallel, kv_bytes, ask.n_gpu_layers != 0, smallest, why))
 
 
-def _pick(plans: dict[int, Plan], per_seq: int, parallel: int) -> tuple[int, str]:
-    """(cells, why) among the planned candidates (module docstring)."""
+def _pick(planned: dict, per_seq: int, parallel: int) -> tuple[int, str]:
+    """(cells, why) among the candidates' decisions, each with a plan (module docstring)."""
+    plans = {c: d.plan for c, d in planned.items()}
     smallest = plans[min(plans)]
     if not (smallest.rates.has_gpu and smallest.memory[GPU]["budget"] > 0):
-        tiers = smallest.bytes_by_tier()
-        return max(c for c, p in plans.items() if p.bytes_by_tier() == tiers), "the most RAM holds beside the weights"
+        tiers = smallest.bytes_by_tier()  # llama.cpp's placement, where it fits, keeps every weight in RAM
+        return (max(c for c, d in planned.items() if d.fits or d.plan.bytes_by_tier() == tiers),
+                "the most RAM holds beside the weights")
     scores = {c: score(p, c, per_seq, parallel) for c, p in plans.items()}
     best = min(scores.values())
     return max(c for c, s in scores.items() if s <= best * (1 + CTX_DECODE_TOLERANCE)), "the fastest for one and all"
