@@ -58,8 +58,9 @@ def test_on_a_24gb_gpu_the_cells_that_pay_displace_weights_and_no_more(header):
     assert cells.weights_given == gpu_weights[PER_SEQ] - gpu_weights[cells.cells] > 0
     assert cells.kv_bytes == d.plan.kv_bytes == header_kv(header, cells.cells)
     assert cells.held == cells.cells // PER_SEQ and cells.one_tok_s == rate_at(d.plan, 1)
-    assert f"KV cells {cells.cells} of {ASKED} (-np {PARALLEL} x -c {PER_SEQ})" in d.line and "on the GPU" in d.line
-    assert "of weights on the GPU" in d.line
+    said = cells.describe()
+    assert f"KV cells {cells.cells} of {ASKED} (-np {PARALLEL} x -c {PER_SEQ})" in said and "on the GPU" in said
+    assert "of weights on the GPU" in said and "KV cells" not in d.line  # the decision's own line stays its own
 
 
 def header_kv(header, cells: int) -> int:
@@ -87,7 +88,7 @@ def test_on_a_cpu_host_the_cells_are_what_ram_holds_beside_the_weights(header, r
     assert fits[want] and all(not f for c, f in fits.items() if c > want)  # the oracle: llama.cpp's fit check
     d = decide(header, dataclasses.replace(ask, kv_cells=True), free(ram_gib), profile)
     assert d.n_ctx == d.cells.cells == want and d.cells.tier == RAM and d.fits and d.plan is None
-    assert d.cells.kv_bytes == header_kv(header, want) and "of weights on the GPU" not in d.line
+    assert d.cells.kv_bytes == header_kv(header, want) and "of weights on the GPU" not in d.cells.describe()
     assert d.line.startswith(f"hypura: fits: llama.cpp's placement (in RAM), context {want}")
 
 
@@ -106,7 +107,7 @@ def test_one_sequence_or_a_given_plan_take_the_cells_asked(header):
     assert one.n_ctx == one.cells.cells == PER_SEQ
     plan = decide(header, Ask(plan="auto", gpu_mem="4GiB", n_ctx=ASKED, parallel=PARALLEL), None, profile).plan
     given = decide(header, Ask(plan=plan, parallel=PARALLEL, n_ctx=ASKED, kv_cells=True), None, profile)
-    assert given.plan is plan and given.n_ctx == ASKED and "the placement was given" in given.line
+    assert given.plan is plan and given.n_ctx == ASKED and "the placement was given" in given.cells.describe()
 
 
 def test_rate_at_reads_the_plans_own_predictions(tmp_path):

@@ -106,8 +106,7 @@ def score(plan: Plan, cells: int, per_seq: int, parallel: int) -> float:
 
 def choose_cells(header, ask, decide_at: Callable):
     """The decision for `ask` (an Ask with kv_cells, n_ctx = -np x -c) at the cells chosen (module docstring), with
-    its CellChoice (Decision.cells) and its line saying so. decide_at(ask): decision.decide for an ask without
-    kv_cells."""
+    its CellChoice (Decision.cells). decide_at(ask): decision.decide for an ask without kv_cells."""
     dims = model_units(header).dims
 
     def kv_bytes(cells: int) -> int:  # the cache's bytes where no plan says
@@ -168,8 +167,8 @@ def _choice(d, cells: int, per_seq: int, parallel: int, kv_bytes: Callable[[int]
 
 
 def _with(d, choice: CellChoice):
-    line = f"{d.line}; {choice.describe()}" if d.line else f"hypura: {choice.describe()}"
-    return dataclasses.replace(d, cells=choice, line=line)
+    """The decision with its choice; its line stays the decision's (`inspect -kvu` and the server say the choice)."""
+    return dataclasses.replace(d, cells=choice)
 
 
 __all__ = ["CellChoice", "candidates", "choose_cells", "rate_at", "score"]
