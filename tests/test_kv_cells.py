@@ -138,3 +138,24 @@ def test_inspect_says_the_cells_where_they_live_and_their_cost(header):
                                      "24gb-gpu-64gb", "--gpu-mem", "4GiB"])
     assert r.exit_code == 0, r.output
     assert "of 2048 (-np 2 x -c 1024)" in r.output
+
+
+def test_the_servers_start_line_says_the_cells(smollm2_path, n_threads, caplog):
+    """`hypura serve -kvu` on this (pinned, GPU-less) machine: SmolLM2 fits, so every sequence's cells, in RAM."""
+    pytest.importorskip("uvicorn")
+    from hypura.serve.server import start_engine
+    from hypura.serve.settings import ServeSettings
+
+    settings = ServeSettings(parallel=2, n_ctx=128, kv_unified=True,
+                             llama_kwargs={"n_threads": n_threads, "n_threads_batch": n_threads})
+    with caplog.at_level("INFO", logger="hypura.serve"):
+        llm, engine = start_engine(smollm2_path, settings)
+    try:
+        assert llm.decision.cells.cells == llm.context.n_ctx() == 256 and engine.n_ctx_per_seq == 256
+    finally:
+        engine.close()
+        llm.close()
+    lines = [r.getMessage() for r in caplog.records if "--kv-unified" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert ("--kv-unified: KV cells 256 of 256 (-np 2 x -c 128)" in lines[0] and "in RAM" in lines[0]
+            and "llama.cpp's placement fits them" in lines[0] and "llama.cpp holds 256 cells" in lines[0])
