@@ -11,14 +11,20 @@ fit there. Greedy text over random weights hangs on near ties that any change of
 micro-batch size moves it), so the models' block outputs are scaled to nothing (--block-out-scale 0.000001): the
 text then follows the embeddings and the head, and a row tells a crash, an abort, a NaN or a lost request, not
 the last bits. Those are the GPU tests' (tests/test_gpu_placement.py, run on the same subsets first: logits
-bitwise against vanilla). `hypura bench` rows pass on a clean exit with figures. Writes smoke.md (the table) and
-smoke.json to --out; exit status 1 when a row fails.
+bitwise against vanilla). `hypura bench` rows pass on a clean exit with figures. `hypura serve -kvu` rows (the
+sequences share the KV cells the planner chose) pass when one request's greedy text is the same request's through
+the server without -kvu. Writes smoke.md (the table) and smoke.json to --out; exit status 1 when a row fails.
+
+    python3 bench/gpu_smoke.py --dry-run --dense TINY.gguf --moe TINY_MOE.gguf [--out DIR]
+
+runs the -kvu rows alone on a CPU host (tiny synthetic models, CPU budgets): their own path, before a GPU machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -51,6 +57,9 @@ PLANS = {
     "moe-disk": ("moe", ["--gpu-mem", "1GiB", "--ram", "1GiB"], "experts paged from disk"),
 }
 TIMEOUT_S = 180
+KVU_PLANS = ("dense-ram-streamed", "moe-pinned")  # serve -kvu's rows: a dense streamed plan, an MoE pinned one
+# --dry-run: the rows' own path on a CPU host, each plan's flags made CPU budgets (no GPU), no vanilla reference
+DRY_FLAGS = ["--gpu-mem", "0", "--ram", "4GiB"]
 
 
 @dataclass
@@ -95,8 +104,8 @@ class Smoke:
         self.out.mkdir(parents=True, exist_ok=True)
         self.flags = {}  # plan -> its flags, plan files made
         for plan, (model, flags, _) in PLANS.items():
-            self.flags[plan] = [forced_plan(self.models[model], f[5:], self.out) if f.startswith("PLAN:") else f
-                                for f in flags]
+            self.flags[plan] = list(DRY_FLAGS) if args.dry_run else [
+                forced_plan(self.models[model], f[5:], self.out) if f.startswith("PLAN:") else f for f in flags]
 
     # --- reference: vanilla llama.cpp of the same build, the whole model on the GPU --------------------------------
     def vanilla(self) -> None:
@@ -182,28 +191,18 @@ class Smoke:
         self.rows.append(Row(f"hypura bench {label}", plan, "-", "pass" if ok else "FAIL", time.time() - t0,
                              _bench_line(r.stdout) if ok else "no figures in its JSON"))
 
-    def serve(self, plan: str) -> None:
-        """hypura serve (-np 4): four clients at once, each prompt, through OpenAI's and Ollama's routes."""
+    @contextlib.contextmanager
+    def _server(self, plan: str, extra: tuple[str, ...] = (), log_name: str = ""):
+        """`hypura serve -np 4` of the plan's model and flags (and `extra`), ready: (its URL, the model's name)."""
         model, flags = PLANS[plan][0], self.flags[plan]
         port = _free_port()
-        log = open(self.out / f"serve-{plan}.log", "w")
-        t0 = time.time()
+        log = open(self.out / f"{log_name or f'serve-{plan}'}.log", "w")
         server = subprocess.Popen([sys.executable, "-m", "hypura.cli.main", "serve", "-m", self.models[model],
-                                   "--port", str(port), "-np", "4", "-c", str(4 * CTX), *flags],
+                                   "--port", str(port), "-np", "4", "-c", str(4 * CTX), *flags, *extra],
                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         try:
-            name = _wait_ready(base, server)
-            asks = [("openai", p) for p in PROMPTS] + [("ollama", "100")]
-            with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
-                futures = [(route, p, pool.submit(_ask, base, name, route, PROMPTS[p])) for route, p in asks]
-                for route, p, f in futures:
-                    try:
-                        self._compare(f"hypura serve ({route})", plan, p, f.result(timeout=TIMEOUT_S), t0)
-                    except Exception as e:
-                        self._fail(f"hypura serve ({route})", plan, p, t0, f"{type(e).__name__}: {e}")
-        except Exception as e:
-            self._fail("hypura serve", plan, "all", t0, f"{type(e).__name__}: {e}")
+            yield base, _wait_ready(base, server)
         finally:
             server.terminate()
             try:
@@ -212,8 +211,42 @@ class Smoke:
                 server.kill()
             log.close()
 
+    def serve(self, plan: str) -> None:
+        """hypura serve (-np 4): four clients at once, each prompt, through OpenAI's and Ollama's routes."""
+        t0 = time.time()
+        try:
+            with self._server(plan) as (base, name):
+                asks = [("openai", p) for p in PROMPTS] + [("ollama", "100")]
+                with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+                    futures = [(route, p, pool.submit(_ask, base, name, route, PROMPTS[p])) for route, p in asks]
+                    for route, p, f in futures:
+                        try:
+                            self._compare(f"hypura serve ({route})", plan, p, f.result(timeout=TIMEOUT_S), t0)
+                        except Exception as e:
+                            self._fail(f"hypura serve ({route})", plan, p, t0, f"{type(e).__name__}: {e}")
+        except Exception as e:
+            self._fail("hypura serve", plan, "all", t0, f"{type(e).__name__}: {e}")
+
+    def serve_kvu(self, plan: str, prompt: str = "100") -> None:
+        """hypura serve -kvu (the sequences share the cells the planner chose): one request, whose greedy text must be
+        the same request's through the server without -kvu (same flags, same build); the cells chosen in the detail."""
+        front, t0, texts = "hypura serve -kvu", time.time(), {}
+        for kvu in (False, True):
+            log_name = f"serve-{plan}{'-kvu' if kvu else '-nokvu'}"
+            try:
+                with self._server(plan, ("-kvu",) if kvu else (), log_name) as (base, name):
+                    texts[kvu] = _ask(base, name, "openai", PROMPTS[prompt])
+            except Exception as e:
+                return self._fail(front, plan, prompt, t0, f"{'with' if kvu else 'without'} -kvu: "
+                                                           f"{type(e).__name__}: {e}")
+        log = (self.out / f"{log_name}.log").read_text(errors="replace")
+        cells = next((ln.split("--kv-unified: ", 1)[1] for ln in log.splitlines() if "--kv-unified: " in ln), "")
+        same = texts[True] == texts[False]
+        detail = cells if same else f"got {texts[True]!r}, without -kvu {texts[False]!r}; {cells}"
+        self.rows.append(Row(front, plan, prompt, "pass" if same else "DIFFERS", time.time() - t0, detail))
+
     # --- report -----------------------------------------------------------------------------------------------
-    def report(self, plans: dict[str, str]) -> int:
+    def report(self, plans: dict[str, str], note: str = "") -> int:
         lines = ["| front end | plan | prompt tokens | result | s | detail |", "|---|---|---|---|---|---|"]
         for r in self.rows:
             lines.append(f"| {r.front} | {r.plan} | {r.prompt} | {r.result} | {r.seconds:.1f} | "
@@ -222,7 +255,7 @@ class Smoke:
         head = [f"# GPU smoke: {len(self.rows) - len(failed)} of {len(self.rows)} rows pass", "",
                 "Plans (budgets over the H200 design profile, what `hypura inspect` chose):", ""]
         head += [f"- **{p}** `{' '.join(PLANS[p][1]) or 'no flags'}`: {PLANS[p][2]}; {plans.get(p, '')}"
-                 for p in PLANS] + [""]
+                 for p in PLANS] + [""] + ([note, ""] if note else [])
         text = "\n".join(head + lines) + "\n"
         (self.out / "smoke.md").write_text(text)
         (self.out / "smoke.json").write_text(json.dumps([asdict(r) for r in self.rows], indent=1))
@@ -299,12 +332,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dense", required=True)
     ap.add_argument("--moe", required=True)
-    ap.add_argument("--draft", required=True, help="a draft model for --dense (hypura synth --draft-for)")
-    ap.add_argument("--bin", required=True, help="the folder of the build's llama-completion")
+    ap.add_argument("--draft", help="a draft model for --dense (hypura synth --draft-for)")
+    ap.add_argument("--bin", help="the folder of the build's llama-completion")
     ap.add_argument("--out", default="smoke")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="On a CPU host: the serve -kvu rows alone, on tiny models (hypura synth tiny-llama, "
+                         f"tiny-qwen3moe), every plan's flags made `{' '.join(DRY_FLAGS)}`: the rows' own path checked")
     args = ap.parse_args()
+    if not args.dry_run and not (args.draft and args.bin):
+        ap.error("--draft and --bin are needed (but for --dry-run)")
     os.environ.setdefault("HYPURA_PROFILE", "h200-design")
     s = Smoke(args)
+    if args.dry_run:
+        for plan in KVU_PLANS:
+            s.serve_kvu(plan)
+        return s.report({}, f"Dry run on the CPU: every plan's flags `{' '.join(DRY_FLAGS)}`, tiny models.")
     plans = _inspect(s)
     s.vanilla()
     for plan in PLANS:  # hypura.Llama takes every prompt in one load; the CLI the long one (its prompt, then decode)
@@ -313,6 +355,8 @@ def main() -> int:
     s.cli("dense-ram-streamed", ["100"], ("-md", args.draft), front="hypura-cli -md")
     s.serve("dense-cpu")
     s.serve("moe-pinned")
+    for plan in KVU_PLANS:
+        s.serve_kvu(plan)
     for plan in ("dense-ram-streamed", "dense-cpu", "moe-pinned", "moe-disk"):
         s.bench(plan, ["-p", "2048", "-n", "8"])
     for plan in ("dense-ram-streamed", "moe-pinned"):

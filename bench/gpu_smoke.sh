@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU smoke, first on any GPU machine: the library (prebuilt where it serves, else built), the GPU tests, two
 # layer subsets of real shapes and a draft, the GPU tests on them, then bench/gpu_smoke.py's table of front ends x
-# plans x prompts.
+# plans x prompts (serve -kvu among them: a dense streamed plan and an MoE pinned one, each request's greedy text
+# the same without -kvu; `python3 bench/gpu_smoke.py --dry-run ...` runs those rows on a CPU host).
 #   bash bench/gpu_smoke.sh          carry [".whl", ".device", ".prebuilt"] (bench/device_prep.sh; .anchors too
 #                                    where no prebuilt library matches the patches)
-# About 4 minutes after set-up. $OUT gets smoke.md (the table), smoke.json, the GPU tests' output (tiny models, and
+# About 5 minutes after set-up. $OUT gets smoke.md (the table), smoke.json, the GPU tests' output (tiny models, and
 # the subsets: pytest-gpu.txt, pytest-gpu-real-sizes.txt) and smoke-logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -68,6 +68,10 @@ def _ram_floor(plan, header, planner: Planner, routing: Routing, parallel: int) 
                    "may take a larger one.")
 @click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True,
               help="Sequences decoded together (hypura serve/bench --parallel): plan for steps of this many tokens.")
+@click.option("-kvu", "--kv-unified", "kv_unified", is_flag=True,
+              help="As `hypura serve -np N -kvu` loads it: the N sequences share the KV cache's cells, as many as the "
+                   "planner chooses (at most N x -c; -c is then each sequence's context, as serve's, default 4096 "
+                   "within the training context); says the cells, where they live and what they cost the GPU.")
 @click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default="f16", show_default=True,
               help="KV cache element type (llama.cpp -ctk/-ctv).")
 @click.option("--profile", "profile_spec", metavar="FILE|NAME",
@@ -94,7 +98,7 @@ def _ram_floor(plan, header, planner: Planner, routing: Routing, parallel: int) 
 @click.option("--split", is_flag=True, help="Split the layers over every device (the profile's GPUs, the RPC "
                                             "servers) and the host, as llama.cpp's -sm layer runs them; --gpu-mem "
                                             "then takes a size per GPU (SIZE,SIZE,...).")
-def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
+def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_unified, kv_type, profile_spec, gpu_bw, cpu_bw, link_bw, disk_bw,
             no_gpu, no_disk, prefetch_depth, routing, solver, draft, json_out, plot, tensors, rpc, rpc_mem,
             split) -> None:
     """Show where every tensor of MODEL (a GGUF path, or a name from `hypura list`) would live and the
@@ -115,11 +119,15 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
     default = not profile_spec and gpu_mem is None and ram is None and kv_type == "f16"
     # the outputs hypura-cli and serve read a step: one per sequence; every row where a draft is verified
     outputs = outputs_needed({}, all_rows=bool(draft), seqs=parallel)
+    if kv_unified:  # serve's context: -c a sequence (plan/kv_cells.py chooses the cells, at most all of theirs)
+        from hypura.serve.settings import ServeSettings
+
+        ctx_size = parallel * ServeSettings(parallel=parallel, n_ctx=ctx_size or None).ctx_per_seq(header)
     ask = Ask(plan=None if default else "auto", gpu_mem=gpu_mem, ram=ram, n_ctx=ctx_size, n_ubatch=ubatch_size,
               n_outputs=outputs, n_gpu_layers=0 if no_gpu else -1, fit=Fit(min_ctx=fit_ctx), planner=planner,
               always_plan=True,
               beside=Beside.of(read_header(draft), ubatch_size, KV_TYPES[kv_type]) if draft else None,
-              parallel=parallel)
+              parallel=parallel, kv_cells=kv_unified)
     t0 = time.perf_counter()
     recorded = _routing(routing, header)
     decision = decide(header, ask, free_memory() if default else None, profile, routing=recorded)
@@ -127,6 +135,8 @@ def inspect(model, gpu_mem, ram, ctx_size, fit_ctx, ubatch_size, parallel, kv_ty
     solve_ms = (time.perf_counter() - t0) * 1e3
     if default:
         click.echo(f"default  {decision.line}")
+    if decision.cells is not None:
+        click.echo(f"cells    {decision.cells.describe()}")
     if decision.beside_on_gpu is not None:
         size = fmt_size(ask.beside.nbytes(decision.n_ctx))
         click.echo(f"draft    {ask.beside.name}: {size} {'on the GPU' if decision.beside_on_gpu else 'in RAM'}, "

@@ -66,10 +66,11 @@ def speculative(spec: dict, models_dir=None):
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Reuse the KV of a prompt's prefix shared with an earlier request (a chat's earlier turns).")
 @click.option("-kvu", "--kv-unified", is_flag=True, default=False,
-              help="The sequences present share the KV cache's cells (as llama-server's -kvu): one may hold up to "
-                   "the whole cache (-np x -c, within the training context); a request waits until its cells "
-                   "fit, and the youngest sequence is preempted and recomputed where they run out. Off: each "
-                   "sequence holds -c.")
+              help="The sequences present share the KV cache's cells (as llama-server's -kvu): as many as the "
+                   "planner chooses, from -c to -np x -c, weighed against the weights they take from the GPU (said "
+                   "at start; `hypura inspect -np N -kvu` shows it); one may hold the whole cache (within the "
+                   "training context); a request waits until its cells fit, and the youngest sequence is "
+                   "preempted and recomputed where they run out. Off: each sequence holds -c.")
 @click.option("-t", "--threads", type=click.IntRange(1), default=None,
               help="CPU threads for steps of one token per sequence (default: hypura.Llama's, physical cores).")
 @click.option("-tb", "--threads-batch", type=click.IntRange(1), default=None,

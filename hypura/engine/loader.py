@@ -54,6 +54,8 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
     config = dataclasses.replace(config, parallel=parallel) if config else EngineConfig(parallel=parallel)
     if config.speculative is not None:  # a draft model loads after the model, in the room its decision kept
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)
+    if config.kv_unified:  # the sequences share the cells: the decision chooses how many, at most the context
+        llama_kwargs.setdefault("kv_cells", True)
     llm = load_model(model_path, Ask.of(**engine_llama_kwargs(parallel, n_ctx_per_seq,
                                                               config.speculative is not None, **llama_kwargs)))
     draft = None

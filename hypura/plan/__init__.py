@@ -8,6 +8,7 @@
     ask.py           Ask: the one load request every front end makes and decide() reads (DeviceAsk: its devices)
     decision.py      decide(): the one decision every front end applies before llama.cpp loads a model
     auto.py          the default path: placement and context from the free memory, as llama.cpp's --fit
+    kv_cells.py      the cells of a cache the sequences share (serve -kvu): how many, weighed against the weights
     beside.py        a model kept resident beside the planned one (a draft): its room, on the GPU or in RAM
     load_params.py   llama.cpp's model and context parameters from the decision, with no I/O
     budget.py        budgets and rates from a profile, less the margins, with the user's overrides

@@ -87,6 +87,9 @@ class Ask:
     # that many tokens, and llama.cpp's context holds that many sequence ids
     parallel: int = 1
     spare_seqs: int = 0  # sequence ids beyond `parallel` that decode nothing in a step (the engine's embeddings)
+    # the `parallel` sequences share the cache's cells (serve -kvu): n_ctx is the most, the decision chooses how
+    # many (plan/kv_cells.py)
+    kv_cells: bool = False
     # llama.cpp's params fields the caller set ({"model_params": {...}, "context_params": {...}}): they stand,
     # except where they contradict what a plan needs (load_params.py)
     param_overrides: Optional[Mapping[str, Mapping[str, object]]] = field(default_factory=dict)
@@ -153,4 +156,5 @@ def _filled(ask: Ask) -> Ask:
 
 _DEVICE_KEYWORDS = ("rpc_servers", "devices", "rpc_mem", "split")
 _KEYWORDS = frozenset(("plan", "gpu_mem", "ram", "placement_policy", "override_tensor", "expert_cache", "on_route",
-                       "profile", "draft_beside", "devices", "fit", "parallel", "spare_seqs", "param_overrides"))
+                       "profile", "draft_beside", "devices", "fit", "parallel", "spare_seqs", "kv_cells",
+                       "param_overrides"))

@@ -34,6 +34,7 @@ from hypura.plan.ask import Ask, Planner
 from hypura.plan.auto import default_path, free_caps, plan_unset_context, summary
 from hypura.plan.beside import Beside
 from hypura.plan.budget import Budgets, budgets_for, check_budgets, fmt_size
+from hypura.plan.kv_cells import CellChoice, choose_cells
 from hypura.plan.load_params import Host, LoadParams, load_params
 from hypura.plan.make import plan_model
 from hypura.plan.microbatch import largest_paying
@@ -74,6 +75,7 @@ class Decision:
     override_tensor: Union[str, Iterable[str], None] = None  # llama.cpp's -ot
     expert_cache: object = None  # ExpertCacheSettings or slots per layer (the plan's where None)
     on_route: Optional[Callable] = None
+    cells: Optional[CellChoice] = None  # Ask.kv_cells: the unified cache's cells chosen, and why (kv_cells.py)
 
 
 Source = Union[FreeMemory, MachineProfile, Callable[[], object], None]
@@ -87,6 +89,9 @@ def decide(header, ask: Ask, free: Source, profile: Source,
     plan with; host: the machine the load's parameters are for (None: this one; without `free`, the profile's);
     devices: the RPC devices and GPUs a split is planned over (split.py). The plan's cost model optimises
     steps of ask.parallel tokens (the sequences decoded together)."""
+    if ask.kv_cells and ask.n_ctx:  # the cells of a cache the sequences share: chosen by kv_cells.py
+        free, profile, routing = (None if free is None else _once(free)), _once(profile), _once(routing)
+        return choose_cells(header, ask, lambda a: decide(header, a, free, profile, routing, host, devices))
     if ask.devices.given and splits(ask):  # several devices, the split planned over them
         return _Deciding(header, ask, free, profile, routing, host).split(_once(devices)())
     if ask.devices.given:  # other device asks: llama.cpp's placement over them

@@ -51,9 +51,11 @@ def start_engine(path: Path, settings: ServeSettings):
                           speculative=settings.speculative, kv_unified=settings.kv_unified)
     llm, engine = load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
                        gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
-    if settings.kv_unified:
-        log.info("%s: %d sequences share a KV cache of %d cells (--kv-unified): each holds up to %d tokens",
-                 path.name, settings.parallel, llm.context.n_ctx(), engine.n_ctx_per_seq)
+    if settings.kv_unified:  # the cells the decision chose (plan/kv_cells.py) and what they cost, in one line
+        cells = llm.decision.cells
+        log.info("%s: --kv-unified: %s; llama.cpp holds %d cells, a sequence up to %d tokens", path.name,
+                 cells.describe() if cells is not None else f"{settings.parallel} sequences share the cache",
+                 llm.context.n_ctx(), engine.n_ctx_per_seq)
     if llm.plan is not None and llm.fit_decision is None:  # a plan from the budgets said nothing yet: what it chose
         log.info("%s: plan: %s", path.name, summary(llm.plan))
     return llm, engine
