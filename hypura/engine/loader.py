@@ -11,7 +11,7 @@ import llama_cpp
 from hypura.engine.config import EngineConfig
 from hypura.engine.engine import Engine
 from hypura.errors import HypuraError
-from hypura.speculative.auto import resolve
+from hypura.speculative.auto_draft import resolve
 
 # one spare sequence id for embeddings (engine/embed.py): in a unified KV cache it costs no memory
 EMBEDDING_SEQS = 1

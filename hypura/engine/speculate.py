@@ -26,7 +26,7 @@ import weakref
 
 from hypura.engine.metrics import SpecCounters
 from hypura.engine.sequence import Sequence
-from hypura.speculative.cost import DraftLength, PassTimes
+from hypura.speculative.draft_length import DraftLength, PassTimes
 from hypura.loaded.drafts import draft_model, make_drafter
 from hypura.speculative.settings import SpecSettings
 from hypura.speculative.verify import keep_accepted

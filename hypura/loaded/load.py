@@ -31,7 +31,7 @@ from hypura.runtime.device_list import device_array, measure as measure_devices,
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
 from hypura.runtime.overrides import overrides_policy
 from hypura.runtime.runtime import Runtime, as_model_pointer
-from hypura.speculative.auto import AutoDraft, find_draft, is_auto
+from hypura.speculative.auto_draft import AutoDraft, find_draft, is_auto
 from hypura.store import resolve_path
 
 

@@ -12,7 +12,7 @@
     model_slice.py   a model's first blocks as a GGUF of their own (what compute.py times)
     apart.py         measurements in a child process, so what they allocate never counts in the caller's RSS
     free.py          free GPU memory and available RAM now (cgroup-capped): what the default path plans within
-    knobs.py         every constant of the measurements, with why it has its value
+    measure_knobs.py every constant of the measurements, with why it has its value
     examples/        profiles of known machines, for planning for them elsewhere (`--profile NAME`)
 """
 
