@@ -45,8 +45,7 @@ SPLIT_S = 30e-6
 # the same with the streamer's eval callback installed (every split synchronized, CPU threads idle
 # while the GPU works, activations handed over through pageable memory): fit on the H200
 # (2026-12-03), the 70B hybrid's 44 GPU splits took 20.8 ms a token beyond their weight waits, 9.9 ms
-# of it reading weights and 4.6 ms per-layer costs, for 88 hand-offs (bench/RESULTS.md). The
-# 2026-12-02 fit (380 us) was made while pinned hand-offs queued behind weight copies
+# of it reading weights and 4.6 ms per-layer costs, for 88 hand-offs (bench/RESULTS.md)
 STREAM_SPLIT_S = 70e-6
 # pinned host->GPU copies run at this share of their measured rate while the CPU decodes beside them
 # (both read RAM): on the H200, a 70B hybrid plan's copies ran at 48.2 GB/s over the decode, 0.89 of
