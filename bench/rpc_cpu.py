@@ -1,9 +1,9 @@
 """Several machines on one: two ggml-rpc-server processes on loopback, each a CPU backend held to a memory limit
 (a memory cgroup where this machine lets us make one), plus this process under --ram. A model that fits none of
 the three alone runs split over them: Hypura's split (hypura.plan.shares) beside vanilla llama-completion with the
-same servers, its --tensor-split by hand (a few around Hypura's first split) and its --fit. Hypura plans its split
-again in every run (it follows the servers' measured rates), so each round runs hypura-cli, then vanilla at the
-split hypura-cli chose in that round.
+same servers at the same split, its --tensor-split by hand (a few around hypura-cli's first split) and its --fit.
+Hypura plans its split again in every run (it follows the servers' measured rates), so each round runs hypura-cli,
+then vanilla at the split hypura-cli chose in that round: the two tools compared at one configuration.
 
     python3 bench/rpc_cpu.py MODEL.gguf [--server-mem 900MiB] [--ram 1400MiB] [-n 32] [--threads 1]
         [--splits '7:4,3;7:5,2;6:4,2'] [--rounds 3] [--json FILE] [--dry-run]
@@ -175,10 +175,9 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=32, help="greedy tokens per run")
     ap.add_argument("--threads", type=int, default=1, help="threads per process (servers included)")
     ap.add_argument("--splits", default="", help="vanilla -ngl/--tensor-split to try, 'NGL:A,B;...' (default: "
-                                                 "Hypura's split and its neighbours)")
-    ap.add_argument("--rounds", type=int, default=3, help="then this many rounds, each hypura-cli and then "
-                                                          "llama-completion at the split hypura-cli chose in it "
-                                                          "(a busy machine's noise)")
+                                                 "hypura-cli's first split and its neighbours)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, each hypura-cli and then llama-completion at "
+                                                          "the split hypura-cli chose in it (a busy machine's noise)")
     ap.add_argument("--json")
     ap.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     a = ap.parse_args()
@@ -195,23 +194,9 @@ def main() -> int:
         hyp = _python(a.model, a.n, a.threads, {"n_gpu_layers": -1, "ram": a.ram, "rpc_servers": rpc_arg[1],
                                                 "rpc_mem": mem.split(","), "forced": out["local"].get("tokens")},
                       a.dry_run)
-        hyp["cli"] = _vanilla(a.model, a.n, a.threads, rpc_arg + ["--rpc-mem", mem, "--ram", a.ram], a.dry_run,
-                              tool="hypura")
         out["hypura"] = hyp
         if hyp.get("tokens") and out["local"].get("tokens"):
             hyp["greedy_vs_local"] = _agree(hyp["tokens"], out["local"]["tokens"], out["local"]["gaps"])
-        if "predicted_tok_s" in hyp["cli"]:
-            hyp["of_bound"] = hyp["cli"]["decode_tok_s"] / hyp["cli"]["predicted_tok_s"]
-        split = hyp.get("split") or {"host_layers": 0, "layers": [1, 1]}
-        tries = ([(int(t.split(":")[0]), t.split(":")[1]) for t in a.splits.split(";")] if a.splits else
-                 _neighbours(split))
-        out["vanilla"] = []
-        for ngl, ts in tries:
-            out["vanilla"].append(_vanilla(a.model, a.n, a.threads, rpc_arg + ["-dev", "RPC0,RPC1", "-ngl", str(ngl),
-                                                                            "-ts", ts], a.dry_run))
-            servers.revive()
-        out["vanilla_fit"] = _vanilla(a.model, a.n, a.threads, rpc_arg + ["-fit", "on"], a.dry_run)
-        servers.revive()
         out["rounds"] = []
         for _ in range(a.rounds):
             h = _vanilla(a.model, a.n, a.threads, rpc_arg + ["--rpc-mem", mem, "--ram", a.ram], a.dry_run,
@@ -223,7 +208,18 @@ def main() -> int:
                  else {"error": "hypura-cli reported no split"})
             servers.revive()
             out["rounds"].append({"split": shlex.join(same), "hypura": h.get("decode_tok_s"),
-                                  "vanilla_same_split": v.get("decode_tok_s"), "predicted": h.get("predicted_tok_s")})
+                                  "vanilla_same_split": v.get("decode_tok_s"), "predicted": h.get("predicted_tok_s"),
+                                  "of_prediction": (h["decode_tok_s"] / h["predicted_tok_s"]
+                                                    if "predicted_tok_s" in h else None)})
+        # by hand: the first round's split and a layer more or less on each server, as a user would try them
+        first = out["rounds"][0]["split"] if out["rounds"] else ""
+        tries = ([["-dev", "RPC0,RPC1", "-ngl", t.split(":")[0], "-ts", t.split(":")[1]] for t in a.splits.split(";")]
+                 if a.splits else _neighbours(shlex.split(first)))
+        out["vanilla"] = []
+        for flags in tries:
+            out["vanilla"].append(_vanilla(a.model, a.n, a.threads, rpc_arg + flags, a.dry_run))
+            servers.revive()
+        out["vanilla_fit"] = _vanilla(a.model, a.n, a.threads, rpc_arg + ["-fit", "on"], a.dry_run)
         out["server_restarts"] = servers.restarts
     ok = [v for v in out["vanilla"] if "decode_tok_s" in v]
     out["vanilla_best"] = max(ok, key=lambda v: v["decode_tok_s"]) if ok else None
@@ -247,14 +243,16 @@ def split_flags(line: str) -> list[str]:
             "-ts", ",".join(n for _, n in shares)]
 
 
-def _neighbours(split: dict) -> list[tuple[int, str]]:
-    """Hypura's layer counts as vanilla flags, and a layer more or less on each server (a user's tries by hand)."""
-    a, b = [n for n in split["layers"]][:2] if len(split["layers"]) >= 2 else (1, 1)
+def _neighbours(flags: list[str]) -> list[list[str]]:
+    """split_flags' split over two servers and a layer more or less on each (a user's tries by hand); (1, 1) and
+    its neighbours where hypura-cli split over fewer."""
+    ts = flags[flags.index("-ts") + 1].split(",") if "-ts" in flags else []
+    a, b = (int(ts[0]), int(ts[1])) if len(ts) == 2 else (1, 1)
     out = []
     for da, db in ((0, 0), (1, -1), (-1, 1), (-1, 0), (0, -1)):
         x, y = a + da, b + db
         if x > 0 and y > 0:
-            out.append((x + y, f"{x},{y}"))
+            out.append(["-dev", "RPC0,RPC1", "-sm", "layer", "-ngl", str(x + y), "-ts", f"{x},{y}"])
     return out
 
 

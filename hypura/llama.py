@@ -32,7 +32,7 @@ from hypura.loaded import Ask, LoadedModel, load
 from hypura.plan.auto import Fit
 from hypura.runtime.moe.expert_streaming import ExpertCacheSettings
 from hypura.runtime.placement import PlacementPolicy
-from hypura.speculative.auto import is_auto
+from hypura.speculative.auto_draft import is_auto
 from hypura.llama_speculative import SpecDraft
 from hypura.loaded.drafts import draft_path
 
@@ -102,7 +102,7 @@ class Llama(llama_cpp.Llama):
             path (its vocabulary must be this model's), or a hypura.speculative.DraftTree (a draft GGUF's
             trees of candidates, verified in one pass); the draft length or tree size follows the passes'
             measured cost (hypura.llama_speculative), and stats()["speculative"] reports them. "auto": a
-            draft found in the stores (hypura.speculative.auto: where the plan streams weights, a model with this
+            draft found in the stores (hypura.speculative.auto_draft: where the plan streams weights, a model with this
             one's vocabulary, planned beside it, kept where the cost model predicts a gain; `draft_found` names it,
             None when none was kept: then no speculation).
         profile: the hypura.profile.MachineProfile plans are made with (default: this machine's cached one,
@@ -115,7 +115,7 @@ class Llama(llama_cpp.Llama):
             speculation; a draft_model given as a path or a DraftTree sets it): the decision keeps its memory
             within the budgets or the free memory, on the GPU or in RAM, whichever the plans predict makes
             the faster speculative pass (hypura.plan.beside), and the draft loads there. "auto" or a
-            hypura.speculative.auto.AutoDraft: one found as for draft_model="auto" (`draft_found`).
+            hypura.speculative.auto_draft.AutoDraft: one found as for draft_model="auto" (`draft_found`).
 
         rpc_servers: llama.cpp RPC servers, "host:port,host:port" (llama-cpp-python's keyword; `--rpc`) or a list:
             each is probed (a dead one is a HypuraError, never a hang) and its devices registered. With

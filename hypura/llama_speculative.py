@@ -6,7 +6,7 @@ one batch (logits at each), samples position by position, and removes the KV cel
 `SpecDraft` is the draft model it calls: it wraps llama-cpp-python's drafters (`LlamaPromptLookupDecoding`),
 Hypura's (`NgramSimple`, `PromptLookup`, a DraftModel) or a draft GGUF's path, and between calls reads what the
 last pass did: the history grew by the tokens it emitted (accepted drafts plus one), and the target's last decode
-was the pass; the draft length follows the cost model (hypura.speculative.cost).
+was the pass; the draft length follows the cost model (hypura.speculative.draft_length).
 
 With a `DraftTree` the pass is ours (`TreeSpecDraft`): the draft call builds the tree and returns no chain;
 Llama.eval hands its one token to `eval_tree`, which decodes the tree in one llama_decode, follows the path the
@@ -28,7 +28,7 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 
 from hypura.errors import HypuraError
 from hypura.loaded.drafts import draft_model, tree_drafter
-from hypura.speculative.cost import DraftLength, PassTimes
+from hypura.speculative.draft_length import DraftLength, PassTimes
 from hypura.speculative.settings import SpecSettings
 from hypura.speculative.tree import TreeVerifier
 from hypura.speculative.verify import SpecStats

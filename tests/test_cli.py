@@ -25,8 +25,8 @@ def llama_completion(llama_tools_dir) -> Path:
     """The vendored llama-completion: $HYPURA_LLAMA_COMPLETION, else beside our libllama."""
     explicit = os.environ.get("HYPURA_LLAMA_COMPLETION")
     path = Path(explicit) if explicit else llama_tools_dir / "llama-completion"
-    if not path.is_file():
-        pytest.skip(f"no llama-completion at {path}: ./build.sh builds it beside libllama "
+    if not path.is_file():  # the build makes it beside libllama: its absence is a broken build, not a machine's limit
+        pytest.fail(f"no llama-completion at {path}: ./build.sh builds it beside libllama "
                     "(or set HYPURA_LLAMA_COMPLETION)")
     return path
 

@@ -10,7 +10,7 @@ import pytest
 
 from hypura.modelfile import read_header
 from hypura.plan.cost import CPU, Rates, batch_compute_s, decode_seconds
-from hypura.profile import compute, knobs, store
+from hypura.profile import compute, measure_knobs as knobs, store
 from hypura.profile.machine import CpuCompute
 from hypura.synth import writer
 

@@ -140,6 +140,10 @@ def test_bench_reads_llama_cpps_flags_back_from_hypura_clis_devices_line(l70):
     for shares in (split, none):
         assert bench.split_flags(describe(shares)) == shares.flags().split()
     assert len(split.device_names()) == 3 and none.device_names() == ()
+    # vanilla's tries by hand begin with hypura-cli's own split: one configuration on both sides
+    two = bench.split_flags("host 1 + RPC0 4 + RPC1 3 of 8 layers")
+    tries = bench._neighbours(two)
+    assert tries[0] == two and ["-ngl", "7", "-ts", "5,2"] == tries[1][-4:] and len(tries) == 5
 
 
 def test_device_tiers_from_a_profile_and_measured_rpc_devices():

@@ -330,8 +330,10 @@ def test_a_plan_that_pins_cpu_weights(moe_model, piece, monkeypatch):
         for name, buft in _buffers(llm.model, names).items():
             if "_exps" in name:
                 assert buft == "CPU_Mapped", name  # at home in Hypura's mapping of the file
-            else:
-                assert buft.startswith("CUDA") or name == "token_embd.weight", (name, buft)
+            elif name == "token_embd.weight":  # the plan's RAM tier: host memory, pinned or not
+                assert not buft.startswith("CUDA") or buft == "CUDA_Host", buft
+            else:  # the plan's GPU tier: GPU memory, not CUDA_Host's pinned host memory
+                assert buft.startswith("CUDA") and buft != "CUDA_Host", (name, buft)
         pinned = llm._runtime.mapped.stats
         assert pinned.registered and pinned.nbytes >= experts and pinned.refused == 0
         assert np.array_equal(_logits(llm, tokens), want[0])

@@ -192,7 +192,7 @@ def test_an_rpc_device_is_never_the_gpu_whose_memory_stats_report(monkeypatch):
 def test_device_flags_parse_as_llama_completion_reads_them():
     from hypura.cli.completion.arg import parse
     from hypura.cli.completion.arg_values import ArgvError
-    from hypura.cli.completion.devices import DeviceSettings
+    from hypura.cli.completion.device_flags import DeviceSettings
 
     assert parse([]).devices == DeviceSettings() and not parse([]).placement_set
     s = parse(["--rpc", "127.0.0.1:50052", "-dev", "RPC0,CUDA0", "-sm", "row", "-ts", "3,1/2", "-mg", "1",

@@ -1,5 +1,5 @@
-"""Speculation without asking (hypura/speculative/auto.py): a draft found in the stores by its vocabulary, kept
-only where the cost model predicts a gain; n-gram drafting by default only where the plan streams weights; the
+"""Speculation without asking (hypura/speculative/auto_draft.py): a draft found in the stores by its vocabulary,
+kept only where the cost model predicts a gain; n-gram drafting by default only where the plan streams weights; the
 flags that ask for it or turn it off; and a served model with a draft found for it replies as without one.
 
 The store holds SmolLM2-135M's synthetic draft (`hypura synth --draft-for`: its vocabulary, one layer, 35 % of
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import hypura.speculative.auto as auto
+from hypura.speculative import auto_draft
 from hypura.modelfile import read_header
 from hypura.plan.auto import Fit
 from hypura.plan.beside import Beside
@@ -60,15 +60,15 @@ def only(store, tmp_path, monkeypatch):
 
 def test_candidates_by_vocabulary_and_size(smollm2_path, only):
     catalog = Catalog.scan(only("smol-draft.gguf", "other-vocab.gguf"))
-    assert [m.path.name for m in auto.candidates(smollm2_path, catalog, max_share=SHARE)] == ["smol-draft.gguf"]
-    assert auto.candidates(smollm2_path, catalog) == []  # above a quarter of the target's bytes
+    assert [m.path.name for m in auto_draft.candidates(smollm2_path, catalog, max_share=SHARE)] == ["smol-draft.gguf"]
+    assert auto_draft.candidates(smollm2_path, catalog) == []  # above a quarter of the target's bytes
     # the target itself, in the store, is no draft for itself
-    assert auto.candidates(smollm2_path, [SimpleNamespace(path=smollm2_path, size=0)], max_share=2.0) == []
+    assert auto_draft.candidates(smollm2_path, [SimpleNamespace(path=smollm2_path, size=0)], max_share=2.0) == []
 
 
 def test_header_vocab_check_is_the_loads(smollm2_path, store):
     from hypura.modelfile import read_vocab
-    from hypura.speculative.vocab import from_file, mismatch
+    from hypura.speculative.vocab_match import from_file, mismatch
 
     want = from_file(read_vocab(smollm2_path))
     assert mismatch(want, from_file(read_vocab(store / "smol-draft.gguf"))) is None
@@ -89,11 +89,12 @@ def _find(smollm2_path, store, plain_pass, spec_pass, mode="mixed"):
         asked.append(beside.name)
         return SimpleNamespace(plan=_plan(mode, spec_pass), beside_on_gpu=False)
     models = [SimpleNamespace(name="smol-draft", path=store / "smol-draft.gguf", size=0)]
-    return auto.find_draft(read_header(smollm2_path), plain, decide_beside, auto.AutoDraft(), models=models), asked
+    found = auto_draft.find_draft(read_header(smollm2_path), plain, decide_beside, auto_draft.AutoDraft(), models=models)
+    return found, asked
 
 
 def test_kept_where_a_pass_costs_the_same_whatever_it_carries(smollm2_path, store, monkeypatch):
-    monkeypatch.setattr(auto, "MAX_SHARE", SHARE)
+    monkeypatch.setattr(auto_draft, "MAX_SHARE", SHARE)
     found, asked = _find(smollm2_path, store, lambda n: 1.0, lambda n: 1.0 + 0.001 * n)
     assert asked == ["smol-draft.gguf"] and found.name == "smol-draft"
     # long drafts at agreement 0.6 yield up to 1 / (1 - 0.6) = 2.5 tokens a pass; each drafted token reads 32 MB
@@ -102,7 +103,7 @@ def test_kept_where_a_pass_costs_the_same_whatever_it_carries(smollm2_path, stor
 
 
 def test_dropped_where_a_pass_costs_its_tokens(smollm2_path, store, monkeypatch):
-    monkeypatch.setattr(auto, "MAX_SHARE", SHARE)
+    monkeypatch.setattr(auto_draft, "MAX_SHARE", SHARE)
     found, asked = _find(smollm2_path, store, lambda n: 0.05 * n, lambda n: 0.05 * n)
     assert asked == ["smol-draft.gguf"] and found is None
     # the draft's memory costing the target's plan more than speculation gains: dropped too
@@ -117,17 +118,17 @@ def test_no_search_for_a_resident_model(smollm2_path, store):
 
 def test_ngram_on_by_default_only_for_a_streamed_plan():
     flat, steep = (lambda n: 1.0 + 0.01 * n), (lambda n: 0.05 * n)
-    assert auto.ngram_pays(_plan("dense-ffn-streaming", flat))
-    assert not auto.ngram_pays(_plan("dense-ffn-streaming", steep))
-    assert not auto.ngram_pays(_plan("full-resident", flat)) and not auto.ngram_pays(None)
+    assert auto_draft.ngram_pays(_plan("dense-ffn-streaming", flat))
+    assert not auto_draft.ngram_pays(_plan("dense-ffn-streaming", steep))
+    assert not auto_draft.ngram_pays(_plan("full-resident", flat)) and not auto_draft.ngram_pays(None)
     s = SpecSettings(type="auto")
-    assert auto.resolve(s, SimpleNamespace(plan=_plan("mixed", flat), draft_found=None)).type == "ngram-simple"
-    assert auto.resolve(s, SimpleNamespace(plan=_plan("full-resident", flat), draft_found=None)) is None
-    found = auto.resolve(dataclasses.replace(s, draft_model=auto.AutoDraft()),
+    assert auto_draft.resolve(s, SimpleNamespace(plan=_plan("mixed", flat), draft_found=None)).type == "ngram-simple"
+    assert auto_draft.resolve(s, SimpleNamespace(plan=_plan("full-resident", flat), draft_found=None)) is None
+    found = auto_draft.resolve(dataclasses.replace(s, draft_model=auto_draft.AutoDraft()),
                          SimpleNamespace(plan=_plan("full-resident", flat), draft_found=Path("d.gguf")))
     assert found.type == "draft-simple" and found.draft_model == Path("d.gguf")
     explicit = SpecSettings(type="prompt-lookup")
-    assert auto.resolve(explicit, SimpleNamespace(plan=None)) is explicit
+    assert auto_draft.resolve(explicit, SimpleNamespace(plan=None)) is explicit
 
 
 # --- the flags ---------------------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def test_ngram_on_by_default_only_for_a_streamed_plan():
 @pytest.mark.parametrize("flags, want", [
     ({}, ("auto", None)),  # hypura-cli's default: n-gram drafting where the plan makes it pay
     ({"spec_type": "none"}, None),
-    ({"spec_draft_model": "auto"}, ("auto", auto.AutoDraft())),
+    ({"spec_draft_model": "auto"}, ("auto", auto_draft.AutoDraft())),
     ({"spec_type": "ngram-simple"}, ("ngram-simple", None)),
 ])
 def test_cli_flags(flags, want):
@@ -154,8 +155,8 @@ def _kept(monkeypatch):
     cost the streamed target more than speculation gains, and it would be dropped). The planner's compute-buffer
     floor (256 MiB) for the draft too would leave SmolLM2 no room to stream under a budget it also needs to stream:
     the draft's buffer counted at its real size."""
-    monkeypatch.setattr(auto, "MAX_SHARE", SHARE)
-    monkeypatch.setattr(auto, "MIN_GAIN", 0.0)
+    monkeypatch.setattr(auto_draft, "MAX_SHARE", SHARE)
+    monkeypatch.setattr(auto_draft, "MIN_GAIN", 0.0)
     of = Beside.of
     monkeypatch.setattr(Beside, "of", classmethod(lambda cls, *a, **k: dataclasses.replace(of(*a, **k),
                                                                                           buffer=8 << 20)))
@@ -212,7 +213,7 @@ def test_served_with_an_automatic_draft_replies_as_without(smollm2_path, only, m
 
     _kept(monkeypatch)
     folder = only("smol-draft.gguf", "other-vocab.gguf")
-    spec = SpecSettings(type="auto", draft_model=auto.AutoDraft(folder), n_min=8, n_max=8)
+    spec = SpecSettings(type="auto", draft_model=auto_draft.AutoDraft(folder), n_min=8, n_max=8)
     server = real_server(smollm2_path, prefix_cache=False, ram=SERVE_RAM, speculative=spec)
     try:
         engine = engine_of(server)
@@ -235,7 +236,7 @@ class _Decoding:
 
 def _engine_spec(step_s, n_min=0):
     from hypura.engine.speculate import Speculation
-    from hypura.speculative.cost import PassTimes
+    from hypura.speculative.draft_length import PassTimes
 
     s = Speculation(SpecSettings(type="ngram-simple", ngram_size_n=2, n_min=n_min), SimpleNamespace(plan=None),
                     max_tokens=512)

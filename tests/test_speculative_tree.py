@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hypura.speculative import DraftLength, DraftTree
-from hypura.speculative.cost import PassTimes
+from hypura.speculative.draft_length import PassTimes
 from hypura.speculative.tree import Tree
 from hypura.speculative.tree_draft import _select
 

@@ -135,7 +135,7 @@ def test_the_table_survives_a_plan_file(gpu_plan, tmp_path):
 def test_speculation_starts_from_the_plans_pass_costs(gpu_plan):
     """A verification pass of n tokens is a step of n tokens: its cost is the plan's prediction for that step size
     until passes are measured; costs given beforehand (--spec-pass-ms) win."""
-    from hypura.speculative.cost import PassTimes
+    from hypura.speculative.draft_length import PassTimes
 
     times = PassTimes.starting(None, gpu_plan)
     for k, _, rate in gpu_plan.step_paths:

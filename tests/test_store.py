@@ -129,7 +129,7 @@ def test_list_plan(store, monkeypatch):
     assert listed.exit_code == 0, listed.output
     header, *rows = listed.stdout.splitlines()
     assert header.split()[:7] == ["NAME", "SIZE", "QUANT", "MODE", "CONTEXT", "TOK/S", "DRAFT"]
-    for row in rows:  # resident models: no draft searched for (speculative/auto.py)
+    for row in rows:  # resident models: no draft searched for (speculative/auto_draft.py)
         assert "full-resident" in row and float(row.split()[6]) > 0 and row.split()[8] == "-"
 
 

@@ -13,14 +13,14 @@ from hypura.store.catalog import MODELS_DIR_ENV, Catalog
 def plan_now(header, profile, catalog=None):
     """(mode, context, predicted decode tok/s, draft) on this machine's free memory: hypura-cli's default path, and
     where the model fits as llama.cpp places it, the plan within the same memory (as `hypura inspect`); the draft
-    `-md auto` and `hypura serve` would keep beside it from `catalog` (speculative/auto.py; "-": none)."""
+    `-md auto` and `hypura serve` would keep beside it from `catalog` (speculative/auto_draft.py; "-": none)."""
     import dataclasses
 
     from hypura.plan.auto import Fit
     from hypura.plan.decision import Ask, Routing, decide
     from hypura.profile.free import free_memory
     from hypura.runtime.moe.coactivation import routing_frequencies
-    from hypura.speculative.auto import AutoDraft, find_draft
+    from hypura.speculative.auto_draft import AutoDraft, find_draft
 
     routing = lambda: Routing(*routing_frequencies(header))  # noqa: E731  (as a run plans: recorded routing)
     ask, free = Ask(fit=Fit(measure_profile=False), always_plan=True), free_memory()

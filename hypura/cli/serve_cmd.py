@@ -16,9 +16,10 @@ from hypura.store.catalog import MODELS_DIR_ENV
 
 def speculative(spec: dict, models_dir=None):
     """The --spec-* flags as the engine's SpecSettings; without -md or --spec-type, auto: a draft found in the
-    stores, else n-gram drafting, where the model's plan makes it pay (speculative/auto.py); --spec-type none: off."""
+    stores, else n-gram drafting, where the model's plan makes it pay (speculative/auto_draft.py); --spec-type
+    none: off."""
     from hypura.engine import EngineConfig
-    from hypura.speculative.auto import AutoDraft
+    from hypura.speculative.auto_draft import AutoDraft
     from hypura.speculative.settings import SpecSettings
 
     settings = spec_from_flags(spec, SpecSettings(type="auto", draft_model=AutoDraft(models_dir and Path(models_dir))))

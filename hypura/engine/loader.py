@@ -14,7 +14,7 @@ from hypura.engine.engine import Engine
 from hypura.engine.sizes import sizes
 from hypura.errors import HypuraError
 from hypura.loaded.drafts import draft_model
-from hypura.speculative.auto import resolve
+from hypura.speculative.auto_draft import resolve
 
 # one spare sequence id for embeddings (engine/embed.py): in a unified KV cache it costs no memory
 EMBEDDING_SEQS = 1

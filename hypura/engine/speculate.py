@@ -29,7 +29,7 @@ from hypura.engine.metrics import SpecCounters
 from hypura.engine.sequence import Sequence
 from hypura.errors import HypuraError
 from hypura.loaded.drafts import make_drafter
-from hypura.speculative.cost import DraftLength, PassTimes
+from hypura.speculative.draft_length import DraftLength, PassTimes
 from hypura.speculative.draft_model import DraftModel
 from hypura.speculative.settings import SpecSettings
 from hypura.speculative.verify import keep_accepted

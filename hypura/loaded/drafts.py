@@ -11,14 +11,14 @@ from hypura.errors import HypuraError
 from hypura.plan.ask import Ask
 from hypura.loaded.load import load
 from hypura.loaded.model import LoadedModel
-from hypura.speculative.cost import DraftLength, PassTimes
+from hypura.speculative.draft_length import DraftLength, PassTimes
 from hypura.speculative.draft_model import DraftModel
 from hypura.speculative.ngram import NgramSimple, PromptLookup
 from hypura.speculative.settings import SpecSettings
 from hypura.speculative.tree import TreeVerifier, context_params
 from hypura.speculative.tree_draft import TreeDrafter
 from hypura.speculative.verify import Verifier
-from hypura.speculative.vocab import check_compatible
+from hypura.speculative.vocab_match import check_compatible
 
 
 def draft_path(draft_model) -> Optional[str]:
@@ -61,7 +61,8 @@ def draft_model(path, target, n_seq: int = 1, p_min: float = 0.0, **kwargs) -> D
 
 
 def make_drafter(s: SpecSettings, target, **draft_kwargs):
-    """The drafter `s` names, for `target` (a loaded model); type auto resolved first (speculative.auto.resolve)."""
+    """The drafter `s` names, for `target` (a loaded model); type auto resolved first
+    (speculative.auto_draft.resolve)."""
     if s.type == "auto":
         raise HypuraError("speculative decoding of type auto is resolved against its loaded target first")
     if s.type == "draft-simple":

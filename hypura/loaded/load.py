@@ -30,7 +30,7 @@ from hypura.plan.beside import Beside
 from hypura.plan.decision import Ask, Decision, decide
 from hypura.runtime.device_list import device_array, register as register_devices
 from hypura.runtime.runtime import Runtime, as_model_pointer
-from hypura.speculative.auto import AutoDraft, find_draft, is_auto
+from hypura.speculative.auto_draft import AutoDraft, find_draft, is_auto
 from hypura.store import resolve_path
 
 

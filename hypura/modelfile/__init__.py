@@ -12,7 +12,7 @@ its value and what was expected.
     archs.py         the architectures the vendored llama.cpp loads
     arch_rules.py    what some architectures' own code asserts on
     hparams.py       hyper-parameters checked as load_hparams asserts on them
-    vocab.py         tokenizer tables checked as llama_vocab's load reads them
+    vocab_tables.py  tokenizer tables checked as llama_vocab's load reads them
     tensors.py       each tensor's type, bytes and shape checked
     tensor_roles.py  what llama.cpp does with each tensor, by name: the op, so the types it may have
     ggml_types.py    ggml's tensor types: block size and bytes per block

@@ -1,7 +1,7 @@
 """Everything checked about a parsed GGUF header before llama.cpp reads the file, in the order
 llama.cpp would meet it: the file's layout (llama-model-loader.cpp), the architecture
 (llama-arch.cpp), the type of every known key (keys.py), the hyper-parameters (hparams.py), the
-vocabulary (vocab.py) and the tensors (tensors.py). The first problem raises Problem, one line.
+vocabulary (vocab_tables.py) and the tensors (tensors.py). The first problem raises Problem, one line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypura.modelfile.metadata import Meta
 from hypura.modelfile.problems import Invalid, Name, Problem, shown
 from hypura.modelfile.reader import TYPE_NAMES, RawFile, type_name
 from hypura.modelfile.tensors import check_block_shapes, check_tensors
-from hypura.modelfile.vocab import check_vocab
+from hypura.modelfile.vocab_tables import check_vocab
 
 V = gguf.GGUFValueType
 

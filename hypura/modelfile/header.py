@@ -2,7 +2,7 @@
 
 Reading maps the file and touches only the header, so it is instant even for a 40 GB model, and
 the result is cached per (path, size, mtime). The header is parsed as ggml parses it (reader.py),
-then checked against what llama.cpp's loader asserts on (checks.py, vocab.py, tensors.py): every
+then checked against what llama.cpp's loader asserts on (checks.py, vocab_tables.py, tensors.py): every
 problem becomes one ModelFileError line naming the field, its value and what was expected.
 """
 
@@ -24,7 +24,7 @@ from hypura.modelfile.ggml_types import GGMLType
 from hypura.modelfile.problems import Problem
 from hypura.modelfile.reader import RawFile, parse
 from hypura.modelfile.metadata import Meta
-from hypura.modelfile.vocab import DECODED_ARRAYS, FileVocab, file_vocab
+from hypura.modelfile.vocab_tables import DECODED_ARRAYS, FileVocab, file_vocab
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 
@@ -97,7 +97,7 @@ def read_kv(path: str | os.PathLike) -> list[KV]:
 
 
 def read_vocab(path: str | os.PathLike) -> FileVocab:
-    """The file's tokenizer (modelfile/vocab.py's FileVocab), from the header alone."""
+    """The file's tokenizer (modelfile/vocab_tables.py's FileVocab), from the header alone."""
     header = read_header(path)  # validates the file first
     return file_vocab(Meta(_parse_file(Path(header.path), decode_strings=DECODED_ARRAYS), header.arch))
 

@@ -238,7 +238,7 @@ def decode_seconds(gpu: float, gpu_flops: float, cpu: float, cpu_flops: float, o
             "link": streamed_s + offload_s + clash,
             "disk": r.disk_seconds(disk, expert_disk),
             # experts read where the routers send decode are read after the router and before their matmuls: the
-            # compute waits for them (bench/RESULTS.md moe-paging-cpu: the sum predicts, the larger of the two did not)
+            # compute waits for them: a paged step is the sum of the two, not the larger
             "paged": _div(expert_disk, r.expert_disk_read or r.disk_read),
             # both read RAM: with the CPU busy too, the two share its bandwidth (knobs.RAM_SHARED_HEADROOM)
             "ram": _div(cpu + link, r.cpu_rate(pinned) * knobs.RAM_SHARED_HEADROOM) if cpu > 0 and link > 0

@@ -5,7 +5,7 @@ profile lacks a figure, and the fixed costs and margins no quick measurement pin
 """
 
 # rates a profile derives from what it measured, the planner uses them too
-from hypura.profile.knobs import CPU_FLOPS_DEFAULT, GPU_FLOPS_DEFAULT, GPU_READ_EFFICIENCY  # noqa: F401
+from hypura.profile.measure_knobs import CPU_FLOPS_DEFAULT, GPU_FLOPS_DEFAULT, GPU_READ_EFFICIENCY  # noqa: F401
 # the sizes of llama.cpp's buffers, counted with a model's units; the planner uses them too
 from hypura.units import COMPUTE_ACTIVATIONS, COMPUTE_FLOOR, KV_BYTES_PER_ELEMENT  # noqa: F401
 
@@ -24,11 +24,11 @@ GPU_PROCESS_RAM = 256 * MiB
 # it): measured 2026-12-04 on a 2-core x86 machine, hypura.Llama(llama3.1-8b shape, 8 layers, ram=1400MiB,
 # n_ctx=256) after a decode: Python with numpy, llama_cpp and the library mapped 42 MiB; the heap
 # (llama.cpp's vocabulary of 128k tokens, ggml contexts, Python objects) 49-51 MiB; the streaming
-# reader's O_DIRECT request buffer 16 MiB (profile/knobs.py DISK_REQUEST_BYTES): 107-109 MiB, rounded
+# reader's O_DIRECT request buffer 16 MiB (profile/measure_knobs.py DISK_REQUEST_BYTES): 107-109 MiB, rounded
 # up for larger vocabularies
 PROCESS_RAM = 128 * MiB
 # the tokens a speculative pass drafts, where the planner weighs a draft's place (plan/beside.py): the
-# middle of the lengths the adaptive choice settles on over streamed weights (speculative/cost.py)
+# middle of the lengths the adaptive choice settles on over streamed weights (speculative/draft_length.py)
 DRAFT_TOKENS_PLANNED = 8
 # each further concurrent reader of streamed disk tensors maps its own O_DIRECT request buffer
 # (runtime/transfers.py STREAM_REQUEST_BYTES); PROCESS_RAM counts the first
@@ -45,8 +45,7 @@ SPLIT_S = 30e-6
 # the same with the streamer's eval callback installed (every split synchronized, CPU threads idle
 # while the GPU works, activations handed over through pageable memory): fit on the H200
 # (2026-12-03), the 70B hybrid's 44 GPU splits took 20.8 ms a token beyond their weight waits, 9.9 ms
-# of it reading weights and 4.6 ms per-layer costs, for 88 hand-offs (bench/RESULTS.md). The
-# 2026-12-02 fit (380 us) was made while pinned hand-offs queued behind weight copies
+# of it reading weights and 4.6 ms per-layer costs, for 88 hand-offs (bench/RESULTS.md)
 STREAM_SPLIT_S = 70e-6
 # pinned host->GPU copies run at this share of their measured rate while the CPU decodes beside them
 # (both read RAM): on the H200, a 70B hybrid plan's copies ran at 48.2 GB/s over the decode, 0.89 of

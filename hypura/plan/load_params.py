@@ -165,8 +165,8 @@ def _plan_needs(plan: Plan, paged: bool, cache: bool, host: Host, need) -> None:
         # experts are those buffers
         need("CPU weights held pinned", use_extra_bufts=False, **({} if plan.expert_slots or cache else {"no_host": True}))
     if through_host:
-        # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core: the 70B
-        # on the CPU VM decoded 26.0 s a token with it, 16.0 without (bench/RESULTS.md, default-70b-cpu)
+        # a repacking CPU buffer converts every streamed tensor at every load, on the loader's core, and each
+        # token's decode waits for those conversions
         need("host-pool tensors streamed each pass", use_extra_bufts=False)
 
 

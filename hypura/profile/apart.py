@@ -22,7 +22,7 @@ from typing import Any
 
 from hypura.errors import HypuraError
 
-TIMEOUT_S = 300  # a child loads at most knobs.SLICE_BYTES and measures for seconds
+TIMEOUT_S = 300  # a child loads at most measure_knobs.SLICE_BYTES and measures for seconds
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hypura.errors import HypuraError
 from hypura.modelfile import ModelHeader, read_header
-from hypura.profile import apart, knobs
+from hypura.profile import apart, measure_knobs as knobs
 from hypura.profile.machine import CpuCompute
 from hypura.profile.model_slice import slices
 

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 
 from hypura.errors import HypuraError
-from hypura.profile import knobs
+from hypura.profile import measure_knobs as knobs
 
 _GPU_TYPES = ("GPU", "IGPU")
 _TYPE_NAMES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL", 4: "META"}

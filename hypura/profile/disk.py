@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hypura.errors import HypuraError
-from hypura.profile import knobs
+from hypura.profile import measure_knobs as knobs
 from hypura.profile.machine import DiskInfo
 from hypura.tiers.direct_io import O_DIRECT, aligned_buffer, no_cache
 

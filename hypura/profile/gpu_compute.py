@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hypura.profile import knobs
+from hypura.profile import measure_knobs as knobs
 
 
 def time_prompts(paths: list[str], n_vocab: int) -> list[float]:

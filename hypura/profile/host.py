@@ -9,7 +9,7 @@ import time
 import numpy as np
 import psutil
 
-from hypura.profile import knobs
+from hypura.profile import measure_knobs as knobs
 
 
 def cpu_name() -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from hypura.errors import HypuraError
-from hypura.profile import apart, compute, knobs
+from hypura.profile import apart, compute, measure_knobs as knobs
 from hypura.profile.disk import measure_disk, measure_file
 from hypura.profile import host
 from hypura.profile.host import cores, cpu_name

@@ -25,7 +25,7 @@ import psutil
 from hypura.errors import HypuraError
 from hypura.cachefile import read_cache, write_atomic
 from hypura.jsonfile import parse_json
-from hypura.profile import knobs
+from hypura.profile import measure_knobs as knobs
 from hypura.profile.host import cores, cpu_name, host_facts
 from hypura.profile.machine import CpuCompute, DiskInfo, GpuInfo, HostInfo, MachineProfile, load_profile
 

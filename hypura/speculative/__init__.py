@@ -10,14 +10,14 @@ settings name; hypura.llama_speculative runs them inside hypura.Llama's generate
     tree_draft.py    a draft model proposing a tree of candidates
     verify.py        a chain draft verified in one pass of the target
     tree.py          a tree of candidates verified in one pass of the target
-    cost.py          DraftLength: the draft length or node budget that maximises tok/s, from measured costs
-    vocab.py         whether a draft's vocabulary is the target's, token by token
+    draft_length.py  DraftLength: the draft length or node budget that maximises tok/s, from measured costs
+    vocab_match.py   whether a draft's vocabulary is the target's, token by token
     loop.py          speculation inside a loop that hands out one token at a time (hypura-cli's)
     generate.py      greedy generation with or without speculation, for benchmarks and tests
-    auto.py          speculation unasked: a draft found in the stores, n-gram drafting where a pass is nearly free
+    auto_draft.py    speculation unasked: a draft found in the stores, n-gram drafting where a pass is nearly free
 """
 
-from hypura.speculative.cost import DraftLength
+from hypura.speculative.draft_length import DraftLength
 from hypura.speculative.ngram import NgramSimple, PromptLookup
 from hypura.speculative.settings import SPEC_TYPES, SpecSettings
 from hypura.speculative.target import Target

@@ -9,7 +9,7 @@ from typing import Optional
 from hypura.errors import HypuraError
 
 # the --spec-type names Hypura implements: llama.cpp's (common/speculative.cpp), llama-cpp-python's prompt lookup
-# decoding, and auto (speculative/auto.py: a draft found in the stores with -md auto, else ngram-simple where the
+# decoding, and auto (speculative/auto_draft.py: a draft found in the stores with -md auto, else ngram-simple where the
 # plan makes it pay, else none; what hypura-cli and hypura serve do unless told: `--spec-type none` turns it off)
 SPEC_TYPES = ("draft-simple", "ngram-simple", "prompt-lookup", "auto")
 
@@ -17,7 +17,7 @@ SPEC_TYPES = ("draft-simple", "ngram-simple", "prompt-lookup", "auto")
 @dataclass(frozen=True)
 class SpecSettings:
     type: str = "draft-simple"  # draft-simple needs draft_model
-    draft_model: Optional[Path] = None  # auto: an AutoDraft (speculative/auto.py) searches the stores for one
+    draft_model: Optional[Path] = None  # auto: an AutoDraft (speculative/auto_draft.py) searches the stores for one
     n_max: int = 16  # llama.cpp's default is 3; the cost model picks the length up to this
     n_min: int = 0
     p_min: float = 0.0  # a draft model stops drafting below this probability
@@ -39,7 +39,7 @@ class SpecSettings:
         return self.n_max * max(1, self.tree) + 1
 
     def __post_init__(self):
-        from hypura.speculative.auto import is_auto
+        from hypura.speculative.auto_draft import is_auto
 
         if self.type not in SPEC_TYPES:
             raise HypuraError(f"unknown speculative decoding type {self.type!r} (one of {', '.join(SPEC_TYPES)})")

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from hypura.bindings.batch import Batch
 from hypura.errors import HypuraError
-from hypura.speculative.cost import DraftLength
+from hypura.speculative.draft_length import DraftLength
 from hypura.speculative.target import Target
 from hypura.speculative.verify import SpecStats
 

@@ -52,7 +52,7 @@ class TreeDrafter:
 
     def draft_tree(self, history, n_nodes: int, depth_max: int, rates: Optional[dict] = None) -> Tree:
         """A tree of at most n_nodes drafted tokens after history (whose last token is the root), depth
-        at most depth_max; rates: {(depth, rank): acceptance} (hypura.speculative.cost.Acceptance.rates)."""
+        at most depth_max; rates: {(depth, rank): acceptance} (hypura.speculative.draft_length.Acceptance.rates)."""
         d = self.draft
         if n_nodes <= 0 or depth_max <= 0 or not history:
             return Tree([history[-1]])

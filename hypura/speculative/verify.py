@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from hypura.bindings.batch import Batch
-from hypura.speculative.cost import DraftLength
+from hypura.speculative.draft_length import DraftLength
 from hypura.speculative.target import Target
 
 

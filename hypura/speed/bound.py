@@ -90,8 +90,8 @@ def bound(header, plan, rates, b: int = 1, on_gpu: Optional[bool] = None,
 
 
 def run_bound(llm, plan, rates, b: int = 1) -> Optional[dict]:
-    """The bound at steps of b tokens of a loaded hypura.Llama: its plan's, else llama.cpp's placement's at `rates`
-    (None without them)."""
+    """The bound at steps of b tokens of a loaded model (hypura.loaded.LoadedModel): its plan's, else llama.cpp's
+    placement's at `rates` (None without them)."""
     if plan is not None:
         return bound(llm.header, plan, None, b)
     if rates is None:

@@ -121,7 +121,7 @@ def run(a: BenchArgs, say: Callable[[str], None]) -> dict:
         if batched is not None:
             result = run_batch_bench(llm, plan, dataclasses.replace(batched, n_threads=llm.n_threads), run_rates, say)
         elif a.spec is not None:
-            from hypura.speculative.auto import resolve
+            from hypura.speculative.auto_draft import resolve
 
             spec = resolve(a.spec, llm)  # --spec-type auto / -md auto: what this plan gets
             if spec is None:

@@ -13,7 +13,7 @@ loaded through `hypura.loaded.load`. Each file is named after the llama.cpp part
   console.py                             common/console.cpp and common/log.cpp
   perf.py                                common_perf_print, llama.cpp's log routing and --stats
   speculative.py                         common/speculative.cpp: the --spec-* flags and the SpecDecoder
-  devices.py                             common/arg.cpp's device flags (--rpc, -dev, -sm, -ts, -mg), --rpc-mem
+  device_flags.py                        common/arg.cpp's device flags (--rpc, -dev, -sm, -ts, -mg), --rpc-mem
   completion.py                          tools/completion/completion.cpp: the generation loop
 """
 

@@ -9,7 +9,7 @@ import click
 
 from hypura.cli.completion.arg_values import ArgvError, check_argv, option_arity
 from hypura.cli.completion.arg_params import build_settings
-from hypura.cli.completion.devices import DEVICE_OPTIONS
+from hypura.cli.completion.device_flags import DEVICE_OPTIONS
 from hypura.cli.completion.speculative import SPEC_OPTIONS
 
 _EPILOG = """\b

@@ -24,7 +24,7 @@ from hypura.cli.completion.common_params import (
     Settings,
     sampler_type,
 )
-from hypura.cli.completion.devices import device_settings
+from hypura.cli.completion.device_flags import device_settings
 from hypura.cli.completion.speculative import spec_settings
 
 

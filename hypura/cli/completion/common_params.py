@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from hypura.cli.completion.devices import DeviceSettings
+from hypura.cli.completion.device_flags import DeviceSettings
 from hypura.speculative.settings import SpecSettings
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF

@@ -24,7 +24,7 @@ from hypura.cli.completion.arg_values import process_escapes
 from hypura.cli.completion.perf import print_perf
 from hypura.cli.completion.common_params import Settings
 from hypura.cli.completion.speculative import speculation
-from hypura.speculative.auto import resolve
+from hypura.speculative.auto_draft import resolve
 from hypura.errors import HypuraError
 
 import llama_cpp  # noqa: E402  (imported after hypura's engine: our library)

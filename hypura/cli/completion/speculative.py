@@ -11,7 +11,7 @@ from typing import Optional
 
 from hypura.cli.completion.arg_values import stof, stoi, value_error
 from hypura.errors import HypuraError
-from hypura.speculative.auto import AUTO, AutoDraft
+from hypura.speculative.auto_draft import AUTO, AutoDraft
 from hypura.speculative.settings import SPEC_TYPES, SpecSettings
 
 SPEC_OPTIONS = [

@@ -1,6 +1,10 @@
-"""Tool calling: the tools a request offers (read and checked here), the call formats chat templates imply
-(formats.py), and the reply split into text and calls as it streams (stream.py); a chat's tools, thinking
-and grammar together (chat.py), and whole replies (replies.py).
+"""Tool calling: a chat's tools, thinking and grammar, and the replies split into text and calls.
+
+    __init__.py  Tool, ToolCall: the tools a request offers, read and checked
+    formats.py   the call formats chat templates imply (hermes, mistral, llama3, generic)
+    stream.py    a reply split as it streams into thinking, text and tool calls
+    chat.py      a chat's tools, thinking and grammar together
+    replies.py   whole replies, and `n` replies sharing the prompt's KV
 
 Both APIs send tools in OpenAI's shape, `[{"type": "function", "function": {"name", "description",
 "parameters"}}]`; a reply's calls come back as ToolCall, which each route writes in its own shape.

@@ -93,7 +93,7 @@ def check_vocab(meta: Meta) -> int:
 @dataclass(frozen=True)
 class FileVocab:
     """A file's tokenizer as llama.cpp's load() settles it, from the header alone (no weights): what a
-    draft's compatibility with its target is decided on (hypura.speculative.vocab)."""
+    draft's compatibility with its target is decided on (hypura.speculative.vocab_match)."""
 
     kind: str  # the tokenizer model; BPE's variants as one ("bpe"), as llama_vocab_type sees them
     tokens: tuple[bytes, ...]  # the texts as llama_vocab_get_text returns them (C strings: cut at a NUL)

@@ -3,7 +3,7 @@
 - A draft found for the user (`hypura.Llama(draft_model="auto")`, `hypura-cli -md auto`, `hypura serve` by
   default): where the target's plan streams weights, the stores Hypura reads (hypura.store: --models-dir or
   $HYPURA_MODELS, Ollama's, LM Studio's) are searched for models whose vocabulary is the target's by llama.cpp's
-  rules (speculative/vocab.py, read from GGUF headers: no weights loaded) and whose weights are at most MAX_SHARE
+  rules (speculative/vocab_match.py, read from GGUF headers: no weights loaded) and whose weights are at most MAX_SHARE
   of the target's. The largest MAX_TRIED are each planned beside the target (plan/beside.py: on the GPU or in
   RAM, whichever makes the faster pass) and the one the cost model predicts the most tokens per second for is
   kept, where that beats the target's plan without a draft by MIN_GAIN. One line says which, where, and the
@@ -11,7 +11,7 @@
 - N-gram drafting by default (`ngram_pays`): llama.cpp's ngram-simple drafts from the history, no second model,
   so a draft costs only the tokens a pass carries; where the plan streams weights and a pass carrying
   DRAFT_TOKENS_PLANNED more tokens costs at most FLAT more than a pass of one, it is on. Its length then follows
-  the cost model (cost.py) as any drafter's does; where a pass costs its tokens it stays off.
+  the cost model (draft_length.py) as any drafter's does; where a pass costs its tokens it stays off.
 - `resolve`: SpecSettings(type="auto") made concrete once the target is loaded.
 """
 
@@ -77,7 +77,7 @@ def predicted_gain(plain_plan, plan, beside, on_gpu: bool, agreement: float = AG
                    n_max: int = 16) -> tuple[float, int]:
     """(tokens per second with the draft beside, over plain decoding with the plan made without it; the drafted
     tokens a pass that rate takes)."""
-    from hypura.speculative.cost import chain_rate
+    from hypura.speculative.draft_length import chain_rate
 
     rate, k = chain_rate(plan.step_seconds, beside.token_seconds(plan, on_gpu), agreement, n_max)
     return rate * plain_plan.step_seconds(1), k
@@ -88,7 +88,7 @@ def candidates(target_path, models: Iterable, max_share: Optional[float] = None)
     max_share of its own, largest first; files that cannot be read are passed over."""
     from hypura.modelfile import read_header, read_vocab
     from hypura.modelfile.problems import Problem
-    from hypura.speculative.vocab import from_file, mismatch
+    from hypura.speculative.vocab_match import from_file, mismatch
 
     target = read_header(target_path)
     limit = (MAX_SHARE if max_share is None else max_share) * target.weight_bytes
