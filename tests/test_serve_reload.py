@@ -133,15 +133,19 @@ def test_a_file_changed_twice_under_a_request_holds_two_copies_at_most(served, s
             assert copies.loads == 2 and copies.open == 2
             _replace(smol, smollm2_path)
             later = {}
-            waiter = threading.Thread(target=lambda: later.setdefault("r", _short(httpx.Client(
-                base_url=server.url, timeout=WAIT_S))))
+
+            def wait():
+                with httpx.Client(base_url=server.url, timeout=WAIT_S) as other:
+                    later["r"] = _short(other)
+
+            waiter = threading.Thread(target=wait)
             waiter.start()
             _until(lambda: "changed again while the copy loaded before still serves" in caplog.text, "the wait")
             assert copies.loads == 2 and "r" not in later  # no third copy while the first one serves
         finally:
             held.finish()  # the held request runs to its end on the first copy
         waiter.join(WAIT_S)
-        assert later["r"].status_code == 200, later["r"].text
+        assert "r" in later and later["r"].status_code == 200, later.get("r")
         assert held.chunks > 1 and copies.loads == 3 and copies.most == 2
         _until(lambda: copies.open == 1, "the second copy closed")  # idle once the waiter's request ended
         assert _short(c).status_code == 200 and copies.loads == 3
