@@ -1,7 +1,7 @@
 """A soak of `hypura serve`: N clients sending mixed requests for M minutes while read faults come and go, every
 request's outcome counted, what each server holds sampled.
 
-    python3 bench/serve_soak.py [--minutes 60] [--clients 16] [--seed 0] [--json FILE]
+    python3 bench/serve_soak.py [--minutes 60] [--clients 16] [--seed 0] [--json FILE] [--note TEXT]
 
 Two `hypura serve` processes on 127.0.0.1 (free ports), one thread each (`-t 1`):
   - "smollm2": a copy of SmolLM2-135M as the default path places it, -np 4, the copy replaced by another (the
@@ -14,7 +14,8 @@ Ollama /api/generate and /api/chat; chat only where the model has a template), s
 or one of ~1k tokens, and a quarter of the streams left after a few chunks (cancelled). Outcomes: "answered" (a
 whole answer), "error" (a 4xx/5xx with an error body, or a stream's error chunk), "cancelled", and anything else
 is a "failure" (a dropped connection, a stream that stops without its end, a timeout, a body that is not the
-API's). RSS, descriptors and threads of both servers are sampled every 10 s. Memory here is bounded: counters,
+API's). RSS, descriptors and threads of both servers are sampled every 10 s (RSS at the end of each tenth of the
+run, and when the file was replaced, kept apart in the JSON). Memory here is bounded: counters,
 at most MAX_EXAMPLES failures kept, one sample per 10 s. Exit status 1 on any failure, a traceback in a server's
 log, or a server that did not stop cleanly.
 """
@@ -163,12 +164,12 @@ def fault_loop(trigger: Path, mean_s: float, stop_at: threading.Event, rng: rand
 
 
 def replace_loop(path: Path, source: Path, mean_s: float, stop_at: threading.Event, rng: random.Random,
-                 count: list) -> None:
+                 times: list, started: float) -> None:
     while not stop_at.wait(rng.expovariate(1 / mean_s)):
         fresh = path.with_name(path.name + ".new")
         shutil.copyfile(source, fresh)
         fresh.replace(path)  # a new inode under the same name
-        count[0] += 1
+        times.append(round(time.monotonic() - started, 1))
 
 
 def sample_loop(servers: dict, stop_at: threading.Event, samples: collections.deque, started: float) -> None:
@@ -208,6 +209,7 @@ def main() -> int:
     ap.add_argument("--replace-s", type=float, default=300.0,
                     help="mean seconds between replacements of SmolLM2's file (0: never)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--note", default="", help="what else ran on the machine meanwhile (kept in the JSON)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -259,7 +261,7 @@ def main() -> int:
 
 
 def soak(args, servers: dict, trigger: Path, source: Path) -> dict:
-    tally, samples, toggles, replaced = Tally(), collections.deque(maxlen=100_000 // SAMPLE_S), [0], [0]
+    tally, samples, toggles, replaced = Tally(), collections.deque(maxlen=100_000 // SAMPLE_S), [0], []
     stop_at, started = threading.Event(), time.monotonic()
     deadline = started + args.minutes * 60
     helpers = [threading.Thread(target=sample_loop, args=(servers, stop_at, samples, started)),
@@ -267,7 +269,8 @@ def soak(args, servers: dict, trigger: Path, source: Path) -> dict:
                                                          random.Random(args.seed), toggles))]
     if args.replace_s > 0:
         helpers.append(threading.Thread(target=replace_loop, args=(servers["smollm2"]["file"], source, args.replace_s,
-                                                                   stop_at, random.Random(args.seed + 1), replaced)))
+                                                                   stop_at, random.Random(args.seed + 1), replaced,
+                                                                   started)))
     clients = [threading.Thread(target=client_loop, args=(i, servers, deadline, tally, args.seed))
                for i in range(args.clients)]
     for t in helpers + clients:
@@ -290,11 +293,21 @@ def soak(args, servers: dict, trigger: Path, source: Path) -> dict:
         "command": (f"python3 bench/serve_soak.py --minutes {args.minutes:g} --clients {args.clients} "
                     f"--fault-s {args.fault_s:g} --replace-s {args.replace_s:g}"),
         "servers": {n: {"model": s["model"], "routes": s["routes"]} for n, s in servers.items()},
-        "seconds": round(time.monotonic() - started, 1), "fault_toggles": toggles[0], "file_replacements": replaced[0],
+        "seconds": round(time.monotonic() - started, 1), "fault_toggles": toggles[0], "file_replacements": len(replaced),
+        "replaced_at_s": replaced, "note": args.note, "rss_by_tenth": _tenths(list(samples), servers, args.minutes),
         "totals": dict(totals),
         "slowest_s": tally.slowest, "by_request": {" ".join(k): n for k, n in sorted(tally.counts.items())},
         "failures": tally.examples, "samples": list(samples), "idle_after": idle,
     }
+
+
+def _tenths(samples: list, servers: dict, minutes: float) -> dict:
+    """Each server's RSS (MiB) at the end of each tenth of the run: its drift over time, in ten numbers."""
+    out = {}
+    for name in servers:
+        rows = [(row["s"], row[name]["rss_mib"]) for row in samples if row.get(name)]
+        out[name] = [next((rss for s, rss in reversed(rows) if s <= minutes * 6 * k), None) for k in range(1, 11)]
+    return out
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ Concurrency protocol (threads: uvicorn's event loop, one loader thread, one jani
     entries past `expires` with neither leases nor waiters. keep_alive 0 expires at once.
   - A loaded model whose file changed since its load (another inode, size or mtime: replaced, cut or written)
     is retired by the `acquire` that finds it: out of `entries` (the request loads the file again, a kept
-    model as kept), into `_retired` until its leases end; the janitor, or the next load, closes it. The gate
-    hands each route the entry it leased (`scope[LEASED]`), so a request never serves another copy.
+    model as kept), into `_retired` until its leases end; the janitor, or the next load, closes it. A model
+    has one retired copy serving at most: a further change waits for its requests to end (retired.py). The
+    gate hands each route the entry it leased (`scope[LEASED]`), so a request never serves another copy.
   - `close` (shutdown): queued loads are cancelled (their waiters get 503), a load under way is closed
     as soon as it ends, and every entry is closed.
 """
@@ -30,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import ctypes
+import functools
 import logging
 import math
 import threading
@@ -39,6 +42,7 @@ from typing import Callable, Optional
 from hypura.errors import HypuraError
 from hypura.serve.http.errors import ApiError
 from hypura.serve.models.entry import ModelEntry, Offer, open_model
+from hypura.serve.models.retired import Retired
 from hypura.serve.settings import ServeSettings
 from hypura.store import names
 
@@ -56,7 +60,7 @@ class Registry:
         self._broken: dict[str, str] = {}  # name -> why it cannot be loaded (one line)
         self._aliases: dict[str, str] = {}
         self._kept: set[str] = set()  # names loaded at start (serve -m): loaded again as kept
-        self._retired: list[ModelEntry] = []  # file changed while loaded: closed once their leases end
+        self._retired = Retired()  # file changed while loaded: closed once their leases end
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._mem = threading.Lock()
@@ -114,22 +118,29 @@ class Registry:
     async def acquire(self, name: Optional[str]) -> ModelEntry:
         """The model, loaded (waiting for its load, bounded) and leased until `release`."""
         offer = self.find(name)
-        with self._lock:
-            entry = self.entries.get(offer.name)
-            if entry is not None and entry.file_changed():  # one stat: a replaced file is served as it is now
-                self._retire(entry)
-                entry = None
-            if entry is not None:
-                entry.leases += 1
-                return entry
-            if self._closing:
-                raise ApiError(503, "the server is stopping")
-            future = self._loading.get(offer.name)
-            if future is None:
-                future = self._loading[offer.name] = self._loader.submit(self._load, offer)
-            self._waiting[offer.name] += 1
+        deadline = time.monotonic() + LOAD_WAIT_S
+        while True:
+            with self._lock:
+                entry, drained = self.entries.get(offer.name), None
+                if entry is not None and entry.file_changed():  # one stat: a replaced file is served as it is now
+                    drained = self._retired.serving(offer.name)  # changed again: after the retired copy's requests
+                    if drained is None:
+                        self._retire(entry)
+                    entry = None
+                if drained is None:
+                    if entry is not None:
+                        entry.leases += 1
+                        return entry
+                    if self._closing:
+                        raise ApiError(503, "the server is stopping")
+                    future = self._loading.get(offer.name)
+                    if future is None:
+                        future = self._loading[offer.name] = self._loader.submit(self._load, offer)
+                    self._waiting[offer.name] += 1
+                    break
+            await self._wait_drained(offer, drained, deadline)
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), LOAD_WAIT_S)
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), deadline - time.monotonic())
         except asyncio.TimeoutError:
             raise ApiError(503, f"model '{offer.name}' is still loading after {LOAD_WAIT_S} s", None,
                            {"Retry-After": "10"}) from None
@@ -151,6 +162,16 @@ class Registry:
             raise ApiError(503, "the server is stopping")
         return entry
 
+    async def _wait_drained(self, offer: Offer, drained: concurrent.futures.Future, deadline: float) -> None:
+        log.info("%s: its file changed again while the copy loaded before still serves requests: waiting for them",
+                 offer.name)
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(drained)), deadline - time.monotonic())
+        except asyncio.TimeoutError:
+            raise ApiError(503, f"model '{offer.name}': its file changed again while the copy loaded before still "
+                                f"serves requests; waited {LOAD_WAIT_S} s for them", None,
+                           {"Retry-After": "10"}) from None
+
     def release(self, entry: ModelEntry, keep_alive: Optional[float]) -> None:
         """A request is done with `entry`: it stays loaded `keep_alive` seconds (None: the server's default)."""
         keep = self.settings.keep_alive if keep_alive is None and self.settings else keep_alive
@@ -158,23 +179,24 @@ class Registry:
             entry.leases -= 1
             if not entry.retired:
                 entry.expires = time.monotonic() + (math.inf if keep is None else keep)
+            self._retired.released(entry)
             self._idle.notify_all()
 
     def _retire(self, entry: ModelEntry) -> None:
         """Under `_lock`: `entry`'s file changed; the next lease loads it again."""
         log.warning("%s: %s changed since it was loaded: loading it again", entry.name, entry.path)
         del self.entries[entry.name]
-        entry.retired = True
-        self._retired.append(entry)
+        self._retired.add(entry)
         self._idle.notify_all()
 
     def _close_retired(self) -> None:
         """Close the retired entries no request uses any more (under `_mem`)."""
         with self._lock:
-            done = [e for e in self._retired if e.leases == 0]
-            self._retired = [e for e in self._retired if e.leases > 0]
+            done = self._retired.take_idle()
         for entry in done:
             self._unload(entry, "its file changed")
+        if done:
+            _trim_heap()
 
     def unload(self, name: Optional[str]) -> bool:
         """keep_alive 0 with nothing to generate: unload now if idle (else when its requests end). False when
@@ -255,7 +277,7 @@ class Registry:
     def loaded(self) -> tuple[list[ModelEntry], list[ModelEntry]]:
         """(the entries loaded now, those of them that may be unloaded now, least recently used first)."""
         with self._lock:  # retired entries still in use hold their memory too
-            return list(self.entries.values()) + self._retired, self.idle()
+            return list(self.entries.values()) + list(self._retired), self.idle()
 
     def take_idle(self, entries: list[ModelEntry]) -> list[ModelEntry]:
         """Take those of `entries` still idle out of the registry (a request may have leased one meanwhile: it
@@ -290,7 +312,7 @@ class Registry:
                     return
                 now = time.monotonic()
                 due = [e for e in self.idle() if e.expires <= now]
-                if not due and not any(e.leases == 0 for e in self._retired):  # until the next idle one expires, or `release` and loads notify
+                if not due and not self._retired.any_idle():  # until the next idle one expires, or `release` and loads notify
                     self._idle.wait(min([60.0] + [e.expires - now for e in self.idle()]))
                     continue
             with self._mem:
@@ -312,7 +334,22 @@ class Registry:
         else:
             self._mem.release()
         with self._lock:
-            entries, self.entries = list(self.entries.values()) + self._retired, {}
-            self._retired = []
+            entries, self.entries = list(self.entries.values()) + self._retired.take_all(), {}
         for entry in entries:
             entry.close()
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing): a copy closed
+    while another served leaves its freed buffers between live ones, which glibc keeps (bench/RESULTS.md serve-soak)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the process's own C library
+    except (OSError, AttributeError, TypeError):  # not glibc
+        return None
