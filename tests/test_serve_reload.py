@@ -78,7 +78,8 @@ class Held:
         self._thread = threading.Thread(target=self._run, args=(url,))
         self._thread.start()
         assert self.first.wait(WAIT_S), self.error or "no first chunk"
-        self._hold.enter_context(engine._between_steps())  # the engine's loop waits: no further token
+        # the engine's loop waits between steps while the test holds its step lock: no further token
+        self._hold.enter_context(engine._inbox.between_steps(engine._step_lock))
         assert engine.metrics()["requests"]["active"] == 1, "the request ended before it was held"
 
     def _run(self, url: str) -> None:
