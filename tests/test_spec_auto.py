@@ -81,21 +81,31 @@ def _plan(mode="mixed", pass_s=lambda n: 1.0):
     return SimpleNamespace(mode=mode, step_seconds=pass_s, rates=SimpleNamespace(gpu_read=0.0, cpu_read=20e9))
 
 
-def _find(smollm2_path, store, plain_pass, spec_pass, mode="mixed"):
-    plain = SimpleNamespace(plan=_plan(mode, plain_pass))
-    asked = []
+def _find(monkeypatch, smollm2_path, store, plain_pass, spec_pass, mode="mixed"):
+    """find_draft over the store's draft, each decision a fake: the target's ask with nothing, then the candidate,
+    beside, decided on the machine's sources as given."""
+    from hypura.plan import decision
 
-    def decide_beside(beside):
-        asked.append(beside.name)
+    ask, asked = decision.Ask.of(gpu_mem="1GiB", draft_beside="auto"), []
+
+    def decide(header, candidate, free, profile, routing, devices):
+        assert candidate == dataclasses.replace(ask, beside=candidate.beside)
+        assert (free, profile, routing, devices) == ("free", "profile", "routing", "devices")
+        if candidate.beside is None:
+            return SimpleNamespace(plan=_plan(mode, plain_pass))
+        asked.append(candidate.beside.name)
         return SimpleNamespace(plan=_plan(mode, spec_pass), beside_on_gpu=False)
+    monkeypatch.setattr(decision, "decide", decide)
+    machine = SimpleNamespace(free="free", profile="profile", routing="routing", devices="devices")
     models = [SimpleNamespace(name="smol-draft", path=store / "smol-draft.gguf", size=0)]
-    found = auto_draft.find_draft(read_header(smollm2_path), plain, decide_beside, auto_draft.AutoDraft(), models=models)
+    plain, found = auto_draft.find_draft(read_header(smollm2_path), ask, machine, models=models)
+    assert plain.plan.step_seconds is plain_pass
     return found, asked
 
 
 def test_kept_where_a_pass_costs_the_same_whatever_it_carries(smollm2_path, store, monkeypatch):
     monkeypatch.setattr(auto_draft, "MAX_SHARE", SHARE)
-    found, asked = _find(smollm2_path, store, lambda n: 1.0, lambda n: 1.0 + 0.001 * n)
+    found, asked = _find(monkeypatch, smollm2_path, store, lambda n: 1.0, lambda n: 1.0 + 0.001 * n)
     assert asked == ["smol-draft.gguf"] and found.name == "smol-draft"
     # long drafts at agreement 0.6 yield up to 1 / (1 - 0.6) = 2.5 tokens a pass; each drafted token reads 32 MB
     assert found.length >= 8 and 2.0 < found.gain < 2.5
@@ -104,15 +114,15 @@ def test_kept_where_a_pass_costs_the_same_whatever_it_carries(smollm2_path, stor
 
 def test_dropped_where_a_pass_costs_its_tokens(smollm2_path, store, monkeypatch):
     monkeypatch.setattr(auto_draft, "MAX_SHARE", SHARE)
-    found, asked = _find(smollm2_path, store, lambda n: 0.05 * n, lambda n: 0.05 * n)
+    found, asked = _find(monkeypatch, smollm2_path, store, lambda n: 0.05 * n, lambda n: 0.05 * n)
     assert asked == ["smol-draft.gguf"] and found is None
     # the draft's memory costing the target's plan more than speculation gains: dropped too
-    found, _ = _find(smollm2_path, store, lambda n: 1.0, lambda n: 3.0)
+    found, _ = _find(monkeypatch, smollm2_path, store, lambda n: 1.0, lambda n: 3.0)
     assert found is None
 
 
-def test_no_search_for_a_resident_model(smollm2_path, store):
-    found, asked = _find(smollm2_path, store, lambda n: 1.0, lambda n: 1.0, mode="full-resident")
+def test_no_search_for_a_resident_model(smollm2_path, store, monkeypatch):
+    found, asked = _find(monkeypatch, smollm2_path, store, lambda n: 1.0, lambda n: 1.0, mode="full-resident")
     assert found is None and asked == []
 
 

@@ -10,25 +10,20 @@ from hypura.sizes import fmt_size
 from hypura.store.catalog import MODELS_DIR_ENV, Catalog
 
 
-def plan_now(header, profile, catalog=None):
+def plan_now(header, profile, catalog=()):
     """(mode, context, predicted decode tok/s, draft) on this machine's free memory: hypura-cli's default path, and
     where the model fits as llama.cpp places it, the plan within the same memory (as `hypura inspect`); the draft
     `-md auto` and `hypura serve` would keep beside it from `catalog` (speculative/auto_draft.py; "-": none)."""
-    import dataclasses
-
+    from hypura.loaded.measured import Measured
     from hypura.plan.auto import Fit
-    from hypura.plan.decision import Ask, Routing, decide
+    from hypura.plan.decision import Ask
     from hypura.profile.free import free_memory
-    from hypura.runtime.moe.coactivation import routing_frequencies
-    from hypura.speculative.auto_draft import AutoDraft, find_draft
+    from hypura.speculative.auto_draft import find_draft
 
-    routing = lambda: Routing(*routing_frequencies(header))  # noqa: E731  (as a run plans: recorded routing)
-    ask, free = Ask(fit=Fit(measure_profile=False), always_plan=True), free_memory()
-    decide_with = lambda beside: decide(header, dataclasses.replace(ask, beside=beside), free, profile,  # noqa: E731
-                                        routing=routing)
-    decision = decide_with(None)
+    fit = Fit(free=free_memory(), measure_profile=False)
+    ask, machine = Ask(fit=fit, always_plan=True), Measured(header.path, header, (), fit, profile)  # as a run reads it
+    decision, found = find_draft(header, ask, machine, catalog)
     plan = decision.plan
-    found = find_draft(header, decision, decide_with, AutoDraft(), ask.n_ubatch, catalog) if catalog else None
     draft = f"{found.name} ({found.gain:.1f}x)" if found else "-"
     return (f"fits ({plan.mode})" if decision.fits else plan.mode), decision.n_ctx, plan.prediction.decode_tok_s, draft
 

@@ -13,6 +13,7 @@ from hypura.engine.config import EngineConfig
 from hypura.engine.engine import Engine
 from hypura.engine.sizes import sizes
 from hypura.errors import HypuraError
+from hypura.loaded import Ask, load as load_model
 from hypura.loaded.drafts import draft_model
 from hypura.speculative.auto_draft import resolve
 
@@ -49,8 +50,6 @@ def load(model_path: str | os.PathLike, parallel: int = 4, n_ctx_per_seq: int = 
     """Load `model_path` (hypura.loaded.load: llama-cpp-python's keywords plus Hypura's: plan, gpu_mem, ram, ...)
     for `parallel` sequences of `n_ctx_per_seq` tokens, and start an Engine on it. Returns (the LoadedModel,
     engine); close the engine, then the model."""
-    from hypura.loaded import Ask, load as load_model
-
     config = dataclasses.replace(config, parallel=parallel) if config else EngineConfig(parallel=parallel)
     if config.speculative is not None:  # a draft model loads after the model, in the room its decision kept
         llama_kwargs.setdefault("draft_beside", config.speculative.beside)

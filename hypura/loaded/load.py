@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ctypes
-import functools
 import sys
 from typing import Optional
 
@@ -30,7 +29,7 @@ from hypura.plan.beside import Beside
 from hypura.plan.decision import Ask, Decision, decide
 from hypura.runtime.device_list import device_array, register as register_devices
 from hypura.runtime.runtime import Runtime, as_model_pointer
-from hypura.speculative.auto_draft import AutoDraft, find_draft, is_auto
+from hypura.speculative.auto_draft import find_draft, is_auto
 from hypura.store import resolve_path
 
 
@@ -73,12 +72,9 @@ def _decide(path: str, header, ask: Ask, rpc: tuple[str, ...], say) -> tuple[Dec
     """The one decision (hypura.plan.decision) and the draft found for it (None unless one was asked for and
     kept); its line said where verbose."""
     machine = Measured(path, header, rpc, ask.fit, ask.profile, say)
-    decide_beside = functools.partial(_decided, header, ask, machine)
     draft, found_path = ask.draft_beside, None
     if is_auto(draft):  # a draft from the stores, planned beside; kept where the cost model predicts a gain
-        decision = decide_beside(None)
-        found = find_draft(header, decision, decide_beside, draft if isinstance(draft, AutoDraft) else AutoDraft(),
-                           ask.n_ubatch)
+        decision, found = find_draft(header, ask, machine)
         if found is not None:
             decision, found_path = found.decision, found.path
             if say is not None:
@@ -90,12 +86,6 @@ def _decide(path: str, header, ask: Ask, rpc: tuple[str, ...], say) -> tuple[Dec
     if decision.line and say is not None:
         say(decision.line)
     return decision, found_path
-
-
-def _decided(header, ask: Ask, machine: Measured, beside: Optional[Beside]) -> Decision:
-    """The decision for `ask` with `beside` (a draft found in the stores) kept resident beside the model."""
-    return decide(header, dataclasses.replace(ask, beside=beside), machine.free, machine.profile, machine.routing,
-                  devices=machine.devices)
 
 
 def _load(path: str, header, stack: contextlib.ExitStack, runtime: Runtime, decision: Decision) -> LoadedModel:

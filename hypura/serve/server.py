@@ -44,13 +44,15 @@ KEEP_ALIVE_S = 5
 def start_engine(path: Path, settings: ServeSettings):
     """(llm, engine) for `path`: a hypura.loaded.LoadedModel sized for `parallel` sequences of settings.ctx_per_seq tokens,
     planned from the budgets when given, and its batched engine, started."""
-    from hypura.engine import EngineConfig, load
+    from hypura.engine.config import EngineConfig
+    from hypura.engine.loader import load
     from hypura.plan.auto import summary
 
+    n_ctx_per_seq = settings.ctx_per_seq(read_header(path))
     config = EngineConfig(parallel=settings.parallel, max_queue=settings.max_queue, prefix_cache=settings.prefix_cache,
                           speculative=settings.speculative, kv_unified=settings.kv_unified)
-    llm, engine = load(path, settings.parallel, settings.ctx_per_seq(read_header(path)), config=config,
-                       gpu_mem=settings.gpu_mem, ram=settings.ram, **settings.llama_kwargs)
+    llm, engine = load(path, settings.parallel, n_ctx_per_seq, config=config, gpu_mem=settings.gpu_mem,
+                       ram=settings.ram, **settings.llama_kwargs)
     if settings.kv_unified:  # the cells the decision chose (plan/kv_cells.py) and what they cost, in one line
         cells = llm.decision.cells
         log.info("%s: --kv-unified: %s; llama.cpp holds %d cells, a sequence up to %d tokens", path.name,

@@ -21,7 +21,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 from hypura.errors import HypuraError, ModelFileError
 from hypura.plan import knobs
@@ -109,24 +109,27 @@ def candidates(target_path, models: Iterable, max_share: Optional[float] = None)
     return [m for _, m in sorted(found, key=lambda x: -x[0])]
 
 
-def find_draft(header, plain, decide_beside: Callable, search: AutoDraft, n_ubatch: int = knobs.N_UBATCH,
-               models: Optional[Iterable] = None) -> Optional[FoundDraft]:
-    """The draft to keep beside the target `header`, or None. plain: the target's Decision without a draft;
-    decide_beside(Beside) -> the Decision with that draft's memory kept (HypuraError: it does not fit)."""
+def find_draft(header, ask, machine, models: Optional[Iterable] = None) -> tuple[object, Optional[FoundDraft]]:
+    """(the target's Decision without a draft, the draft to keep beside it or None) for the target `header` loaded
+    as `ask` (hypura.plan.decision.Ask); machine: what decide() reads of this machine (loaded/measured.py's
+    Measured); models: the stored models to search (None: the stores ask.draft_beside names). The target and each
+    candidate beside it are decided here, on the same machine (a candidate that does not fit is passed over)."""
     from hypura.modelfile import read_header
     from hypura.plan.beside import Beside
 
+    plain = _decided(header, ask, machine, None)
     if not streams(plain.plan):
-        return None
+        return plain, None
     if models is None:
         from hypura.store import Catalog
 
+        search = ask.draft_beside if isinstance(ask.draft_beside, AutoDraft) else AutoDraft()
         models = Catalog.scan(search.models_dir)
     best = None
     for m in candidates(header.path, models)[:MAX_TRIED]:
-        beside = Beside.of(read_header(m.path), n_ubatch)
+        beside = Beside.of(read_header(m.path), ask.n_ubatch)
         try:
-            d = decide_beside(beside)
+            d = _decided(header, ask, machine, beside)
         except HypuraError:
             continue
         if d.plan is None or d.beside_on_gpu is None:
@@ -134,7 +137,15 @@ def find_draft(header, plain, decide_beside: Callable, search: AutoDraft, n_ubat
         gain, k = predicted_gain(plain.plan, d.plan, beside, d.beside_on_gpu)
         if best is None or gain > best.gain:
             best = FoundDraft(m.name, Path(m.path), d, gain, k)
-    return best if best is not None and best.gain >= MIN_GAIN else None
+    return plain, (best if best is not None and best.gain >= MIN_GAIN else None)
+
+
+def _decided(header, ask, machine, beside):
+    """The target's decision with `beside` (a candidate, or None) kept beside it."""
+    from hypura.plan.decision import decide
+
+    return decide(header, dataclasses.replace(ask, beside=beside), machine.free, machine.profile, machine.routing,
+                  devices=machine.devices)
 
 
 def resolve(s, llm):

@@ -52,20 +52,20 @@ def load_model(s: Settings, model_path: str, say=None) -> LoadedModel:
         context_overrides.update(context_params(s.speculative.tree))
     if s.speculative is not None:  # a verification pass reads a row for each token it carries
         context_overrides["n_outputs_max"] = max(s.speculative.pass_rows, context_overrides["n_seq_max"])
-    ask = Ask.of(
-        param_overrides={"model_params": model_overrides, "context_params": context_overrides},
-        n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=n_threads,
-        n_threads_batch=n_threads_batch, seed=s.sampling.seed,
-        override_tensor=list(s.override_tensor) or None,
-        kv_overrides=dict(s.kv_overrides) or None, numa=_NUMA[s.numa],
-        gpu_mem=s.gpu_mem, ram=s.ram, plan=str(s.plan) if s.plan else None,
-        expert_cache=s.expert_slots, verbose=True, fit=_fit(s, say),
-        draft_beside=s.speculative.beside if s.speculative is not None else None,
-        parallel=max(1, s.speculative.tree) if s.speculative is not None and s.speculative.tree else 1,
-        **_device_kwargs(s),
-    )
+    fit, devices = _fit(s, say), _device_kwargs(s)
     with _quiet_python_stderr():  # llama-cpp-python's own prints stay quiet; llama.cpp logs still flow
-        return load(model_path, ask)
+        return load(model_path, Ask.of(
+            param_overrides={"model_params": model_overrides, "context_params": context_overrides},
+            n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=n_threads,
+            n_threads_batch=n_threads_batch, seed=s.sampling.seed,
+            override_tensor=list(s.override_tensor) or None,
+            kv_overrides=dict(s.kv_overrides) or None, numa=_NUMA[s.numa],
+            gpu_mem=s.gpu_mem, ram=s.ram, plan=str(s.plan) if s.plan else None,
+            expert_cache=s.expert_slots, verbose=True, fit=fit,
+            draft_beside=s.speculative.beside if s.speculative is not None else None,
+            parallel=max(1, s.speculative.tree) if s.speculative is not None and s.speculative.tree else 1,
+            **devices,
+        ))
 
 
 def _device_kwargs(s: Settings) -> dict:
