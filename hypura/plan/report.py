@@ -11,6 +11,7 @@ from hypura.plan.budget import fmt_size
 from hypura.plan.cost import CPU, DISK, GPU, RAM
 from hypura.plan import knobs
 from hypura.plan.expected import Expected
+from hypura.plan.microbatch import experts_per_call
 from hypura.plan.plan import TIERS, Plan
 from hypura.plan.steps import turn_seconds
 from hypura.profile.machine import MachineProfile
@@ -75,6 +76,17 @@ def layer_map(plan: Plan, per_line: int = 50) -> list[str]:
     return lines
 
 
+def _staged_experts(plan: Plan, header: ModelHeader | None) -> str:
+    """What the staging holds of one micro-batch's selections, where the CPU computes paged experts (microbatch.py)."""
+    k = int(header.get("expert_used_count") or 0) if header is not None else 0
+    if not k or plan.rates.has_gpu:
+        return ""
+    n_expert = max(len(t.experts) for t in plan.tensors)
+    per_call = min(n_expert, experts_per_call(k, plan.n_ubatch, False))
+    return (f"one micro-batch's selections (up to {per_call} of a layer's {n_expert} experts: {plan.n_ubatch} "
+            f"tokens x {k}) and ")
+
+
 def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: MachineProfile | None = None,
                   assumed: Expected | None = None) -> list[str]:
     out = []
@@ -125,7 +137,7 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
                    f"predicted at a hit rate of {plan.expert_hit_rate:.2f}")
     if plan.expert_cache[DISK]:
         out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; the RAM slots "
-                   "above hold the recently read ones")
+                   f"above hold {_staged_experts(plan, header)}the recently read ones")
     out += describe_prediction(plan)
     out += describe_expected(assumed) if assumed is not None else []
     out += describe_steps(plan)

@@ -46,6 +46,7 @@ from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               traffic)
+from hypura.plan.microbatch import experts_per_call
 from hypura.plan.model_orders import ModelOrders
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
 from hypura.plan.unit_sums import CODE, Moves, Placed, as_codes, codes, first_fastest, walk_seconds
@@ -137,6 +138,8 @@ class _Problem:
         # 4096) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where this gives 55.5, 111.0 and 185.2 MiB
         self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0, n_outputs=settings.n_outputs)
         self.n_slots = settings.prefetch_depth + 1
+        # a layer's disk experts a slot holds: one micro-batch's selections, which the pager keeps until it computed
+        self.per_call = experts_per_call(d.n_expert_used, settings.n_ubatch, rates.has_gpu)
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
         model = ModelOrders.of(mu)
@@ -163,13 +166,13 @@ class _Problem:
 
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units and RAM experts (stacks streamed
-        whole) plus the k largest selected disk experts (a token needs at most k experts of a layer)."""
+        whole) plus the largest selected disk experts one call may select (per_call: microbatch.experts_per_call)."""
         t, c = as_codes(tiers), as_codes(compute)
         chosen = np.zeros((len(CODE), len(CODE)), dtype=bool)  # select, of each (tier, device) pair
         for tier, i in CODE.items():
             for dev, j in CODE.items():
                 chosen[i, j] = select(tier, dev)
-        return self.sums.stage_need(chosen[t, c], t, self.mu.dims.n_expert_used or 1)
+        return self.sums.stage_need(chosen[t, c], t, self.per_call)
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
         """The GPU first, by density (a layer's experts as one group, by their mean p); then RAM, unit
