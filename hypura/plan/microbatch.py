@@ -119,6 +119,8 @@ def largest_paying(plan, plan_at: Callable[[int], object], n_ctx: int):
     prompt limited by compute beside copies, op offload's in turn with the GPU's, still gains from fewer of them)."""
     if plan.prediction.prefill_limit == "compute" and not plan.traffic.prefill_link_bytes:
         return plan
+    if plan.n_ubatch < knobs.N_UBATCH:
+        return plan  # a CPU plan paging experts took a smaller one for its staging (within_staging)
     best, best_s = plan, turn_with_long_prompt(plan)
     for u in knobs.MICROBATCH_CHOICES:
         if u <= plan.n_ubatch or u > n_ctx:
