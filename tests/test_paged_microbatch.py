@@ -88,3 +88,26 @@ def test_the_load_hands_llama_cpp_the_chosen_micro_batch(mixtral):
     assert params.n_ubatch == plan.n_ubatch < 512 and params.plan_batch
     assert params.fields()["context_params"]["n_ubatch"] == plan.n_ubatch
     assert "n_outputs_max" not in params.fields()["context_params"]  # a smaller micro-batch limits no outputs
+
+
+def test_a_prompt_at_the_floor_keeps_its_experts_within_the_plans_staging(tiny_qwen3moe, monkeypatch):
+    """The tiny MoE (16 experts, top-4) at its RAM floor: every expert on disk, a micro-batch of 1; a prompt of many
+    tokens runs in micro-batches whose experts the pager's share holds (before, a prompt's 512 selected all 16)."""
+    import hypura
+    from hypura.runtime.moe import expert_paging
+
+    monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)  # the plan's share only, not grown into free RAM
+    header = read_header(tiny_qwen3moe)
+    profile = machine_profile()
+    floor = ram_floor(model_units(header), budgets_for(profile, 0, "1GiB"), rates_for(profile), PlanSettings(n_ctx=256))
+    llm = hypura.Llama(str(tiny_qwen3moe), ram=floor, n_ctx=256, n_threads=1, verbose=False)
+    try:
+        plan, pager = llm.plan, llm._pager
+        assert pager is not None and plan.n_ubatch < 4  # 4 tokens' top-4 would select all 16
+        assert llm.context_params.n_ubatch == plan.n_ubatch  # what the plan staged for is what llama.cpp runs
+        llm.create_completion("The quick brown fox jumps over the lazy dog. " * 3, max_tokens=2, temperature=0.0)
+        assert pager.stats.loads > 0
+        assert 0 < pager.stats.resident_peak <= pager.budget == pager.base_budget
+        assert pager.base_budget <= plan.memory["ram"]["staging"]
+    finally:
+        llm.close()

@@ -174,10 +174,9 @@ def _plan_needs(plan: Plan, paged: bool, cache: bool, host: Host, need) -> None:
 def _batches(plan: Optional[Plan], ask: Ask) -> tuple[int, int]:
     """(n_ubatch, n_batch): the plan's micro-batch where a larger one pays (microbatch.py), with a batch at least
     as large (llama.cpp splits a batch into micro-batches, never the other way); a micro-batch the caller gave
-    stands, but one equal to llama.cpp's default is no choice (the CLI passes every flag). A CPU plan paging
-    experts may have chosen a smaller one than the caller's, its staging's bound (microbatch.within_staging)."""
-    if plan is not None and plan.n_ubatch < ask.n_ubatch and not plan.rates.has_gpu \
-            and any(paged_by_expert(t) for t in plan.tensors):
+    stands, but one equal to llama.cpp's default is no choice (the CLI passes every flag). A CPU plan may be made
+    at a smaller one than the caller's, which its staging and compute buffer fit (microbatch.within_staging)."""
+    if plan is not None and plan.n_ubatch < ask.n_ubatch and not plan.rates.has_gpu:
         return plan.n_ubatch, ask.n_batch
     if plan is None or plan.n_ubatch <= knobs.N_UBATCH or ask.n_ubatch != knobs.N_UBATCH:
         return ask.n_ubatch, ask.n_batch
