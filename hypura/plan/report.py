@@ -154,8 +154,10 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
         out.append(f"experts  cache of {plan.expert_slots} GPU slots a MoE layer, every expert in RAM; "
                    f"predicted at a hit rate of {plan.expert_hit_rate:.2f}")
     if plan.expert_cache[DISK]:
-        out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; the RAM staging "
-                   f"above holds {_staged_experts(plan, header)}the recently read ones")
+        staged = _staged_experts(plan, header)
+        held = f"the RAM staging above holds {staged}" if staged else "the RAM slots above hold "
+        out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; {held}the "
+                   "recently read ones")
     out += describe_prediction(plan)
     out += describe_expected(assumed) if assumed is not None else []
     out += describe_steps(plan)
