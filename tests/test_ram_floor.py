@@ -13,6 +13,7 @@ from hypura.plan import PlanSettings, budgets_for, model_units, plan_model, rate
 from hypura.plan import knobs
 from hypura.plan.search import ram_floor
 from hypura.plan.solve import _Problem
+from hypura.plan.staging import staging_reserves
 from hypura.profile import machine_profile
 from hypura.sizes import fmt_mib, parse_size
 from hypura.synth import writer
@@ -39,11 +40,12 @@ def _parts(header, n_ubatch: int = knobs.N_UBATCH):
     p = _Problem(model_units(header), budgets_for(profile, 0, "1GiB"), rates_for(profile),
                  PlanSettings(n_ctx=CTX, n_ubatch=n_ubatch))
     fixed = p.host_only + p.kv + p.cpu_buf + knobs.PROCESS_RAM
-    return fixed, max(p.staging_reserves(1))
+    return fixed, max(staging_reserves(p, 1))
 
 
 def _staging_split(plan):
-    """(the host pool's slots for dense disk layers, the pager's share) of a CPU plan's staging (solve.staging)."""
+    """(the host pool's slots for dense disk layers, the pager's share) of a CPU plan's staging
+    (staging.staging_slots)."""
     dense = {}
     for t in plan.tensors:
         if t.tier == "disk" and not (t.experts and "disk" in t.experts):

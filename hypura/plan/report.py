@@ -78,8 +78,8 @@ def layer_map(plan: Plan, per_line: int = 50) -> list[str]:
 
 
 def _cpu_staging(plan: Plan) -> str:
-    """A CPU plan's staging as the runtime splits it (solve.staging): the host pool's slots for dense disk layers,
-    the rest the pager's."""
+    """A CPU plan's staging as the runtime splits it (staging.staging_slots): the host pool's slots for dense disk
+    layers, the rest the pager's."""
     dense: Counter = Counter()
     for t in plan.tensors:
         if t.tier == DISK and not paged_by_expert(t):

@@ -48,6 +48,7 @@ from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, 
                               traffic)
 from hypura.plan.microbatch import experts_per_call
 from hypura.plan.model_orders import ModelOrders
+from hypura.plan.staging import staging_reserves, staging_slots
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
 from hypura.plan.unit_sums import CODE, Moves, Placed, as_codes, codes, first_fastest, walk_seconds
 from hypura.units import ModelUnits
@@ -173,26 +174,6 @@ class _Problem:
             for dev, j in CODE.items():
                 chosen[i, j] = select(tier, dev)
         return self.sums.stage_need(chosen[t, c], t, self.per_call)
-
-    def staging(self, tiers, compute, n_stage: int) -> list[int]:
-        """The RAM staging disk units need, one entry a slot, as the runtime lays it out (runtime.py, stream_layout.py).
-        With a GPU, n_stage slots each as large as the largest layer's disk units (slots_need). Without, the host
-        pool's slots hold the dense disk units (those of the layers that have some, each slot as large as the largest)
-        and the pager, apart, the experts one call selects of a layer (per_call), the largest layer's: one more entry."""
-        if self.r.has_gpu:
-            stages = self.slots_need(tiers, compute, lambda t, c: t == DISK, n_stage)
-            return [max(stages)] * len(stages) if stages else stages
-        dense, experts = self.disk_parts(tiers, compute)
-        layers = len(dense)
-        host = [max(dense.values())] * min(n_stage, layers) if layers else []
-        return host + ([max(experts.values())] if experts else [])
-
-    def disk_parts(self, tiers, compute) -> tuple[dict[int, int], dict[int, int]]:
-        """(layer -> its dense disk units' bytes, layer -> the bytes of the largest per_call of its disk experts)."""
-        t, on_disk = as_codes(tiers), as_codes(tiers) == CODE[DISK]
-        dense = self.sums.stage_need(on_disk & ~self.sums.expert, t, self.per_call)
-        experts = self.sums.stage_need(on_disk & self.sums.expert, t, self.per_call)
-        return {s: b for s, b in dense.items() if b}, {s: b for s, b in experts.items() if b}
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
         """The GPU first, by density (a layer's experts as one group, by their mean p); then RAM, unit
@@ -342,32 +323,17 @@ class _Problem:
         short = [sol]
         for n in range(self.n_slots, 0, -1):
             tries = [self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned, (n, reserve))
-                     for reserve in self.staging_reserves(n)]
+                     for reserve in staging_reserves(self, n)]
             fits = [alt for alt in tries if isinstance(alt, Solution)]
             if fits:
                 return min(fits, key=lambda s: s.turn_s)
             short += tries
         return min(short, key=lambda c: c.need - c.have)
 
-    def stage_strides(self) -> list[int]:
-        """The staging slot sizes worth trying: each stage's bytes with all of it on disk, smallest first."""
-        everything = [DISK] * len(self.mu.units)
-        return sorted(set(self.stage_need(everything, everything, lambda t, c: True).values()))
-
-    def staging_reserves(self, n: int) -> list[int]:
-        """The staging worth reserving in n slots (`staging`), smallest first: n slots of each stride; on the CPU, n
-        host-pool slots of a layer's dense disk units (or none) beside the pager's largest share (or none)."""
-        if self.r.has_gpu:
-            return [n * stride for stride in self.stage_strides()]
-        everything = [DISK] * len(self.mu.units)
-        dense, experts = self.disk_parts(everything, everything)
-        pager = max(experts.values(), default=0)
-        return sorted({n * d + e for d in {0, *dense.values()} for e in {0, pager}} - {0})
-
     def _solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str, op_offload: bool, pinned: bool,
                staged: tuple[int, int] | None = None, stacks: bool = True) -> Solution | _Shortfall:
-        """staged: (slots, bytes) of RAM staging reserved up front (staging_reserves), not grown: a placement whose
-        disk layers need more falls short. stacks: steps may stream whole expert stacks (step_paths)."""
+        """staged: (slots, bytes) of RAM staging reserved up front (staging.staging_reserves), not grown: a
+        placement whose disk layers need more falls short. stacks: steps may stream whole expert stacks (step_paths)."""
         b, units = self.b, self.mu.units
         pinned = self._pinned(use_gpu, stream, pinned)
         config = ((f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
@@ -403,7 +369,7 @@ class _Problem:
             ever = path_at(compute, tiers, steps, None)
             slots = self.slots_need(at_tier, ever, lambda t, c: t != GPU and c == GPU)
             slots = [max(slots)] * len(slots) if slots else slots  # every slot as large as the largest layer
-            stages = self.staging(at_tier, compute, n_stage)
+            stages = staging_slots(self, at_tier, compute, n_stage)
             cpu_work = bool(np.any(on_cpu & ~self.sums.host_only))
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
             # host-pool slots hold ggml's plain layout (the runtime turns llama.cpp's repacking off beside them),
