@@ -13,6 +13,7 @@ from hypura.plan import PlanSettings, budgets_for, model_units, plan_model, rate
 from hypura.plan import knobs
 from hypura.plan.search import ram_floor
 from hypura.plan.solve import _Problem
+from hypura.plan.staging import staging_reserves
 from hypura.profile import machine_profile
 from hypura.sizes import fmt_mib, parse_size
 from hypura.synth import writer
@@ -32,23 +33,42 @@ def shape(request, tmp_path_factory):
     return read_header(path), budget
 
 
-def _parts(header):
-    """(the RAM every plan holds beside its weights and staging, the largest stage a disk layer needs) on the CPU."""
+def _parts(header, n_ubatch: int = knobs.N_UBATCH):
+    """(the RAM every plan holds beside its weights and staging, the largest staging one slot needs) on the CPU, at
+    a micro-batch."""
     profile = machine_profile()
-    p = _Problem(model_units(header), budgets_for(profile, 0, "1GiB"), rates_for(profile), PlanSettings(n_ctx=CTX))
+    p = _Problem(model_units(header), budgets_for(profile, 0, "1GiB"), rates_for(profile),
+                 PlanSettings(n_ctx=CTX, n_ubatch=n_ubatch))
     fixed = p.host_only + p.kv + p.cpu_buf + knobs.PROCESS_RAM
-    return fixed, max(p.stage_strides())
+    return fixed, max(staging_reserves(p, 1))
+
+
+def _staging_split(plan):
+    """(the host pool's slots for dense disk layers, the pager's share) of a CPU plan's staging
+    (staging.staging_slots)."""
+    dense = {}
+    for t in plan.tensors:
+        if t.tier == "disk" and not (t.experts and "disk" in t.experts):
+            dense[t.layer] = dense.get(t.layer, 0) + t.nbytes
+    host = min(plan.staging_slots, len(dense)) * max(dense.values(), default=0)
+    return host, plan.memory["ram"]["staging"] - host
 
 
 def test_a_streamed_plan_stages_no_more_than_its_read_ahead(shape):
     header, budget = shape
     plan = plan_model(header, machine_profile(), gpu_mem=0, ram=budget, settings=PlanSettings(n_ctx=CTX))
-    fixed, largest = _parts(header)
+    fixed, largest = _parts(header, plan.n_ubatch)
     staging = plan.memory["ram"]["staging"]
     assert plan.memory["disk"]["weights"] > 0 and staging > 0  # streamed from disk
     # the bound: at most prefetch depth + 1 slots, each no larger than the largest stage; here fewer than that
     assert 1 <= plan.staging_slots <= plan.prefetch_depth + 1
-    assert staging == plan.staging_slots * plan.staging_slot_bytes and plan.staging_slot_bytes <= largest
+    host, pager = _staging_split(plan)
+    if pager:  # paged experts: the host pool's slots beside the experts one micro-batch selects of a layer
+        k = header.get("expert_used_count")
+        expert = max(t.nbytes // len(t.experts) for t in plan.tensors if t.experts) * 3  # a layer's three stacks
+        assert pager <= min(header.get("expert_count"), plan.n_ubatch * k) * expert
+    else:
+        assert staging == plan.staging_slots * plan.staging_slot_bytes and plan.staging_slot_bytes <= largest
     assert staging < sum(t.nbytes for t in header.tensors) / 2  # not the whole model
 
 
@@ -57,7 +77,7 @@ def test_the_floor_is_the_fixed_part_and_one_stage(shape):
     profile = machine_profile()
     settings = PlanSettings(n_ctx=CTX)
     floor = ram_floor(model_units(header), budgets_for(profile, 0, "1GiB"), rates_for(profile), settings)
-    fixed, largest = _parts(header)
+    fixed, largest = _parts(header, plan_model(header, profile, gpu_mem=0, ram=floor, settings=settings).n_ubatch)
     # what every plan holds, then one staging slot of the largest stage: the stated bound (to the search's step)
     assert fixed < floor <= fixed + largest + (16 << 20)
     plan = plan_model(header, profile, gpu_mem=0, ram=floor, settings=settings)

@@ -18,10 +18,11 @@
     unit_sums.py     the search's sums over every unit of a placement at once
     model_orders.py  what the search needs of the model alone, made once for all its problems
     solve.py         the placement search: exact for the cost model's structure, and a greedy baseline
+    staging.py       the RAM staging disk units need (disk slots, paged experts), as the runtime lays it out
     search.py        the candidates searched; the smallest RAM budget that plans a model where none fits
     candidates.py    which candidate is kept: llama.cpp's kind of placement unless streaming clearly gains
     experts.py       the expert-cache alternative for an MoE plan
-    microbatch.py    a prompt's micro-batch (n_ubatch) as large as pays
+    microbatch.py    a prompt's micro-batch (n_ubatch): as large as pays, or small enough that paged experts fit
     shares.py        a model's layers split over several devices (GPUs, RPC servers) and the host
     split.py         when the decision splits a model over several devices, over what, within which budgets
     pools.py         how non-resident tensors move: whole through a pool's slots, or expert by expert

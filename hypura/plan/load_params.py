@@ -5,7 +5,8 @@ request and the machine, with no I/O. What the runtime and the loader apply, and
     n_gpu_layers, offload_kqv        the plan's placement and KV cache tier (the hooks keep CPU weights on the host)
     op_offload                       off where hooks fill host weights, or where the plan's cost model assumed it off
     no_host, use_extra_bufts         plain host buffers where the plan's CPU weights are read, paged, pinned or streamed
-    n_ubatch, n_batch                the plan's micro-batch where a larger one pays (microbatch.py)
+    n_ubatch, n_batch                the plan's micro-batch where a larger one pays, or the smaller one a CPU
+                                     plan's staging holds where it pages experts (microbatch.py)
     n_outputs_max                    with it, the logits rows the caller reads a step (Ask.n_outputs)
     n_seq_max, kv_unified            `parallel` sequences (and spare ids) in one unified KV cache
     n_threads, n_threads_batch       the cores, less those the disk's readers need
@@ -126,7 +127,7 @@ def load_params(plan: Optional[Plan], n_ctx: int, ask: Ask, host: Host) -> LoadP
         else:
             need("expert caches copy plain slices", use_extra_bufts=False)
     n_ubatch, n_batch = _batches(plan, ask)
-    if n_ubatch != ask.n_ubatch and ask.n_outputs and "n_outputs_max" not in context:
+    if n_ubatch > ask.n_ubatch and ask.n_outputs and "n_outputs_max" not in context:
         out["n_outputs_max"] = ask.n_outputs  # the grown micro-batch's logits: only the rows the caller reads
     several = ask.parallel + ask.spare_seqs > 1
     if several:  # one unified KV cache: sequences copy a shared prefix's cells instead of recomputing it
@@ -173,7 +174,10 @@ def _plan_needs(plan: Plan, paged: bool, cache: bool, host: Host, need) -> None:
 def _batches(plan: Optional[Plan], ask: Ask) -> tuple[int, int]:
     """(n_ubatch, n_batch): the plan's micro-batch where a larger one pays (microbatch.py), with a batch at least
     as large (llama.cpp splits a batch into micro-batches, never the other way); a micro-batch the caller gave
-    stands, but one equal to llama.cpp's default is no choice (the CLI passes every flag)."""
+    stands, but one equal to llama.cpp's default is no choice (the CLI passes every flag). A CPU plan may be made
+    at a smaller one than the caller's, which its staging and compute buffer fit (microbatch.within_staging)."""
+    if plan is not None and plan.n_ubatch < ask.n_ubatch and not plan.rates.has_gpu:
+        return plan.n_ubatch, ask.n_batch
     if plan is None or plan.n_ubatch <= knobs.N_UBATCH or ask.n_ubatch != knobs.N_UBATCH:
         return ask.n_ubatch, ask.n_batch
     return plan.n_ubatch, max(ask.n_batch, plan.n_ubatch)

@@ -4,6 +4,7 @@ experts."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
@@ -12,6 +13,7 @@ from hypura.modelfile import ModelHeader, read_header
 from hypura.plan.budget import RateOverrides, budgets_for, rates_for
 from hypura.plan.experts import with_expert_cache
 from hypura.plan.latest import Latest
+from hypura.plan.microbatch import within_staging
 from hypura.plan.plan import Plan, build_plan
 from hypura.plan.search import greedy, optimize
 from hypura.plan.solve import PlanSettings
@@ -26,11 +28,25 @@ def plan_model(model: str | os.PathLike | ModelHeader, profile: MachineProfile, 
                gpu_mem: str | int | None = None, ram: str | int | None = None, disk: bool = True,
                settings: PlanSettings = PlanSettings(), overrides: RateOverrides = RateOverrides(),
                solver: str = "optimizer", expert_probs: Mapping[int, Sequence[float]] | None = None) -> Plan:
-    """Plan a model (path or parsed header) for a machine; raises HypuraError when nothing fits."""
+    """Plan a model (path or parsed header) for a machine; raises HypuraError when nothing fits. A CPU plan that
+    pages experts from disk may take a smaller micro-batch than settings.n_ubatch (microbatch.within_staging)."""
     header = model if isinstance(model, ModelHeader) else read_header(model)
     mu = _units(header, expert_probs)
     budgets = budgets_for(profile, 0 if overrides.no_gpu else gpu_mem, ram, disk)
     rates = rates_for(profile, overrides)
+    d = mu.dims
+
+    def at(n_ubatch: int) -> Plan:
+        return _planned(header, mu, budgets, rates, dataclasses.replace(settings, n_ubatch=n_ubatch), solver,
+                        expert_probs)
+
+    return within_staging(at, settings.n_ubatch, d.n_expert, d.n_expert_used if mu.experts else 0, settings.parallel,
+                          rates.has_gpu)
+
+
+def _planned(header: ModelHeader, mu: ModelUnits, budgets, rates, settings: PlanSettings, solver: str,
+             expert_probs: Mapping[int, Sequence[float]] | None) -> Plan:
+    """The plan at these settings: the solver's, or for an MoE the greedy fill's where it predicts faster."""
 
     def plan_with(solve) -> Plan:
         return with_expert_cache(build_plan(str(header.path), mu, solve(mu, budgets, rates, settings), settings,

@@ -11,7 +11,9 @@ from hypura.plan.budget import fmt_size
 from hypura.plan.cost import CPU, DISK, GPU, RAM
 from hypura.plan import knobs
 from hypura.plan.expected import Expected
+from hypura.plan.microbatch import experts_per_call
 from hypura.plan.plan import TIERS, Plan
+from hypura.plan.pools import paged_by_expert
 from hypura.plan.steps import turn_seconds
 from hypura.profile.machine import MachineProfile
 
@@ -75,6 +77,32 @@ def layer_map(plan: Plan, per_line: int = 50) -> list[str]:
     return lines
 
 
+def _cpu_staging(plan: Plan) -> str:
+    """A CPU plan's staging as the runtime splits it (staging.staging_slots): the host pool's slots for dense disk
+    layers, the rest the pager's."""
+    dense: Counter = Counter()
+    for t in plan.tensors:
+        if t.tier == DISK and not paged_by_expert(t):
+            dense[t.layer] += t.nbytes
+    slots = min(plan.staging_slots, len(dense))
+    host = slots * max(dense.values(), default=0)
+    pool = (f"{slots} slot{'s' if slots > 1 else ''} of {fmt_size(host // slots)} for dense disk layers" if slots
+            else "no dense disk layers")
+    return (f"RAM staging {fmt_size(plan.memory[RAM]['staging'])}: {pool}, "
+            f"{fmt_size(plan.memory[RAM]['staging'] - host)} for paged experts")
+
+
+def _staged_experts(plan: Plan, header: ModelHeader | None) -> str:
+    """What the staging holds of one micro-batch's selections, where the CPU computes paged experts (microbatch.py)."""
+    k = int(header.get("expert_used_count") or 0) if header is not None else 0
+    if not k or plan.rates.has_gpu:
+        return ""
+    n_expert = max(len(t.experts) for t in plan.tensors)
+    per_call = min(n_expert, experts_per_call(k, plan.n_ubatch, False))
+    return (f"one micro-batch's selections (up to {per_call} of a layer's {n_expert} experts: {k} a token, "
+            f"micro-batch {plan.n_ubatch}) and ")
+
+
 def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: MachineProfile | None = None,
                   assumed: Expected | None = None) -> list[str]:
     out = []
@@ -110,6 +138,8 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
             f"{fmt_size(plan.pool_slot_bytes)})" if plan.pool_slots else "no GPU pool")
     staging = (f"{plan.staging_slots} RAM slots for disk layers, {fmt_size(plan.memory[RAM]['staging'])} (largest "
                f"{fmt_size(plan.staging_slot_bytes)})" if plan.staging_slots else "no disk slots")
+    if plan.staging_slots and not plan.rates.has_gpu and any(paged_by_expert(t) for t in plan.tensors):
+        staging = _cpu_staging(plan)
     out.append(f"streams  {pool}; {staging}; prefetch depth {plan.prefetch_depth}")
     ram = plan.memory[RAM]
     if ram.get("process") or ram.get("runtime"):
@@ -124,8 +154,10 @@ def describe_plan(plan: Plan, header: ModelHeader | None = None, profile: Machin
         out.append(f"experts  cache of {plan.expert_slots} GPU slots a MoE layer, every expert in RAM; "
                    f"predicted at a hit rate of {plan.expert_hit_rate:.2f}")
     if plan.expert_cache[DISK]:
-        out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; the RAM slots "
-                   "above hold the recently read ones")
+        staged = _staged_experts(plan, header)
+        held = f"the RAM staging above holds {staged}" if staged else "the RAM slots above hold "
+        out.append(f"experts  {plan.expert_cache[DISK]} on disk, read when a router selects them; {held}the "
+                   "recently read ones")
     out += describe_prediction(plan)
     out += describe_expected(assumed) if assumed is not None else []
     out += describe_steps(plan)

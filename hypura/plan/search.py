@@ -9,6 +9,7 @@ tier, op offload off and pinned CPU weights, with the greedy ones among them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
 from hypura.errors import HypuraError
@@ -17,6 +18,7 @@ from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.candidates import choose
 from hypura.plan.cost import RAM, Rates
 from hypura.plan.latest import Latest
+from hypura.plan.microbatch import floor_microbatch
 from hypura.plan.solve import PlanSettings, Solution, _Problem, _Shortfall
 from hypura.sizes import fmt_mib
 from hypura.units import ModelUnits
@@ -68,8 +70,12 @@ def _floor(problem: _Problem, candidates_of: Callable[[_Problem], Iterable]) -> 
 
 def ram_floor(mu: ModelUnits, budgets: Budgets, rates: Rates, settings: PlanSettings = PlanSettings(),
               solver: str = "optimizer") -> int | None:
-    """The smallest --ram at which the solver plans the model, the rest of `budgets` as given (_floor)."""
-    return _floor(_Problem(mu, budgets, rates, settings), _OF[solver])
+    """The smallest --ram at which plan_model plans the model, the rest of `budgets` as given (_floor): at the
+    smallest micro-batch it may take (microbatch.floor_microbatch)."""
+    d = mu.dims
+    u = floor_microbatch(settings.n_ubatch, d.n_expert, d.n_expert_used if mu.experts else 0, settings.parallel,
+                         rates.has_gpu)
+    return _floor(_Problem(mu, budgets, rates, dataclasses.replace(settings, n_ubatch=u)), _OF[solver])
 
 
 def _greedy_candidates(p: _Problem, pins: tuple = (False,)) -> list:

@@ -46,7 +46,9 @@ from hypura.plan import knobs
 from hypura.plan.budget import Budgets, fmt_size
 from hypura.plan.cost import (CPU, DISK, GPU, RAM, Prediction, Rates, StepLoad, Traffic, attention_flops, predict,
                               traffic)
+from hypura.plan.microbatch import experts_per_call
 from hypura.plan.model_orders import ModelOrders
+from hypura.plan.staging import staging_reserves, staging_slots
 from hypura.plan.steps import kv_read, path_at, predict_step, step_sizes, turn_seconds
 from hypura.plan.unit_sums import CODE, Moves, Placed, as_codes, codes, first_fastest, walk_seconds
 from hypura.units import ModelUnits
@@ -137,6 +139,8 @@ class _Problem:
         # 4096) and 133.3 MiB (llama3.1-8b shape, n_ctx 256) where this gives 55.5, 111.0 and 185.2 MiB
         self.cpu_buf = d.compute_buffer_bytes(min(settings.n_ubatch, settings.n_ctx), floor=0, n_outputs=settings.n_outputs)
         self.n_slots = settings.prefetch_depth + 1
+        # a layer's disk experts a slot holds: one micro-batch's selections, which the pager keeps until it computed
+        self.per_call = experts_per_call(d.n_expert_used, settings.n_ubatch, rates.has_gpu)
         self.gpu_usable = rates.has_gpu and budgets.gpu > 0
         self.host_only = sum(u.nbytes for u in mu.units if u.host_only)
         model = ModelOrders.of(mu)
@@ -163,13 +167,13 @@ class _Problem:
 
     def stage_need(self, tiers, compute, select: Callable[[str, str], bool]) -> dict[int, int]:
         """Bytes each layer must have in a slot: its selected dense units and RAM experts (stacks streamed
-        whole) plus the k largest selected disk experts (a token needs at most k experts of a layer)."""
+        whole) plus the largest selected disk experts one call may select (per_call: microbatch.experts_per_call)."""
         t, c = as_codes(tiers), as_codes(compute)
         chosen = np.zeros((len(CODE), len(CODE)), dtype=bool)  # select, of each (tier, device) pair
         for tier, i in CODE.items():
             for dev, j in CODE.items():
                 chosen[i, j] = select(tier, dev)
-        return self.sums.stage_need(chosen[t, c], t, self.mu.dims.n_expert_used or 1)
+        return self.sums.stage_need(chosen[t, c], t, self.per_call)
 
     def fill_by_density(self, gpu_cap: int, ram_cap: int) -> list[str]:
         """The GPU first, by density (a layer's experts as one group, by their mean p); then RAM, unit
@@ -318,23 +322,18 @@ class _Problem:
             return sol
         short = [sol]
         for n in range(self.n_slots, 0, -1):
-            tries = [self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned, (n, stride))
-                     for stride in self.stage_strides()]
+            tries = [self._solve(fill, use_gpu, kv_tier, stream, solver, op_offload, pinned, (n, reserve))
+                     for reserve in staging_reserves(self, n)]
             fits = [alt for alt in tries if isinstance(alt, Solution)]
             if fits:
                 return min(fits, key=lambda s: s.turn_s)
             short += tries
         return min(short, key=lambda c: c.need - c.have)
 
-    def stage_strides(self) -> list[int]:
-        """The staging slot sizes worth trying: each stage's bytes with all of it on disk, smallest first."""
-        everything = [DISK] * len(self.mu.units)
-        return sorted(set(self.stage_need(everything, everything, lambda t, c: True).values()))
-
     def _solve(self, fill, use_gpu: bool, kv_tier: str, stream: bool, solver: str, op_offload: bool, pinned: bool,
                staged: tuple[int, int] | None = None, stacks: bool = True) -> Solution | _Shortfall:
-        """staged: (slots, bytes a slot) of RAM staging reserved up front, not grown: a placement whose disk
-        layers need more falls short. stacks: steps may stream whole expert stacks (step_paths)."""
+        """staged: (slots, bytes) of RAM staging reserved up front (staging.staging_reserves), not grown: a
+        placement whose disk layers need more falls short. stacks: steps may stream whole expert stacks (step_paths)."""
         b, units = self.b, self.mu.units
         pinned = self._pinned(use_gpu, stream, pinned)
         config = ((f"kv={kv_tier}, stream={'on' if stream else 'off'}" if use_gpu else "cpu only")
@@ -348,7 +347,7 @@ class _Problem:
         pool, staging, host_buf = 0, 0, (min(self.buf, knobs.HOST_BUFFER_OFFLOADED) if use_gpu else self.cpu_buf)
         n_stage = staged[0] if staged else self.n_slots
         if staged:
-            staging = n_stage * staged[1] + (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM
+            staging = staged[1] + (max(1, self.r.disk_readers) - 1) * knobs.STREAM_READER_RAM
         for _ in range(32):
             gpu_cap = b.gpu - gpu_fixed - pool if use_gpu else 0
             ram_cap = b.ram - ram_fixed - host_buf - staging - ((gpu_fixed + pool) if b.unified else 0)
@@ -370,8 +369,7 @@ class _Problem:
             ever = path_at(compute, tiers, steps, None)
             slots = self.slots_need(at_tier, ever, lambda t, c: t != GPU and c == GPU)
             slots = [max(slots)] * len(slots) if slots else slots  # every slot as large as the largest layer
-            stages = self.slots_need(at_tier, compute, lambda t, c: t == DISK, n_stage)
-            stages = [max(stages)] * len(stages) if stages else stages
+            stages = staging_slots(self, at_tier, compute, n_stage)
             cpu_work = bool(np.any(on_cpu & ~self.sums.host_only))
             need_host = (self.buf if use_gpu else self.cpu_buf) if cpu_work else host_buf
             # host-pool slots hold ggml's plain layout (the runtime turns llama.cpp's repacking off beside them),
@@ -423,7 +421,7 @@ class _Problem:
         one = None
         if self.s.parallel > 1:  # the plan serves one sequence too: its step's own path, its own prediction
             one = at(1)
-        return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages), memory, tr, prediction,
+        return Solution(tuple(tiers), tuple(compute), kv_tier, max(slots), max(stages, default=0), memory, tr, prediction,
                         solver, config + (f", {n_stage} staging slot(s)" if staged else ""), steps, one,
                         stage_slots=n_stage if staged else 0, at=at)
 

@@ -17,8 +17,8 @@ Protocol
     after the router ran and before the expert matmuls. It starts reading the missing experts, and
     meanwhile evicts least recently used experts that this batch does not use until the missing ones
     fit the budget; only then are their slices faulted in. It waits for the reads (the matmuls need
-    them). A batch that needs more than the budget (prefill selects most experts) keeps them all until
-    the next layer's call.
+    them). A batch that needs more than the budget keeps them all until the next layer's call: a CPU plan's
+    staging holds what one micro-batch may select (plan/microbatch.py), a GPU plan's one token's k.
   - The reads of one call go through a ReadPipeline (read_pipeline.py): as many reader threads as
     the machine profile found fastest (`Rates.disk_readers`) only read, into staging buffers; the
     compute thread copies each request into its slice as it lands. Each slice is faulted in first (one
