@@ -1,0 +1,196 @@
+"""Expert hit rates of a MoE run paging experts from disk, beside an LRU cache of the same size on the same routing.
+
+    python3 -m bench.moe_hits MODEL.gguf --ram 2GiB [-n 256] [-t 1] [--runs 2] [--json out.json]
+
+Runs MODEL (a layer subset: `hypura synth qwen3-235b-a22b sub.gguf --layers 4`) greedy from a fixed prompt under a
+RAM budget that leaves experts on disk, recording every MoE layer's selections (on_route). Then replays that
+routing through an LRU cache per layer of the run's capacity in experts (the layer's RAM experts plus its share of
+the pager's budget for read experts) and reports, over the decode tokens: our hit rate (selections not read from
+disk), LRU's, the prefetch counters, decode tok/s beside the disk bound (disk bytes a token over the rate that
+`probe_disk` measures right after), and how much of each layer's reads the co-activation counts could have named a
+layer earlier. Runs share one routing directory: run 1 plans from no recorded routing (k/E), run 2 from run 1's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import OrderedDict, defaultdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+PROMPT_SEED = 0
+PROMPT_TOKENS = 32  # fixed token ids: a synthetic model has no meaningful text
+PROBE_S = 3.0
+
+
+def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: int = 0) -> tuple[int, int]:
+    """(hits, accesses) of LRU caches, one per group, of capacity[group] keys each, over (group, key) accesses in
+    order; the first `warm` accesses fill the caches and are not counted."""
+    caches: dict = defaultdict(OrderedDict)
+    hits = counted = 0
+    for i, (group, key) in enumerate(accesses):
+        cache = caches[group]
+        hit = key in cache
+        if hit:
+            cache.move_to_end(key)
+        else:
+            cache[key] = None
+            while len(cache) > capacity[group]:
+                cache.popitem(last=False)
+        if i >= warm:
+            counted += 1
+            hits += hit
+    return hits, counted
+
+
+def layer_ahead(tokens: Sequence[Sequence[Sequence[int]]], m: int, warm: int = 0) -> dict:
+    """Co-activation prediction replayed on recorded routing: tokens[t][i] = token t's experts at MoE layer i. At
+    layer i the m experts most often seen at layer i+1 after those selected (counted from earlier tokens only) are
+    predicted; recall: share of layer i+1's selections predicted; precision: share of predictions selected. Tokens
+    before `warm` only count."""
+    counts: dict[int, np.ndarray] = {}
+    hit = chosen = named = 0
+    for t, layers in enumerate(tokens):
+        for i in range(len(layers) - 1):
+            a, b = np.asarray(layers[i]), np.asarray(layers[i + 1])
+            c = counts.setdefault(i, np.zeros((0, 0), np.int64))
+            n = max(int(a.max()), int(b.max()), len(c) - 1) + 1
+            if n > len(c):
+                c = counts[i] = np.pad(c, ((0, n - len(c)), (0, n - len(c))))
+            if t >= warm:
+                scores = c[a].sum(axis=0)
+                predicted = [int(e) for e in np.argsort(-scores, kind="stable")[:m] if scores[e] > 0]
+                hit += len(set(predicted) & set(b.tolist()))
+                chosen += len(b)
+                named += len(predicted)
+            np.add.at(c, (a[:, None], b[None, :]), 1)
+    return {"m": m, "recall": hit / chosen if chosen else 0.0, "precision": hit / named if named else 0.0}
+
+
+def _drop_file_cache(path: str) -> None:
+    """The model's pages leave the page cache (no root needed): the load reads from disk, as a cold start."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run_once(args) -> dict:
+    import hypura
+
+    routes: list[tuple[int, int, np.ndarray]] = []  # (step, layer, ids [n_tokens, k])
+    step = [0]
+
+    def on_route(layer: int, ids: np.ndarray) -> None:
+        routes.append((step[0], layer, np.array(ids, copy=True)))
+
+    _drop_file_cache(args.model)
+    t0 = time.perf_counter()
+    llm = hypura.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads, verbose=False, ram=args.ram,
+                       on_route=on_route)
+    load_s = time.perf_counter() - t0
+    try:
+        pager = llm._pager
+        if pager is None:
+            raise SystemExit("moe_hits: the plan keeps no expert on disk at this --ram")
+        pager_layers = sorted(pager.tier_of)
+        rng = np.random.default_rng(PROMPT_SEED)
+        prompt = [int(x) for x in rng.integers(100, 1000, PROMPT_TOKENS)]
+        llm.eval(prompt)
+        llm.stats(reset=True)
+        n_vocab, out, times = llm.n_vocab(), [], []
+        for i in range(args.n_gen):
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            step[0] = i + 1
+            t1 = time.perf_counter()
+            llm.eval([tok])
+            times.append(time.perf_counter() - t1)
+        stats = llm.stats()
+        pg = pager.summary()
+        expert_bytes = {layer: pager._expert_bytes(layer) for layer in pager_layers}
+        ram_experts = {layer: sum(t != "disk" for t in pager.tier_of[layer]) for layer in pager_layers}
+        probe = llm.probe_disk(PROBE_S)
+    finally:
+        llm.close()
+    return _report(args, routes, pager_layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s)
+
+
+def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s) -> dict:
+    n = len(times)
+    # the pager's share for read experts, in experts of the average layer, split evenly over the layers
+    mean_bytes = sum(expert_bytes.values()) / len(expert_bytes)
+    staged = int(min(pg["budget"], max(pg["resident_peak"], pg["resident"])) // mean_bytes)
+    capacity = {layer: ram_experts[layer] + staged // len(layers) for layer in layers}
+    accesses, warm = [], 0
+    for s, layer, ids in routes:
+        for row in ids:
+            if s == 0:
+                warm += len(row)
+            accesses += [(layer, int(e)) for e in row]
+    hits, counted = lru_hits(accesses, capacity, warm)
+    g_hits, _ = lru_hits([(0, a) for a in accesses], {0: sum(capacity.values())}, warm)
+    served = pg["served"]
+    total = sum(served.values())
+    ours = 1 - served.get("disk", 0) / total if total else 0.0
+    per_token = defaultdict(dict)  # step -> layer -> experts (decode tokens and the prompt's last)
+    for s, layer, ids in routes:
+        per_token[s][layer] = ids[-1].tolist()
+    tokens = [[per_token[s][layer] for layer in layers] for s in sorted(per_token) if len(per_token[s]) == len(layers)]
+    k = len(routes[0][2][0])
+    disk_bytes_token = pg["bytes"] / n
+    decode_s = sum(times)
+    return {
+        "model": args.model, "ram": args.ram, "threads": args.threads, "n_gen": n, "load_s": load_s,
+        "moe_layers": layers, "k": k, "distinct_tokens": len(set(out)),
+        "capacity_experts": {"per_layer": capacity, "ram_experts": ram_experts, "staged": staged,
+                             "expert_bytes": expert_bytes},
+        "hit_rate": {"ours": ours, "lru_per_layer": hits / counted if counted else 0.0,
+                     "lru_global": g_hits / counted if counted else 0.0, "selections": counted,
+                     "ours_selections": total},
+        "prefetch": pg["prefetch"],
+        "layer_ahead": layer_ahead(tokens, k, warm=1),
+        "decode": {"tok_s": n / decode_s, "median_token_s": float(np.median(times)),
+                   "stall_ms_per_token": stats["decode"]["stall_ms_per_token"],
+                   "disk_mb_per_token": disk_bytes_token / 1e6,
+                   "disk_gbps_probe": probe["gbps"] if probe else None,
+                   "disk_bound_tok_s": probe["gbps"] * 1e9 / disk_bytes_token if probe and disk_bytes_token else None},
+        "paging": pg, "probe": probe, "predicted": stats.get("predicted"),
+    }
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.moe_hits", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--ram", required=True, help="RAM budget that leaves experts on disk")
+    ap.add_argument("-c", "--ctx-size", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=256)
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=2, help="runs sharing one routing directory (the first plans from none)")
+    ap.add_argument("--json", help="write the result here")
+    args = ap.parse_args(argv)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="moe-hits-routing-") as routing:
+        os.environ["HYPURA_ROUTING_DIR"] = routing  # a clean record: run 1 plans at k/E
+        for _ in range(args.runs):
+            runs.append(run_once(args))
+            print(json.dumps({k: runs[-1][k] for k in ("hit_rate", "prefetch", "layer_ahead", "decode")}, indent=1))
+    result = {"command": "python3 -m bench.moe_hits " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "runs": runs}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
