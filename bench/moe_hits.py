@@ -50,6 +50,26 @@ def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: in
     return hits, counted
 
 
+def opt_hits(accesses: Sequence[tuple[object, object]], capacity: dict, warm: int = 0) -> tuple[int, int]:
+    """As lru_hits, for Belady's optimal cache (evicts the key used again last): no cache of that size does better."""
+    next_use, seen = [0] * len(accesses), {}
+    for i in range(len(accesses) - 1, -1, -1):
+        next_use[i] = seen.get(accesses[i], len(accesses))
+        seen[accesses[i]] = i
+    caches: dict = defaultdict(dict)  # group -> key -> its next use
+    hits = counted = 0
+    for i, (group, key) in enumerate(accesses):
+        cache = caches[group]
+        hit = key in cache
+        cache[key] = next_use[i]
+        if len(cache) > capacity[group]:
+            del cache[max(cache, key=cache.get)]
+        if i >= warm:
+            counted += 1
+            hits += hit
+    return hits, counted
+
+
 def layer_ahead(tokens: Sequence[Sequence[Sequence[int]]], m: int, warm: int = 0) -> dict:
     """Co-activation prediction replayed on recorded routing: tokens[t][i] = token t's experts at MoE layer i. At
     layer i the m experts most often seen at layer i+1 after those selected (counted from earlier tokens only) are
@@ -140,6 +160,7 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
             accesses += [(layer, int(e)) for e in row]
     hits, counted = lru_hits(accesses, capacity, warm)
     g_hits, _ = lru_hits([(0, a) for a in accesses], {0: sum(capacity.values())}, warm)
+    o_hits, _ = opt_hits(accesses, capacity, warm)
     served = pg["served"]
     total = sum(served.values())
     ours = 1 - served.get("disk", 0) / total if total else 0.0
@@ -156,7 +177,8 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
         "capacity_experts": {"per_layer": capacity, "ram_experts": ram_experts, "staged": staged,
                              "expert_bytes": expert_bytes},
         "hit_rate": {"ours": ours, "lru_per_layer": hits / counted if counted else 0.0,
-                     "lru_global": g_hits / counted if counted else 0.0, "selections": counted,
+                     "lru_global": g_hits / counted if counted else 0.0,
+                     "optimal_per_layer": o_hits / counted if counted else 0.0, "selections": counted,
                      "ours_selections": total},
         "prefetch": pg["prefetch"],
         "layer_ahead": layer_ahead(tokens, k, warm=1),

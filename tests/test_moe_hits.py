@@ -42,3 +42,11 @@ def test_layer_ahead_learns_a_fixed_pairing_and_only_from_earlier_tokens(moe_hit
     assert out["recall"] == pytest.approx(6 / 8)
     assert out["precision"] == 1.0
     assert moe_hits.layer_ahead(tokens, m=2, warm=2) == {"m": 2, "recall": 1.0, "precision": 1.0}
+
+
+def test_the_optimal_cache_evicts_the_key_used_again_last_and_never_loses_to_lru(moe_hits):
+    seq = [(0, e) for e in "abcabdabcdab"]
+    # capacity 2: a and b always come back before c or d does, so the optimum keeps them: they hit every round
+    assert moe_hits.opt_hits(seq, {0: 2}) == (6, 12)
+    assert moe_hits.lru_hits(seq, {0: 2}) == (0, 12)
+    assert moe_hits.opt_hits(seq, {0: 2}, warm=6) == (4, 6)
