@@ -188,6 +188,8 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
                    "disk_gbps_probe": probe["gbps"] if probe else None,
                    "disk_bound_tok_s": probe["gbps"] * 1e9 / disk_bytes_token if probe and disk_bytes_token else None},
         "paging": pg, "probe": probe, "predicted": stats.get("predicted"),
+        # the recorded routing, for other replays: (step, layer, each token's experts); step 0 is the prompt
+        "routes": [[s, layer, ids.tolist()] for s, layer, ids in routes],
     }
 
 
@@ -206,7 +208,8 @@ def main(argv=None) -> None:
         os.environ["HYPURA_ROUTING_DIR"] = routing  # a clean record: run 1 plans at k/E
         for _ in range(args.runs):
             runs.append(run_once(args))
-            print(json.dumps({k: runs[-1][k] for k in ("hit_rate", "prefetch", "layer_ahead", "decode")}, indent=1))
+            print(json.dumps({k: runs[-1][k] for k in ("hit_rate", "capacity_experts", "prefetch", "layer_ahead",
+                                                         "decode")}, indent=1))
     result = {"command": "python3 -m bench.moe_hits " + " ".join(argv if argv is not None else sys.argv[1:]),
               "runs": runs}
     if args.json:
