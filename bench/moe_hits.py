@@ -188,7 +188,7 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
                    "disk_gbps_probe": probe["gbps"] if probe else None,
                    "disk_bound_tok_s": probe["gbps"] * 1e9 / disk_bytes_token if probe and disk_bytes_token else None},
         "paging": pg, "probe": probe, "predicted": stats.get("predicted"),
-        # the recorded routing, for other replays: (step, layer, each token's experts); step 0 is the prompt
+        # the recorded routing, for other replays: (step, layer, each token's experts); step 0 is the prompt (write())
         "routes": [[s, layer, ids.tolist()] for s, layer, ids in routes],
     }
 
@@ -213,8 +213,15 @@ def main(argv=None) -> None:
     result = {"command": "python3 -m bench.moe_hits " + " ".join(argv if argv is not None else sys.argv[1:]),
               "runs": runs}
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write(Path(args.json), result)
+
+
+def write(path: Path, result: dict) -> None:
+    """The result at `path`, each run's recorded routing beside it in one compact line (PATH.routes.json)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    routes = [run.pop("routes") for run in result["runs"]]
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.with_suffix(".routes.json").write_text(json.dumps({"runs": routes}, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":
