@@ -146,21 +146,28 @@ def run_once(args) -> dict:
     return _report(args, routes, pager_layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s)
 
 
+def replays(routes, capacity: dict) -> dict:
+    """Hit rates over the decode's selections (the prompt's, step 0, fill the caches) of LRU and of the optimum,
+    per layer at capacity[layer] experts, and over all layers at their sum (one cache, as the pager's read experts)."""
+    accesses, warm = [], 0
+    for s, layer, ids in routes:
+        for row in ids:
+            warm += len(row) if s == 0 else 0
+            accesses += [(layer, int(e)) for e in row]
+    pooled, total = [(0, a) for a in accesses], {0: sum(capacity.values())}
+    rates = {"lru_per_layer": lru_hits(accesses, capacity, warm), "lru_global": lru_hits(pooled, total, warm),
+             "optimal_per_layer": opt_hits(accesses, capacity, warm), "optimal_global": opt_hits(pooled, total, warm)}
+    counted = len(accesses) - warm
+    return {**{k: hits / counted if counted else 0.0 for k, (hits, _) in rates.items()}, "selections": counted}
+
+
 def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s) -> dict:
     n = len(times)
     # the pager's share for read experts, in experts of the average layer, split evenly over the layers
     mean_bytes = sum(expert_bytes.values()) / len(expert_bytes)
     staged = int(min(pg["budget"], max(pg["resident_peak"], pg["resident"])) // mean_bytes)
     capacity = {layer: ram_experts[layer] + staged // len(layers) for layer in layers}
-    accesses, warm = [], 0
-    for s, layer, ids in routes:
-        for row in ids:
-            if s == 0:
-                warm += len(row)
-            accesses += [(layer, int(e)) for e in row]
-    hits, counted = lru_hits(accesses, capacity, warm)
-    g_hits, _ = lru_hits([(0, a) for a in accesses], {0: sum(capacity.values())}, warm)
-    o_hits, _ = opt_hits(accesses, capacity, warm)
+    rates = replays(routes, capacity)
     served = pg["served"]
     total = sum(served.values())
     ours = 1 - served.get("disk", 0) / total if total else 0.0
@@ -176,10 +183,7 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
         "moe_layers": layers, "k": k, "distinct_tokens": len(set(out)),
         "capacity_experts": {"per_layer": capacity, "ram_experts": ram_experts, "staged": staged,
                              "expert_bytes": expert_bytes},
-        "hit_rate": {"ours": ours, "lru_per_layer": hits / counted if counted else 0.0,
-                     "lru_global": g_hits / counted if counted else 0.0,
-                     "optimal_per_layer": o_hits / counted if counted else 0.0, "selections": counted,
-                     "ours_selections": total},
+        "hit_rate": {"ours": ours, **rates, "ours_selections": total},
         "prefetch": pg["prefetch"],
         "layer_ahead": layer_ahead(tokens, k, warm=1),
         "decode": {"tok_s": n / decode_s, "median_token_s": float(np.median(times)),
