@@ -50,6 +50,16 @@ def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: in
     return hits, counted
 
 
+def fixed_then_lru_hits(accesses: Sequence[tuple[object, object]], fixed: dict, capacity: int,
+                        warm: int = 0) -> tuple[int, int]:
+    """As lru_hits, for the pager's model: keys of fixed[group] always hit (the plan's RAM experts); the rest go
+    through one LRU cache of `capacity` (group, key) pairs (its read experts, shared by the layers)."""
+    rest = [(i, (0, a)) for i, a in enumerate(accesses) if a[1] not in fixed.get(a[0], ())]
+    hits, _ = lru_hits([a for _, a in rest], {0: capacity}, sum(i < warm for i, _ in rest))
+    fixed_hits = sum(key in fixed.get(group, ()) for group, key in accesses[warm:])
+    return hits + fixed_hits, len(accesses) - warm
+
+
 def opt_hits(accesses: Sequence[tuple[object, object]], capacity: dict, warm: int = 0) -> tuple[int, int]:
     """As lru_hits, for Belady's optimal cache (evicts the key used again last): no cache of that size does better."""
     next_use, seen = [0] * len(accesses), {}
@@ -139,16 +149,17 @@ def run_once(args) -> dict:
         stats = llm.stats()
         pg = pager.summary()
         expert_bytes = {layer: pager._expert_bytes(layer) for layer in pager_layers}
-        ram_experts = {layer: sum(t != "disk" for t in pager.tier_of[layer]) for layer in pager_layers}
+        ram_experts = {layer: [e for e, t in enumerate(pager.tier_of[layer]) if t != "disk"] for layer in pager_layers}
         probe = llm.probe_disk(PROBE_S)
     finally:
         llm.close()
     return _report(args, routes, pager_layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s)
 
 
-def replays(routes, capacity: dict) -> dict:
+def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0) -> dict:
     """Hit rates over the decode's selections (the prompt's, step 0, fill the caches) of LRU and of the optimum,
-    per layer at capacity[layer] experts, and over all layers at their sum (one cache, as the pager's read experts)."""
+    per layer at capacity[layer] experts, and over all layers at their sum (one cache, as the pager's read experts);
+    with `fixed` (layer -> the plan's RAM experts), the pager's model at `staged` read experts."""
     accesses, warm = [], 0
     for s, layer, ids in routes:
         for row in ids:
@@ -157,6 +168,8 @@ def replays(routes, capacity: dict) -> dict:
     pooled, total = [(0, a) for a in accesses], {0: sum(capacity.values())}
     rates = {"lru_per_layer": lru_hits(accesses, capacity, warm), "lru_global": lru_hits(pooled, total, warm),
              "optimal_per_layer": opt_hits(accesses, capacity, warm), "optimal_global": opt_hits(pooled, total, warm)}
+    if fixed is not None:
+        rates["modelled_ours"] = fixed_then_lru_hits(accesses, fixed, staged, warm)
     counted = len(accesses) - warm
     return {**{k: hits / counted if counted else 0.0 for k, (hits, _) in rates.items()}, "selections": counted}
 
@@ -166,8 +179,8 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
     # the pager's share for read experts, in experts of the average layer, split evenly over the layers
     mean_bytes = sum(expert_bytes.values()) / len(expert_bytes)
     staged = int(min(pg["budget"], max(pg["resident_peak"], pg["resident"])) // mean_bytes)
-    capacity = {layer: ram_experts[layer] + staged // len(layers) for layer in layers}
-    rates = replays(routes, capacity)
+    capacity = {layer: len(ram_experts[layer]) + staged // len(layers) for layer in layers}
+    rates = replays(routes, capacity, {layer: set(ids) for layer, ids in ram_experts.items()}, staged)
     served = pg["served"]
     total = sum(served.values())
     ours = 1 - served.get("disk", 0) / total if total else 0.0
@@ -181,7 +194,8 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
     return {
         "model": args.model, "ram": args.ram, "threads": args.threads, "n_gen": n, "load_s": load_s,
         "moe_layers": layers, "k": k, "distinct_tokens": len(set(out)),
-        "capacity_experts": {"per_layer": capacity, "ram_experts": ram_experts, "staged": staged,
+        "capacity_experts": {"per_layer": capacity, "ram_experts": {layer: len(ids) for layer, ids in ram_experts.items()},
+                             "ram_expert_ids": ram_experts, "staged": staged,
                              "expert_bytes": expert_bytes},
         "hit_rate": {"ours": ours, **rates, "ours_selections": total},
         "prefetch": pg["prefetch"],

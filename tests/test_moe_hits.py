@@ -50,3 +50,11 @@ def test_the_optimal_cache_evicts_the_key_used_again_last_and_never_loses_to_lru
     assert moe_hits.opt_hits(seq, {0: 2}) == (6, 12)
     assert moe_hits.lru_hits(seq, {0: 2}) == (0, 12)
     assert moe_hits.opt_hits(seq, {0: 2}, warm=6) == (4, 6)
+
+
+def test_the_pagers_model_hits_its_fixed_experts_and_pages_the_rest_through_one_lru(moe_hits):
+    seq = [(0, 1), (1, 5), (0, 2), (1, 5), (0, 1), (0, 2), (1, 6), (1, 5)]
+    # layer 0's expert 1 is fixed (hits twice); the rest share one LRU of 2: 5 and 2 miss, then hit once each;
+    # 6 evicts 5, which misses again
+    assert moe_hits.fixed_then_lru_hits(seq, {0: {1}}, 2) == (4, 8)
+    assert moe_hits.fixed_then_lru_hits(seq, {0: {1}}, 2, warm=4) == (2, 4)
