@@ -4,11 +4,13 @@
 
 Runs MODEL (a layer subset: `hypura synth qwen3-235b-a22b sub.gguf --layers 4`) greedy from a fixed prompt under a
 RAM budget that leaves experts on disk, recording every MoE layer's selections (on_route). Then replays that
-routing through an LRU cache per layer of the run's capacity in experts (the layer's RAM experts plus its share of
-the pager's budget for read experts) and reports, over the decode tokens: our hit rate (selections not read from
-disk), LRU's, the prefetch counters, decode tok/s beside the disk bound (disk bytes a token over the rate that
-`probe_disk` measures right after), and how much of each layer's reads the co-activation counts could have named a
-layer earlier. Runs share one routing directory: run 1 plans from no recorded routing (k/E), run 2 from run 1's.
+routing through LRU caches and Belady's optimum of the run's capacity in experts (per layer: the layer's RAM
+experts plus its share of the pager's read experts; over all layers: their sum) and through the pager's model (the
+plan's RAM experts fixed, one LRU of read experts), and reports, over the decode tokens: our hit rate (selections
+not read from disk) beside those, the prefetch counters, decode tok/s beside the disk bound (disk bytes a token
+over the rate `probe_disk` measures right after), and how much of the next layer's selections co-activation counts
+name a layer ahead. Runs share one routing directory: run 1 plans from no recorded routing (k/E), run 2 from run
+1's. The routing itself goes to PATH.routes.json beside --json.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ def _drop_file_cache(path: str) -> None:
 
 
 def run_once(args) -> dict:
+    import llama_cpp
+
     import hypura
 
     routes: list[tuple[int, int, np.ndarray]] = []  # (step, layer, ids [n_tokens, k])
@@ -139,7 +143,7 @@ def run_once(args) -> dict:
         llm.stats(reset=True)
         n_vocab, out, times = llm.n_vocab(), [], []
         for i in range(args.n_gen):
-            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n_vocab,))  # the last token's
             tok = int(np.argmax(logits))
             out.append(tok)
             step[0] = i + 1
