@@ -6,7 +6,7 @@ Runs MODEL (a layer subset: `hypura synth qwen3-235b-a22b sub.gguf --layers 4`) 
 RAM budget that leaves experts on disk, recording every MoE layer's selections (on_route). Then replays that
 routing through LRU caches and Belady's optimum of the run's capacity in experts (per layer: the layer's RAM
 experts plus its share of the pager's read experts; over all layers: their sum) and through the pager's model (the
-plan's RAM experts fixed, one LRU of read experts), and reports, over the decode tokens: our hit rate (selections
+plan's RAM experts fixed, one LRU of read experts; where the pager evicts RAM experts, one LRU of all), and reports, over the decode tokens: our hit rate (selections
 not read from disk) beside those, the prefetch counters, decode tok/s beside the disk bound (disk bytes a token
 over the rate `probe_disk` measures right after), and how much of the next layer's selections co-activation counts
 name a layer ahead. Runs share one routing directory: run 1 plans from no recorded routing (k/E), run 2 from run
@@ -180,11 +180,14 @@ def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0) 
 
 def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s) -> dict:
     n = len(times)
-    # the pager's share for read experts, in experts of the average layer, split evenly over the layers
+    # the pager's share for read experts (less the RAM experts it holds in the same LRU), in experts of the average
+    # layer, split evenly over the layers
     mean_bytes = sum(expert_bytes.values()) / len(expert_bytes)
-    staged = int(min(pg["budget"], max(pg["resident_peak"], pg["resident"])) // mean_bytes)
+    in_lru = pg["ram_in_lru_bytes"]
+    staged = int((min(pg["budget"], max(pg["resident_peak"], pg["resident"])) - in_lru) // mean_bytes)
     capacity = {layer: len(ram_experts[layer]) + staged // len(layers) for layer in layers}
-    rates = replays(routes, capacity, {layer: set(ids) for layer, ids in ram_experts.items()}, staged)
+    fixed = {} if in_lru else {layer: set(ids) for layer, ids in ram_experts.items()}
+    rates = replays(routes, capacity, fixed, staged + (sum(map(len, ram_experts.values())) if in_lru else 0))
     served = pg["served"]
     total = sum(served.values())
     ours = 1 - served.get("disk", 0) / total if total else 0.0
@@ -200,6 +203,7 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
         "moe_layers": layers, "k": k, "distinct_tokens": len(set(out)),
         "capacity_experts": {"per_layer": capacity, "ram_experts": {layer: len(ids) for layer, ids in ram_experts.items()},
                              "ram_expert_ids": ram_experts, "staged": staged,
+                             "ram_experts_in_lru": bool(pg["ram_in_lru_bytes"]),
                              "expert_bytes": expert_bytes},
         "hit_rate": {"ours": ours, **rates, "ours_selections": total},
         "prefetch": pg["prefetch"],
