@@ -6,11 +6,12 @@ Runs MODEL (a layer subset: `hypura synth qwen3-235b-a22b sub.gguf --layers 4`) 
 RAM budget that leaves experts on disk, recording every MoE layer's selections (on_route). Then replays that
 routing through LRU caches and Belady's optimum of the run's capacity in experts (per layer: the layer's RAM
 experts plus its share of the pager's read experts; over all layers: their sum) and through the pager's model (the
-plan's RAM experts fixed, one LRU of read experts; where the pager evicts RAM experts, one LRU of all), and reports, over the decode tokens: our hit rate (selections
-not read from disk) beside those, the prefetch counters, decode tok/s beside the disk bound (disk bytes a token
-over the rate `probe_disk` measures right after), and how much of the next layer's selections co-activation counts
-name a layer ahead. Runs share one routing directory: run 1 plans from no recorded routing (k/E), run 2 from run
-1's. The routing itself goes to PATH.routes.json beside --json.
+plan's RAM experts fixed, one LRU of read experts; where the pager evicts RAM experts, one LRU of all), and
+reports, over the decode tokens: our hit rate (selections not read from disk) beside those, the prefetch
+counters, decode tok/s beside the disk bound (disk bytes a token over the rate `probe_disk` measures right after),
+and how much of the next layer's selections co-activation counts name a layer ahead. Runs share one routing
+directory: run 1 plans from no recorded routing (k/E), run 2 from run 1's. The routing itself goes to
+PATH.routes.json beside --json.
 """
 
 from __future__ import annotations

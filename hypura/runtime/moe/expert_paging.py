@@ -34,8 +34,8 @@ Evictable RAM experts (`evict_ram`, decided in plan_policy.py): the paged stacks
 start in the same LRU as the read ones (oldest first), the budget grows by their bytes, and an evicted one is read
 again when selected like a disk expert; so the stacks' whole capacity follows recency. Otherwise they stay fixed.
 
-Budget: the plan's disk staging at least (plus the evictable RAM experts); every RESIZE_EVERY calls it grows to what the RAM budget
-leaves beside the process's RSS (less RSS_MARGIN), since the plan's compute-buffer estimate is
+Budget: the plan's disk staging at least (plus the evictable RAM experts); every RESIZE_EVERY calls it grows to
+what the RAM budget leaves beside the process's RSS (less RSS_MARGIN), since the plan's compute-buffer estimate is
 generous and RAM left idle would only cost disk reads.
 """
 
@@ -89,7 +89,8 @@ def paged_tensors(plan: Plan) -> set[str]:
 @dataclass
 class PagingStats(TierStats):
     """accesses: (token, selected expert) pairs whose expert the pager manages (the plan's disk experts, and its
-    RAM experts where they are evictable); hits[RAM]: of those, found resident; loads: experts read from disk; stall_s: the compute thread's time in calls that read."""
+    RAM experts where they are evictable); hits[RAM]: of those, found resident; loads: experts read from disk;
+    stall_s: the compute thread's time in calls that read."""
 
     resident_peak: int = 0
     waited_bytes: int = 0  # bytes read while compute waited
@@ -146,12 +147,8 @@ class ExpertPager(Mechanism):
         # layer -> experts the pager reads and evicts: the disk ones, and the RAM ones where evictable
         self.managed: dict[int, set[int]] = {layer: set(disk) for layer, disk in self.on_disk.items()}
         self.evict_ram = evict_ram
-        for layer, disk in self.on_disk.items() if evict_ram else ():
-            for e in range(len(self.tier_of[layer])):
-                if e not in disk:  # written at load (fill), then evictable as a read one
-                    self.managed[layer].add(e)
-                    self.resident[(layer, e)] = expert_bytes[layer]
-                    self.resident_bytes += expert_bytes[layer]
+        if evict_ram:
+            self._ram_experts_into_lru(expert_bytes)
         self.ram_lru_bytes = self.resident_bytes  # RAM experts in the LRU from the load on
         self.budget = self.base_budget = self.base_budget + self.ram_lru_bytes
         self.ram_budget = plan.memory["ram"]["budget"]
@@ -161,6 +158,15 @@ class ExpertPager(Mechanism):
         self._decode_bursts = [0, 0]  # decode layers that read, experts they read (never reset: the probe's size)
         self._probes = 0
         self._madvise = _libc_madvise()
+
+    def _ram_experts_into_lru(self, expert_bytes: dict[int, int]) -> None:
+        """The paged stacks' RAM experts, which fill() writes at load, start resident in the LRU (oldest first)."""
+        for layer, disk in self.on_disk.items():
+            for e in range(len(self.tier_of[layer])):
+                if e not in disk:
+                    self.managed[layer].add(e)
+                    self.resident[(layer, e)] = expert_bytes[layer]
+                    self.resident_bytes += expert_bytes[layer]
 
     # --- load time -----------------------------------------------------------------------------
     def fill(self, info: TensorInfo, tensor) -> None:
@@ -181,9 +187,9 @@ class ExpertPager(Mechanism):
     def page_in(self, layer: int, ids: np.ndarray) -> None:
         """ids [n_tokens, n_used]: the layer's selections; its experts are resident when this returns."""
         selected = [int(e) for e in ids.ravel()]
-        disk = self.managed.get(layer)
-        used = {e for e in selected if e in disk} if disk else set()
-        if disk:
+        managed = self.managed.get(layer)
+        used = {e for e in selected if e in managed} if managed else set()
+        if managed:
             reads = self.stats.loads
             self._demand(layer, selected, used)
             if len(ids) == 1 and self.stats.loads > reads:  # a decode layer that read: the probe's burst
