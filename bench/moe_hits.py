@@ -1,6 +1,6 @@
 """Expert hit rates of a MoE run paging experts from disk, beside an LRU cache of the same size on the same routing.
 
-    python3 -m bench.moe_hits MODEL.gguf --ram 2GiB [-n 256] [-t 1] [--runs 2] [--json out.json]
+    python3 -m bench.moe_hits MODEL.gguf --ram 2GiB [-n 256] [-t 1] [--runs 2] [--ram-experts fixed] [--json out.json]
 
 Runs MODEL (a layer subset: `hypura synth qwen3-235b-a22b sub.gguf --layers 4`) greedy from a fixed prompt under a
 RAM budget that leaves experts on disk, recording every MoE layer's selections (on_route). Then replays that
@@ -126,8 +126,13 @@ def run_once(args) -> dict:
     step = [0]
 
     def on_route(layer: int, ids: np.ndarray) -> None:
-        routes.append((step[0], layer, np.array(ids, copy=True)))
+        if len(ids):  # a prompt's micro-batch that outputs no row routes no token at the last layer
+            routes.append((step[0], layer, np.array(ids, copy=True)))
 
+    if args.ram_experts == "fixed":  # as before the pager took a tie plan's RAM experts into its LRU
+        import hypura.runtime.runtime
+
+        hypura.runtime.runtime.ram_experts_evictable = lambda plan: False
     _drop_file_cache(args.model)
     t0 = time.perf_counter()
     llm = hypura.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads, verbose=False, ram=args.ram,
@@ -229,6 +234,9 @@ def main(argv=None) -> None:
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=2, help="runs sharing one routing directory (the first plans from none)")
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--ram-experts", choices=("plan", "fixed"), default="plan",
+                    help="fixed: a paged stack's RAM experts stay fixed even where the runtime would evict them "
+                         "(the comparison)")
     args = ap.parse_args(argv)
     runs = []
     with tempfile.TemporaryDirectory(prefix="moe-hits-routing-") as routing:
