@@ -33,10 +33,12 @@ PROMPT_TOKENS = 32  # fixed token ids: a synthetic model has no meaningful text
 PROBE_S = 3.0
 
 
-def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: int = 0) -> tuple[int, int]:
-    """(hits, accesses) of LRU caches, one per group, of capacity[group] keys each, over (group, key) accesses in
-    order; the first `warm` accesses fill the caches and are not counted."""
+def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: int = 0,
+             size=lambda key: 1) -> tuple[int, int]:
+    """(hits, accesses) of LRU caches, one per group, of capacity[group] (in size(key) units: keys by default)
+    each, over (group, key) accesses in order; the first `warm` accesses fill the caches and are not counted."""
     caches: dict = defaultdict(OrderedDict)
+    held: dict = defaultdict(int)
     hits = counted = 0
     for i, (group, key) in enumerate(accesses):
         cache = caches[group]
@@ -44,9 +46,10 @@ def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: in
         if hit:
             cache.move_to_end(key)
         else:
-            cache[key] = None
-            while len(cache) > capacity[group]:
-                cache.popitem(last=False)
+            cache[key] = size(key)
+            held[group] += cache[key]
+            while held[group] > capacity[group]:
+                held[group] -= cache.popitem(last=False)[1]
         if i >= warm:
             counted += 1
             hits += hit
@@ -166,10 +169,12 @@ def run_once(args) -> dict:
     return _report(args, routes, pager_layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s)
 
 
-def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0) -> dict:
+def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0, expert_bytes: dict | None = None,
+            budget: int = 0) -> dict:
     """Hit rates over the decode's selections (the prompt's, step 0, fill the caches) of LRU and of the optimum,
     per layer at capacity[layer] experts, and over all layers at their sum (one cache, as the pager's read experts);
-    with `fixed` (layer -> the plan's RAM experts), the pager's model at `staged` read experts."""
+    with `fixed` (layer -> the plan's RAM experts), the pager's model at `staged` read experts; with expert_bytes
+    (layer -> one expert's bytes), an LRU over all layers of `budget` bytes (layers' experts differ in size)."""
     accesses, warm = [], 0
     for s, layer, ids in routes:
         for row in ids:
@@ -180,6 +185,8 @@ def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0) 
              "optimal_per_layer": opt_hits(accesses, capacity, warm), "optimal_global": opt_hits(pooled, total, warm)}
     if fixed is not None:
         rates["modelled_ours"] = fixed_then_lru_hits(accesses, fixed, staged, warm)
+    if expert_bytes:
+        rates["lru_global_bytes"] = lru_hits(pooled, {0: budget}, warm, size=lambda key: expert_bytes[key[0]])
     counted = len(accesses) - warm
     return {**{k: hits / counted if counted else 0.0 for k, (hits, _) in rates.items()}, "selections": counted}
 
@@ -190,10 +197,13 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
     # layer, split evenly over the layers
     mean_bytes = sum(expert_bytes.values()) / len(expert_bytes)
     in_lru = pg["ram_in_lru_bytes"]
-    staged = int((min(pg["budget"], max(pg["resident_peak"], pg["resident"])) - in_lru) // mean_bytes)
+    held = min(pg["budget"], max(pg["resident_peak"], pg["resident"]))
+    staged = int((held - in_lru) // mean_bytes)
     capacity = {layer: len(ram_experts[layer]) + staged // len(layers) for layer in layers}
     fixed = {} if in_lru else {layer: set(ids) for layer, ids in ram_experts.items()}
-    rates = replays(routes, capacity, fixed, staged + (sum(map(len, ram_experts.values())) if in_lru else 0))
+    ram_bytes = sum(len(ids) * expert_bytes[layer] for layer, ids in ram_experts.items())
+    rates = replays(routes, capacity, fixed, staged + (sum(map(len, ram_experts.values())) if in_lru else 0),
+                    expert_bytes, held - in_lru + ram_bytes)  # the same bytes as ours: RAM experts and read ones
     served = pg["served"]
     total = sum(served.values())
     ours = 1 - served.get("disk", 0) / total if total else 0.0

@@ -72,3 +72,10 @@ def test_with_ram_experts_in_the_pagers_lru_its_model_is_the_lru_over_all_layers
     assert rates["modelled_ours"] == rates["lru_global"] == 0.5 and rates["selections"] == 8
     # 1 and 2 fixed: 3-6 take turns in an LRU of 2 and never hit
     assert moe_hits.replays(routes, {0: 2, 1: 2}, {0: {1, 2}}, staged=2)["modelled_ours"] == 0.0
+
+
+def test_an_lru_of_bytes_holds_fewer_large_keys(moe_hits):
+    seq = [(0, e) for e in "abab"]
+    assert moe_hits.lru_hits(seq, {0: 2}, size=lambda key: 1) == (2, 4)
+    assert moe_hits.lru_hits(seq, {0: 3}, size=lambda key: 2 if key == "b" else 1) == (2, 4)  # a and b fit in 3
+    assert moe_hits.lru_hits(seq, {0: 3}, size=lambda key: 2) == (0, 4)  # one of them at a time
