@@ -1,16 +1,17 @@
 """Expert hit rates of a MoE run paging experts from disk, beside an LRU cache of the same size on the same routing.
 
-    python3 -m bench.moe_hits MODEL.gguf --ram 2GiB [-n 256] [-t 1] [--runs 2] [--json out.json]
+    python3 -m bench.moe_hits MODEL.gguf --ram 2GiB [-n 256] [-t 1] [--runs 2] [--ram-experts fixed] [--json out.json]
 
 Runs MODEL (a layer subset: `hypura synth qwen3-235b-a22b sub.gguf --layers 4`) greedy from a fixed prompt under a
 RAM budget that leaves experts on disk, recording every MoE layer's selections (on_route). Then replays that
 routing through LRU caches and Belady's optimum of the run's capacity in experts (per layer: the layer's RAM
 experts plus its share of the pager's read experts; over all layers: their sum) and through the pager's model (the
-plan's RAM experts fixed, one LRU of read experts), and reports, over the decode tokens: our hit rate (selections
-not read from disk) beside those, the prefetch counters, decode tok/s beside the disk bound (disk bytes a token
-over the rate `probe_disk` measures right after), and how much of the next layer's selections co-activation counts
-name a layer ahead. Runs share one routing directory: run 1 plans from no recorded routing (k/E), run 2 from run
-1's. The routing itself goes to PATH.routes.json beside --json.
+plan's RAM experts fixed, one LRU of read experts; where the pager evicts RAM experts, one LRU of all), and
+reports, over the decode tokens: our hit rate (selections not read from disk) beside those, the prefetch
+counters, decode tok/s beside the disk bound (disk bytes a token over the rate `probe_disk` measures right after),
+and how much of the next layer's selections co-activation counts name a layer ahead. Runs share one routing
+directory: run 1 plans from no recorded routing (k/E), run 2 from run 1's. The routing itself goes to
+PATH.routes.json beside --json.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ PROMPT_TOKENS = 32  # fixed token ids: a synthetic model has no meaningful text
 PROBE_S = 3.0
 
 
-def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: int = 0) -> tuple[int, int]:
-    """(hits, accesses) of LRU caches, one per group, of capacity[group] keys each, over (group, key) accesses in
-    order; the first `warm` accesses fill the caches and are not counted."""
+def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: int = 0,
+             size=lambda key: 1) -> tuple[int, int]:
+    """(hits, accesses) of LRU caches, one per group, of capacity[group] (in size(key) units: keys by default)
+    each, over (group, key) accesses in order; the first `warm` accesses fill the caches and are not counted."""
     caches: dict = defaultdict(OrderedDict)
+    held: dict = defaultdict(int)
     hits = counted = 0
     for i, (group, key) in enumerate(accesses):
         cache = caches[group]
@@ -43,9 +46,10 @@ def lru_hits(accesses: Iterable[tuple[object, object]], capacity: dict, warm: in
         if hit:
             cache.move_to_end(key)
         else:
-            cache[key] = None
-            while len(cache) > capacity[group]:
-                cache.popitem(last=False)
+            cache[key] = size(key)
+            held[group] += cache[key]
+            while held[group] > capacity[group]:
+                held[group] -= cache.popitem(last=False)[1]
         if i >= warm:
             counted += 1
             hits += hit
@@ -125,8 +129,13 @@ def run_once(args) -> dict:
     step = [0]
 
     def on_route(layer: int, ids: np.ndarray) -> None:
-        routes.append((step[0], layer, np.array(ids, copy=True)))
+        if len(ids):  # a prompt's micro-batch that outputs no row routes no token at the last layer
+            routes.append((step[0], layer, np.array(ids, copy=True)))
 
+    if args.ram_experts == "fixed":  # as before the pager took a tie plan's RAM experts into its LRU
+        import hypura.runtime.runtime
+
+        hypura.runtime.runtime.ram_experts_evictable = lambda plan: False
     _drop_file_cache(args.model)
     t0 = time.perf_counter()
     llm = hypura.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads, verbose=False, ram=args.ram,
@@ -160,10 +169,12 @@ def run_once(args) -> dict:
     return _report(args, routes, pager_layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s)
 
 
-def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0) -> dict:
+def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0, expert_bytes: dict | None = None,
+            budget: int = 0) -> dict:
     """Hit rates over the decode's selections (the prompt's, step 0, fill the caches) of LRU and of the optimum,
     per layer at capacity[layer] experts, and over all layers at their sum (one cache, as the pager's read experts);
-    with `fixed` (layer -> the plan's RAM experts), the pager's model at `staged` read experts."""
+    with `fixed` (layer -> the plan's RAM experts), the pager's model at `staged` read experts; with expert_bytes
+    (layer -> one expert's bytes), an LRU over all layers of `budget` bytes (layers' experts differ in size)."""
     accesses, warm = [], 0
     for s, layer, ids in routes:
         for row in ids:
@@ -174,17 +185,25 @@ def replays(routes, capacity: dict, fixed: dict | None = None, staged: int = 0) 
              "optimal_per_layer": opt_hits(accesses, capacity, warm), "optimal_global": opt_hits(pooled, total, warm)}
     if fixed is not None:
         rates["modelled_ours"] = fixed_then_lru_hits(accesses, fixed, staged, warm)
+    if expert_bytes:
+        rates["lru_global_bytes"] = lru_hits(pooled, {0: budget}, warm, size=lambda key: expert_bytes[key[0]])
     counted = len(accesses) - warm
     return {**{k: hits / counted if counted else 0.0 for k, (hits, _) in rates.items()}, "selections": counted}
 
 
 def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_experts, probe, load_s) -> dict:
     n = len(times)
-    # the pager's share for read experts, in experts of the average layer, split evenly over the layers
+    # the pager's share for read experts (less the RAM experts it holds in the same LRU), in experts of the average
+    # layer, split evenly over the layers
     mean_bytes = sum(expert_bytes.values()) / len(expert_bytes)
-    staged = int(min(pg["budget"], max(pg["resident_peak"], pg["resident"])) // mean_bytes)
+    in_lru = pg["ram_in_lru_bytes"]
+    held = min(pg["budget"], max(pg["resident_peak"], pg["resident"]))
+    staged = int((held - in_lru) // mean_bytes)
     capacity = {layer: len(ram_experts[layer]) + staged // len(layers) for layer in layers}
-    rates = replays(routes, capacity, {layer: set(ids) for layer, ids in ram_experts.items()}, staged)
+    fixed = {} if in_lru else {layer: set(ids) for layer, ids in ram_experts.items()}
+    ram_bytes = sum(len(ids) * expert_bytes[layer] for layer, ids in ram_experts.items())
+    rates = replays(routes, capacity, fixed, staged + (sum(map(len, ram_experts.values())) if in_lru else 0),
+                    expert_bytes, held - in_lru + ram_bytes)  # the same bytes as ours: RAM experts and read ones
     served = pg["served"]
     total = sum(served.values())
     ours = 1 - served.get("disk", 0) / total if total else 0.0
@@ -200,6 +219,7 @@ def _report(args, routes, layers, out, times, stats, pg, expert_bytes, ram_exper
         "moe_layers": layers, "k": k, "distinct_tokens": len(set(out)),
         "capacity_experts": {"per_layer": capacity, "ram_experts": {layer: len(ids) for layer, ids in ram_experts.items()},
                              "ram_expert_ids": ram_experts, "staged": staged,
+                             "ram_experts_in_lru": bool(pg["ram_in_lru_bytes"]),
                              "expert_bytes": expert_bytes},
         "hit_rate": {"ours": ours, **rates, "ours_selections": total},
         "prefetch": pg["prefetch"],
@@ -224,6 +244,9 @@ def main(argv=None) -> None:
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=2, help="runs sharing one routing directory (the first plans from none)")
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--ram-experts", choices=("plan", "fixed"), default="plan",
+                    help="fixed: a paged stack's RAM experts stay fixed even where the runtime would evict them "
+                         "(the comparison)")
     args = ap.parse_args(argv)
     runs = []
     with tempfile.TemporaryDirectory(prefix="moe-hits-routing-") as routing:

@@ -1,5 +1,6 @@
 """Disk-tier experts read by selection (hypura.runtime.moe.expert_paging) on the CPU: bitwise logits, disk
-reads only for selected experts counted against a hand-made routing trace, the budget, read errors."""
+reads only for selected experts counted against a hand-made routing trace, the budget, read errors, a tie plan's
+RAM experts in the pager's LRU."""
 
 import dataclasses
 import multiprocessing
@@ -28,7 +29,8 @@ ON_DISK = frozenset(range(1, N_EXPERT, 2))  # odd experts live on disk
 
 
 def _plan(model):
-    """A CPU plan with every stacked expert tensor's odd experts on disk."""
+    """A CPU plan with every stacked expert tensor's odd experts on disk; no recorded routing (a tie plan: its
+    RAM experts join the pager's LRU)."""
     plan = plan_model(model, resolve_profile("h200-design"), overrides=RateOverrides(no_gpu=True))
 
     def with_disk(t):
@@ -105,9 +107,9 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
         assert llm.stats()["expert_paging"]["accesses"] == 0  # a bench's warm-up is not counted
     finally:
         llm.close()
-    # against the routing trace: every selection of a disk expert is an access; one that was resident when
-    # its token came is a hit (with a budget of 3 tokens' experts a layer, only recently used ones are)
-    accesses = sum(int(e) in ON_DISK for layer in LAYERS for row in trace.selections(layer) for e in row)
+    # against the routing trace: every selection is an access (a tie plan's RAM experts are the pager's too, as its
+    # disk ones); one that was resident when its token came is a hit
+    accesses = sum(len(row) for layer in LAYERS for row in trace.selections(layer))
     assert paging["accesses"] == accesses > 0
     # an access is a hit (resident from an earlier token), served by a prefetch, or read on demand
     pf = paging["prefetch"]
@@ -120,10 +122,67 @@ def test_disk_experts_are_read_when_selected_and_logits_do_not_change(tiny_qwen3
     assert paging["read_gbps_in_stall"] > 0  # demand reads were waited for
     assert paging["evictions"] > 0  # room is made before a slice faults in: RSS never holds more than the budget
     assert paging["resident"] <= paging["resident_peak"] <= paging["budget"]
-    # every selection is served once, from the tier it was in: even experts from RAM, odd ones read on demand
-    # from disk or found resident (read before, or ahead)
+    # every selection is served once, from the tier it was in: read on demand from disk, or found resident (from
+    # the load, or read before)
     selections = sum(len(row) for layer in LAYERS for row in trace.selections(layer))
     assert paging["served"] == {"ram": selections - demand, "disk": demand}
+
+
+def _page_disk_experts(pager) -> None:
+    """Routing that moves to the disk experts: every layer selects them all, K a call, in the router's place."""
+    disk = sorted(ON_DISK)
+    for layer in LAYERS:
+        for i in range(0, len(disk), K):
+            pager.page_in(layer, np.array([disk[i:i + K]]))
+
+
+def test_a_tie_plans_ram_experts_are_evicted_and_read_again(tiny_qwen3moe, reference, monkeypatch):
+    """A CPU plan without recorded routing: its RAM experts start in the pager's LRU. Routing that moves to the disk
+    experts evicts them (their pages leave); selected again, they are read back, and the logits stay bitwise."""
+    monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)  # the budget stays the one set below
+    want, _ = reference
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=_plan(tiny_qwen3moe), n_ctx=256, logits_all=True, n_threads=1,
+                       verbose=False, param_overrides={"model_params": {"use_extra_bufts": False}})
+    try:
+        pager = llm._pager
+        ram = [(layer, e) for layer in LAYERS for e in range(N_EXPERT) if e not in ON_DISK]
+        assert pager.evict_ram and list(pager.resident) == ram  # from the load, oldest first
+        assert pager.summary()["ram_in_lru_bytes"] == pager.resident_bytes > 0
+        pager.budget = pager.base_budget = pager.resident_bytes  # room for as many experts as the plan keeps in RAM
+        _page_disk_experts(pager)
+        assert not set(ram) & set(pager.resident) and pager.stats.evictions == len(ram)
+        if sys.platform.startswith("linux"):
+            assert all(_own_pages(pager, *key) == 0 for key in ram)
+        reads, (layer, e) = pager.stats.loads, ram[0]
+        pager.page_in(layer, np.array([[e]]))
+        assert pager.stats.loads == reads + 1 and next(reversed(pager.resident)) == (layer, e)
+        assert np.array_equal(_decode(llm), want)  # RAM experts read back hold their weights
+        assert pager.stats.loads > reads + 1  # the decode read more of them back
+    finally:
+        llm.close()
+
+
+def test_ram_experts_stay_fixed_with_recorded_routing_or_a_gpu(tiny_qwen3moe, monkeypatch):
+    """Only a CPU plan's tie is evictable: a plan from recorded routing keeps its RAM experts out of the LRU, and
+    one with GPU tensors runs as it did."""
+    from hypura.runtime.plan_policy import ram_experts_evictable
+
+    plan = _plan(tiny_qwen3moe)
+    on_gpu = tuple(dataclasses.replace(t, tier="gpu", compute="gpu") if not t.experts and t.layer == 0 else t
+                   for t in plan.tensors)
+    assert ram_experts_evictable(plan) and not ram_experts_evictable(dataclasses.replace(plan, tensors=on_gpu))
+    assert not ram_experts_evictable(dataclasses.replace(plan, routing_tokens=64))
+    monkeypatch.setattr(expert_paging, "RSS_MARGIN", 1 << 50)
+    llm = hypura.Llama(str(tiny_qwen3moe), plan=dataclasses.replace(plan, routing_tokens=64), n_ctx=256,
+                       n_threads=1, verbose=False)
+    try:
+        pager = llm._pager
+        assert not pager.evict_ram and not pager.resident and pager.managed == pager.on_disk
+        pager.budget = pager.base_budget
+        _page_disk_experts(pager)
+        assert all(layer_e[1] in ON_DISK for layer_e in pager.resident) and pager.stats.accesses == len(ON_DISK) * 2
+    finally:
+        llm.close()
 
 
 def test_a_failed_expert_read_surfaces_as_an_error(tiny_qwen3moe, monkeypatch):

@@ -58,3 +58,24 @@ def test_the_pagers_model_hits_its_fixed_experts_and_pages_the_rest_through_one_
     # 6 evicts 5, which misses again
     assert moe_hits.fixed_then_lru_hits(seq, {0: {1}}, 2) == (4, 8)
     assert moe_hits.fixed_then_lru_hits(seq, {0: {1}}, 2, warm=4) == (2, 4)
+
+
+
+def test_with_ram_experts_in_the_pagers_lru_its_model_is_the_lru_over_all_layers(moe_hits):
+    import numpy as np
+
+    # (step, layer, ids): the prompt (step 0) fills the caches with layer 0's 1 and 2; then routing moves away
+    steps = [(0, [1, 2]), (0, [3, 4]), (1, [5, 6]), (0, [3, 4]), (1, [5, 6])]
+    routes = [(s, layer, np.array([ids])) for s, (layer, ids) in enumerate(steps)]
+    # a tie plan's pager: one LRU of all 4 experts; 3-6 miss once, then hit
+    rates = moe_hits.replays(routes, {0: 2, 1: 2}, {}, staged=4)
+    assert rates["modelled_ours"] == rates["lru_global"] == 0.5 and rates["selections"] == 8
+    # 1 and 2 fixed: 3-6 take turns in an LRU of 2 and never hit
+    assert moe_hits.replays(routes, {0: 2, 1: 2}, {0: {1, 2}}, staged=2)["modelled_ours"] == 0.0
+
+
+def test_an_lru_of_bytes_holds_fewer_large_keys(moe_hits):
+    seq = [(0, e) for e in "abab"]
+    assert moe_hits.lru_hits(seq, {0: 2}, size=lambda key: 1) == (2, 4)
+    assert moe_hits.lru_hits(seq, {0: 3}, size=lambda key: 2 if key == "b" else 1) == (2, 4)  # a and b fit in 3
+    assert moe_hits.lru_hits(seq, {0: 3}, size=lambda key: 2) == (0, 4)  # one of them at a time

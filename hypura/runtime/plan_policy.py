@@ -23,6 +23,13 @@ def plan_layout(plan: Plan) -> StreamLayout:
     return StreamLayout.of(plan, gpu)
 
 
+def ram_experts_evictable(plan: Plan) -> bool:
+    """A paged stack's RAM experts join the pager's LRU (moe/expert_paging.py) where the plan chose them without
+    recorded routing (every expert tied at k/E): recency then beats that arbitrary fixed set. CPU plans only: what a
+    plan with a GPU runs stays as it was."""
+    return not plan.routing_tokens and not any(t.tier == GPU or t.compute == GPU for t in plan.tensors)
+
+
 def pinned_cpu_weights(plan: Plan, paged: set[str]) -> bool:
     """The plan's CPU weights are held pinned: op offload copies a batch's share at the link's rate (plan/cost.py,
     host_pinned); beside experts paged from disk nothing is (op offload is off there)."""

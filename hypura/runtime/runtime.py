@@ -38,7 +38,7 @@ from hypura.runtime.mapped_weights import PIN_THREADS, MappedWeights
 from hypura.runtime.overrides import overrides_policy
 from hypura.runtime.params import LlamaParams
 from hypura.runtime.placement import FileFiller, LoaderHooks, Placement, PlacementPolicy, Tier
-from hypura.runtime.plan_policy import homes_mapped, plan_layout, plan_policy
+from hypura.runtime.plan_policy import homes_mapped, plan_layout, plan_policy, ram_experts_evictable
 from hypura.plan.pools import GPU_POOL, HOST_POOL
 from hypura.runtime.router import Router
 from hypura.runtime.stats import RunStats, gpu_free
@@ -113,7 +113,8 @@ class Runtime:
             n_used = int(self.header.get("expert_used_count"))
             # the plan's disk staging, less what the host pool's slots take for dense disk layers
             budget = plan.memory["ram"]["staging"] - layout.pool_bytes(HOST_POOL)
-            self.pager = ExpertPager(plan, paged, [str(model_path)], n_used, budget, self.files.cached)
+            self.pager = ExpertPager(plan, paged, [str(model_path)], n_used, budget, self.files.cached,
+                                     evict_ram=ram_experts_evictable(plan))
             self._users.callback(self.pager.close)  # before the model goes: no read may land in freed memory
         # llama.cpp maps nothing (load_reads.py). Mapped by llama.cpp, every page from the first CPU weight to the
         # last stayed in RSS, GPU and streamed tensors' too (H100, the 70B at 8.5 GiB free: RSS peak 70.6 GiB against

@@ -30,8 +30,12 @@ Protocol
   - Probe (`hypura bench`, between decodes, the same thread): `probe()` reads random disk experts through
     the same ReadPipeline into a scratch buffer (disk_probe.py); nothing resident changes.
 
-Budget: the plan's disk staging at least; every RESIZE_EVERY calls it grows to what the RAM budget
-leaves beside the process's RSS (less RSS_MARGIN), since the plan's compute-buffer estimate is
+Evictable RAM experts (`evict_ram`, decided in plan_policy.py): the paged stacks' RAM experts, written at load,
+start in the same LRU as the read ones (oldest first), the budget grows by their bytes, and an evicted one is read
+again when selected like a disk expert; so the stacks' whole capacity follows recency. Otherwise they stay fixed.
+
+Budget: the plan's disk staging at least (plus the evictable RAM experts); every RESIZE_EVERY calls it grows to
+what the RAM budget leaves beside the process's RSS (less RSS_MARGIN), since the plan's compute-buffer estimate is
 generous and RAM left idle would only cost disk reads.
 """
 
@@ -84,8 +88,9 @@ def paged_tensors(plan: Plan) -> set[str]:
 
 @dataclass
 class PagingStats(TierStats):
-    """accesses: (token, selected expert) pairs whose expert the plan keeps on disk; hits[RAM]: of those,
-    found resident; loads: experts read from disk; stall_s: the compute thread's time in calls that read."""
+    """accesses: (token, selected expert) pairs whose expert the pager manages (the plan's disk experts, and its
+    RAM experts where they are evictable); hits[RAM]: of those, found resident; loads: experts read from disk;
+    stall_s: the compute thread's time in calls that read."""
 
     resident_peak: int = 0
     waited_bytes: int = 0  # bytes read while compute waited
@@ -117,9 +122,10 @@ class ExpertPager(Mechanism):
     name = "expert_paging"
 
     def __init__(self, plan: Plan, tensors: set[str], paths: list[str], n_used: int, budget: int,
-                 cached: bool = False):
+                 cached: bool = False, evict_ram: bool = False):
         """tensors: the plan's paged_tensors; budget: RAM bytes for resident disk experts (at least
-        n_used experts of the largest layer); cached: the load reads through the page cache (load_reads.py)."""
+        n_used experts of the largest layer); cached: the load reads through the page cache (load_reads.py);
+        evict_ram: the paged stacks' RAM experts join the LRU (plan_policy.ram_experts_evictable)."""
         super().__init__()
         self.files = FileFiller(paths, cached)  # the loader's thread, at load
         self._reads = ReadPipeline(paths, plan.rates.disk_readers, preparers=fault_in_threads())  # compute time
@@ -136,15 +142,31 @@ class ExpertPager(Mechanism):
                 self.on_disk[t.layer] |= {e for e, tier in enumerate(t.experts) if tier == DISK}
                 expert_bytes[t.layer] += t.nbytes // len(t.experts)
         self.budget = self.base_budget = max(budget, n_used * max(expert_bytes.values(), default=0))
+        self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
+        self.resident_bytes = 0
+        # layer -> experts the pager reads and evicts: the disk ones, and the RAM ones where evictable
+        self.managed: dict[int, set[int]] = {layer: set(disk) for layer, disk in self.on_disk.items()}
+        self.evict_ram = evict_ram
+        if evict_ram:
+            self._ram_experts_into_lru(expert_bytes)
+        self.ram_lru_bytes = self.resident_bytes  # RAM experts in the LRU from the load on
+        self.budget = self.base_budget = self.base_budget + self.ram_lru_bytes
         self.ram_budget = plan.memory["ram"]["budget"]
         self._calls = 0
         self.stacks: dict[int, list[_Stack]] = defaultdict(list)
-        self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
-        self.resident_bytes = 0
         self.stats = PagingStats()
         self._decode_bursts = [0, 0]  # decode layers that read, experts they read (never reset: the probe's size)
         self._probes = 0
         self._madvise = _libc_madvise()
+
+    def _ram_experts_into_lru(self, expert_bytes: dict[int, int]) -> None:
+        """The paged stacks' RAM experts, which fill() writes at load, start resident in the LRU (oldest first)."""
+        for layer, disk in self.on_disk.items():
+            for e in range(len(self.tier_of[layer])):
+                if e not in disk:
+                    self.managed[layer].add(e)
+                    self.resident[(layer, e)] = expert_bytes[layer]
+                    self.resident_bytes += expert_bytes[layer]
 
     # --- load time -----------------------------------------------------------------------------
     def fill(self, info: TensorInfo, tensor) -> None:
@@ -165,9 +187,9 @@ class ExpertPager(Mechanism):
     def page_in(self, layer: int, ids: np.ndarray) -> None:
         """ids [n_tokens, n_used]: the layer's selections; its experts are resident when this returns."""
         selected = [int(e) for e in ids.ravel()]
-        disk = self.on_disk.get(layer)
-        used = {e for e in selected if e in disk} if disk else set()
-        if disk:
+        managed = self.managed.get(layer)
+        used = {e for e in selected if e in managed} if managed else set()
+        if managed:
             reads = self.stats.loads
             self._demand(layer, selected, used)
             if len(ids) == 1 and self.stats.loads > reads:  # a decode layer that read: the probe's burst
@@ -180,7 +202,7 @@ class ExpertPager(Mechanism):
         self._calls += 1
         if self._calls % RESIZE_EVERY == 1:
             self._resize()
-        self.stats.accesses += sum(e in self.on_disk[layer] for e in selected)
+        self.stats.accesses += sum(e in self.managed[layer] for e in selected)
         t0, read_before = time.perf_counter(), self.stats.bytes[DISK]
         missing = []
         for e in sorted(used):
@@ -190,7 +212,7 @@ class ExpertPager(Mechanism):
                 continue
             self.resident.move_to_end(key)
             self.stats.hits[RAM] += count
-        self._count_served(layer, selected, self.on_disk[layer], missing)
+        self._count_served(layer, selected, self.managed[layer], missing)
         expert_bytes = self._expert_bytes(layer)
         slices = [(stack, e) for e in missing for stack in self.stacks[layer]]
         # the reads (into staging) start first and evictions run meanwhile, as they delayed the reads (MADV_DONTNEED
@@ -300,6 +322,7 @@ class ExpertPager(Mechanism):
 
     def summary(self) -> dict:
         return {**self.stats.as_dict(), "budget": self.budget, "resident": self.resident_bytes,
+                "ram_in_lru_bytes": self.ram_lru_bytes,  # the budget's share for RAM experts that joined the LRU
                 "hit_rate": self.stats.hit_rate(RAM)}
 
 
