@@ -138,12 +138,12 @@ class Registry:
                         future = self._loading[offer.name] = self._loader.submit(self._load, offer)
                     self._waiting[offer.name] += 1
                     break
-            await self._wait_drained(offer, drained, deadline)
+            log.info("%s: its file changed again while the copy loaded before still serves requests: waiting for "
+                     "them", offer.name)
+            await _within(drained, deadline, f"model '{offer.name}': its file changed again while the copy loaded "
+                                             f"before still serves requests; waited {LOAD_WAIT_S} s for them")
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), deadline - time.monotonic())
-        except asyncio.TimeoutError:
-            raise ApiError(503, f"model '{offer.name}' is still loading after {LOAD_WAIT_S} s", None,
-                           {"Retry-After": "10"}) from None
+            await _within(future, deadline, f"model '{offer.name}' is still loading after {LOAD_WAIT_S} s")
         except asyncio.CancelledError:
             if future.cancelled():  # a queued load, cancelled at shutdown (not this request)
                 raise ApiError(503, "the server is stopping") from None
@@ -161,16 +161,6 @@ class Registry:
         if entry is None:
             raise ApiError(503, "the server is stopping")
         return entry
-
-    async def _wait_drained(self, offer: Offer, drained: concurrent.futures.Future, deadline: float) -> None:
-        log.info("%s: its file changed again while the copy loaded before still serves requests: waiting for them",
-                 offer.name)
-        try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(drained)), deadline - time.monotonic())
-        except asyncio.TimeoutError:
-            raise ApiError(503, f"model '{offer.name}': its file changed again while the copy loaded before still "
-                                f"serves requests; waited {LOAD_WAIT_S} s for them", None,
-                           {"Retry-After": "10"}) from None
 
     def release(self, entry: ModelEntry, keep_alive: Optional[float]) -> None:
         """A request is done with `entry`: it stays loaded `keep_alive` seconds (None: the server's default)."""
@@ -337,6 +327,14 @@ class Registry:
             entries, self.entries = list(self.entries.values()) + self._retired.take_all(), {}
         for entry in entries:
             entry.close()
+
+
+async def _within(future: concurrent.futures.Future, deadline: float, late: str) -> None:
+    """`future` awaited until `deadline` (shielded: other requests wait on it too); past it a 503 saying `late`."""
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), deadline - time.monotonic())
+    except asyncio.TimeoutError:
+        raise ApiError(503, late, None, {"Retry-After": "10"}) from None
 
 
 def _trim_heap() -> None:
