@@ -141,7 +141,7 @@ class ExpertPager(Mechanism):
             if t.name in self.tensors:
                 self.on_disk[t.layer] |= {e for e, tier in enumerate(t.experts) if tier == DISK}
                 expert_bytes[t.layer] += t.nbytes // len(t.experts)
-        self.budget = self.base_budget = max(budget, n_used * max(expert_bytes.values(), default=0))
+        staging = max(budget, n_used * max(expert_bytes.values(), default=0))
         self.resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> bytes, LRU first
         self.resident_bytes = 0
         # layer -> experts the pager reads and evicts: the disk ones, and the RAM ones where evictable
@@ -150,7 +150,7 @@ class ExpertPager(Mechanism):
         if evict_ram:
             self._ram_experts_into_lru(expert_bytes)
         self.ram_lru_bytes = self.resident_bytes  # RAM experts in the LRU from the load on
-        self.budget = self.base_budget = self.base_budget + self.ram_lru_bytes
+        self.budget = self.base_budget = staging + self.ram_lru_bytes
         self.ram_budget = plan.memory["ram"]["budget"]
         self._calls = 0
         self.stacks: dict[int, list[_Stack]] = defaultdict(list)
