@@ -1,6 +1,7 @@
 """What the one decision reads of this machine for a load: the free memory, the machine profile, the model's
-recorded routing and the RPC devices, each measured at most once and only where the decision first needs it (a
-model that fits never measures a profile; the devices are measured only where a split is planned)."""
+recorded routing and the RPC devices, each only where a decision first needs it (a model that fits never measures
+a profile; the devices are measured only where a split is planned). The profile and the devices are measured once
+a load; the free memory and the routing once a decision (decide() calls each source at most once)."""
 
 from __future__ import annotations
 
