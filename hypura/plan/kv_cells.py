@@ -136,7 +136,9 @@ def choose_cells(header, ask, decide_at: Callable):
         raise refused
     smallest = planned[min(planned)].plan
     cells, why = _pick(planned, per_seq, parallel)
-    chosen = full if cells == asked else at(cells)
+    # a candidate whose placement does not fit was decided as the load decides it (always_plan changes nothing
+    # there); one that fits is decided again, for llama.cpp's placement
+    chosen = full if cells == asked else planned[cells] if not planned[cells].fits else at(cells)
     return _with(chosen, _choice(chosen, cells, per_seq, parallel, kv_bytes, ask.n_gpu_layers != 0, smallest, why))
 
 
